@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian package dpcheck needs to build, test and run. Idempotent: when everything is
+# already installed it only checks, which takes a second.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build
+  libeigen3-dev libgtest-dev librapidcheck-dev
+  libopenmpi-dev openmpi-bin
+  libcli11-dev nlohmann-json3-dev libxxhash-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "ci/setup.sh: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "ci/setup.sh: all ${#packages[@]} packages present"
+fi
