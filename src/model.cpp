@@ -1,0 +1,127 @@
+#include "src/model.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+
+#include "src/error.hpp"
+#include "src/rng.hpp"
+
+namespace dpcheck {
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::relu: return "relu";
+    case Activation::tanh: return "tanh";
+    case Activation::identity: return "identity";
+  }
+  return "?";
+}
+
+std::string_view loss_name(Loss l) {
+  switch (l) {
+    case Loss::mse: return "mse";
+    case Loss::cross_entropy: return "cross-entropy";
+  }
+  return "?";
+}
+
+Activation parse_activation(std::string_view name) {
+  for (Activation a : {Activation::relu, Activation::tanh, Activation::identity})
+    if (name == activation_name(a)) return a;
+  throw UsageError("unknown activation '" + std::string(name) + "' (choose relu, tanh or identity)");
+}
+
+Loss parse_loss(std::string_view name) {
+  for (Loss l : {Loss::mse, Loss::cross_entropy})
+    if (name == loss_name(l)) return l;
+  throw UsageError("unknown loss '" + std::string(name) + "' (choose mse or cross-entropy)");
+}
+
+void ModelConfig::validate() const {
+  if (dims.size() < 2) throw UsageError("a model needs at least two widths (input and output)");
+  for (int d : dims)
+    if (d < 1) throw UsageError("model widths must be positive, got " + dims_string(dims));
+}
+
+std::vector<int> parse_dims(std::string_view text) {
+  std::vector<int> dims;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string_view item = text.substr(pos, comma - pos);
+    int value = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || value < 1)
+      throw UsageError("bad model '" + std::string(text) +
+                       "': expected comma-separated positive widths such as 784,256,10");
+    dims.push_back(value);
+    pos = comma + 1;
+  }
+  if (dims.size() < 2)
+    throw UsageError("bad model '" + std::string(text) + "': give at least an input and an output width");
+  return dims;
+}
+
+std::string dims_string(const std::vector<int>& dims) {
+  std::string s;
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s;
+}
+
+std::size_t Slice::size() const {
+  std::size_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+ParamLayout::ParamLayout(const ModelConfig& config) {
+  config.validate();
+  for (int l = 0; l < config.layers(); ++l) {
+    const std::int64_t in = config.dims[static_cast<std::size_t>(l)];
+    const std::int64_t out = config.dims[static_cast<std::size_t>(l) + 1];
+    const std::string prefix = "layers." + std::to_string(l) + ".";
+    slices_.push_back({prefix + "weight", size_, {out, in}});
+    size_ += slices_.back().size();
+    slices_.push_back({prefix + "bias", size_, {out}});
+    size_ += slices_.back().size();
+  }
+}
+
+const Slice& ParamLayout::slice_at(std::size_t i) const {
+  for (const Slice& s : slices_)
+    if (i >= s.offset && i < s.offset + s.size()) return s;
+  throw Error("element " + std::to_string(i) + " is outside the parameter buffer of " +
+              std::to_string(size_) + " elements");
+}
+
+std::string ParamLayout::describe_element(std::size_t i) const {
+  const Slice& s = slice_at(i);
+  std::size_t rest = i - s.offset;
+  std::vector<std::size_t> index(s.shape.size());
+  for (std::size_t d = s.shape.size(); d-- > 0;) {
+    index[d] = rest % static_cast<std::size_t>(s.shape[d]);
+    rest /= static_cast<std::size_t>(s.shape[d]);
+  }
+  std::ostringstream os;
+  os << s.name << "[";
+  for (std::size_t d = 0; d < index.size(); ++d) os << (d ? ", " : "") << index[d];
+  os << "]";
+  return os.str();
+}
+
+std::vector<float> init_params(const ModelConfig& config, std::uint64_t seed) {
+  const ParamLayout layout(config);
+  std::vector<float> params(layout.size());
+  const std::uint64_t key = mix_key(seed, 0x1A17);
+  for (int l = 0; l < config.layers(); ++l) {
+    // PyTorch computes 1/sqrt(fan_in) in double, then draws in float32.
+    const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.dims[static_cast<std::size_t>(l)])));
+    for (const Slice* s : {&layout.weight(l), &layout.bias(l)})
+      for (std::size_t i = s->offset; i < s->offset + s->size(); ++i)
+        params[i] = bound * random_symmetric(key, 0, i);
+  }
+  return params;
+}
+
+}  // namespace dpcheck

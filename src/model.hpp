@@ -1,0 +1,69 @@
+// The model: a multilayer perceptron with one flat float32 parameter buffer laid out as PyTorch lays
+// out a ModuleList `layers` of nn.Linear: layers.<i>.weight (out x in, row-major) then layers.<i>.bias,
+// layer by layer. One all-reduce and one hash cover a whole replica, and tensors exported from
+// PyTorch load directly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dpcheck {
+
+enum class Activation { relu, tanh, identity };
+enum class Loss { mse, cross_entropy };
+
+std::string_view activation_name(Activation a);
+std::string_view loss_name(Loss l);
+Activation parse_activation(std::string_view name);  // relu | tanh | identity; else UsageError
+Loss parse_loss(std::string_view name);              // mse | cross-entropy; else UsageError
+
+struct ModelConfig {
+  std::vector<int> dims;  // widths: input, hidden..., output; at least two, each >= 1
+  Activation activation = Activation::relu;  // between layers, not after the last
+  Loss loss = Loss::mse;  // mse: mean over batch x outputs; cross-entropy: mean over batch, labels
+
+  int layers() const { return static_cast<int>(dims.size()) - 1; }
+  int in_dim() const { return dims.front(); }
+  int out_dim() const { return dims.back(); }
+  void validate() const;  // throws UsageError
+};
+
+// "4,16,1" -> {4, 16, 1}; UsageError on anything but a list of at least two positive integers.
+std::vector<int> parse_dims(std::string_view text);
+std::string dims_string(const std::vector<int>& dims);
+
+// A named tensor inside a flat buffer.
+struct Slice {
+  std::string name;                 // "layers.0.weight"
+  std::size_t offset = 0;           // in elements
+  std::vector<std::int64_t> shape;  // {out, in} or {out}
+  std::size_t size() const;
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const ModelConfig& config);
+
+  std::size_t size() const { return size_; }
+  const std::vector<Slice>& slices() const { return slices_; }
+  const Slice& weight(int layer) const { return slices_[2 * static_cast<std::size_t>(layer)]; }
+  const Slice& bias(int layer) const { return slices_[2 * static_cast<std::size_t>(layer) + 1]; }
+
+  // The slice holding flat element i and i's multi-index inside it, e.g. "layers.1.weight[3, 7]".
+  const Slice& slice_at(std::size_t i) const;
+  std::string describe_element(std::size_t i) const;
+
+ private:
+  std::vector<Slice> slices_;
+  std::size_t size_ = 0;
+};
+
+// torch.nn.Linear's default initialization: weight and bias uniform in [-1/sqrt(in), 1/sqrt(in)),
+// drawn from the counter-based generator, so the same seed gives the same parameters everywhere.
+std::vector<float> init_params(const ModelConfig& config, std::uint64_t seed);
+
+}  // namespace dpcheck
