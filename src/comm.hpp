@@ -1,0 +1,76 @@
+// The Communicator: how ranks exchange data. Every collective is in place or into a caller's buffer,
+// counts are in elements, and every call ends within timeout() -- with a TimeoutError naming the call
+// and the rank -- rather than hang on a dead or stuck peer.
+//
+// Backends: "local" (ranks as threads of one process, src/local_comm.hpp), "mpi" (one process per
+// rank), and the GPU ones under kernels/. Buffers live in memory_space(): host pointers for the CPU
+// backends, device pointers for the GPU ones.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/dtype.hpp"
+
+namespace dpcheck {
+
+enum class ReduceOp { sum, avg, min, max };
+std::string_view reduce_op_name(ReduceOp op);
+
+class Communicator {
+ public:
+  static constexpr std::chrono::milliseconds default_timeout{60'000};
+
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;
+  virtual MemorySpace memory_space() const { return MemorySpace::host; }
+
+  // buf holds count elements on every rank; afterwards every rank holds the same, bitwise identical,
+  // reduction. avg is the sum divided by size(). min and max are for integer verdicts and counts.
+  virtual void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) = 0;
+  // Copies root's count elements into buf on every other rank.
+  virtual void broadcast(void* buf, std::size_t count, DType dtype, int root) = 0;
+  // send holds count elements; recv receives size()*count, rank r's block at offset r*count.
+  virtual void allgather(const void* send, void* recv, std::size_t count, DType dtype) = 0;
+  virtual void barrier() = 0;
+
+  // A communicator over the same ranks that takes host buffers, for the small control messages
+  // (hashes, verdicts, counts) that the trainer and checks exchange. Host backends return themselves.
+  virtual Communicator& host() { return *this; }
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  virtual void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+  template <class T> void allreduce(std::span<T> buf, ReduceOp op) {
+    allreduce(buf.data(), buf.size(), dtype_of<T>(), op);
+  }
+  template <class T> void broadcast(std::span<T> buf, int root) {
+    broadcast(buf.data(), buf.size(), dtype_of<T>(), root);
+  }
+  template <class T> void allgather(std::span<const T> send, std::span<T> recv) {
+    allgather(send.data(), recv.data(), send.size(), dtype_of<T>());
+  }
+  // One value from every rank, in rank order (host buffers).
+  template <class T> std::vector<T> allgather_value(T value);
+  // The AND of a verdict over all ranks, so that every rank takes the same branch afterwards.
+  bool all(bool verdict);
+
+ private:
+  std::chrono::milliseconds timeout_ = default_timeout;
+};
+
+template <class T> std::vector<T> Communicator::allgather_value(T value) {
+  Communicator& h = host();
+  std::vector<T> all(static_cast<std::size_t>(h.size()));
+  h.allgather(&value, all.data(), 1, dtype_of<T>());
+  return all;
+}
+
+}  // namespace dpcheck
