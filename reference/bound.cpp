@@ -1,0 +1,257 @@
+#include "reference/bound.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "src/error.hpp"
+
+namespace dpcheck::reference {
+
+namespace {
+
+using M = Matrix<double>;
+
+enum class Kink : unsigned char { active, inactive, uncertain };
+
+// Forward state of one layer for every example: value, error bound, and for a ReLU which side of the
+// kink each unit is certainly on.
+struct LayerState {
+  M z, ez;        // pre-activation and its error bound
+  M a, ea;        // activation and its error bound (unused for the output layer)
+  std::vector<Kink> kink;  // ReLU only, row-major like z
+};
+
+}  // namespace
+
+double gamma(std::int64_t n, double u) {
+  const double nu = static_cast<double>(n) * u;
+  return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
+}
+
+std::int64_t whole_batch_roundings(std::int64_t batch, const BoundOptions& options) {
+  return batch + options.slack_roundings;
+}
+
+std::int64_t sharded_roundings(std::int64_t largest_micro_batch, std::int64_t micro_batches, int world_size,
+                               const BoundOptions& options) {
+  return largest_micro_batch + micro_batches + world_size + options.slack_roundings;
+}
+
+double GradientBound::bound(std::size_t i, std::int64_t m) const {
+  return propagated[i] + gamma(m, options.unit_roundoff) * magnitude[i] + floor[i];
+}
+
+GradientBound gradient_bound(const ModelConfig& model, std::span<const float> params, const Batch& batch,
+                             const BoundOptions& options) {
+  const double u = options.unit_roundoff;
+  const ParamLayout layout(model);
+  GradientBound out;
+  out.options = options;
+  out.reference = loss_and_gradient<double>(model, params, batch);
+  out.propagated.assign(layout.size(), 0.0);
+  out.magnitude.assign(layout.size(), 0.0);
+  out.floor.assign(layout.size(), 0.0);
+  const Eigen::Index B = batch.size;
+  if (B == 0) return out;
+
+  const int L = model.layers();
+  const std::vector<M> W = weights<double>(model, params);
+  const std::vector<RowVector<double>> b = biases<double>(model, params);
+
+  // ---- forward: values and error bounds, layer by layer ----
+  M x(B, model.in_dim());
+  for (Eigen::Index k = 0; k < x.size(); ++k) x.data()[k] = static_cast<double>(batch.x[static_cast<std::size_t>(k)]);
+  std::vector<LayerState> s(static_cast<std::size_t>(L));
+  for (std::size_t l = 0; l < static_cast<std::size_t>(L); ++l) {
+    const M& a_in = l == 0 ? x : s[l - 1].a;
+    const M ea_in = l == 0 ? M::Zero(x.rows(), x.cols()) : s[l - 1].ea;
+    const M absW = W[l].cwiseAbs();
+    LayerState& st = s[l];
+    st.z = a_in * W[l].transpose();
+    st.z.rowwise() += b[l];
+    // Terms of the float dot product (plus the bias), bounded by |a^| <= |a| + E_a.
+    M terms = (a_in.cwiseAbs() + ea_in) * absW.transpose();
+    terms.rowwise() += b[l].cwiseAbs();
+    const auto fan_in = static_cast<std::int64_t>(W[l].cols());
+    st.ez = ea_in * absW.transpose() + gamma(fan_in + 1, u) * terms;
+    if (static_cast<int>(l) + 1 == L) break;
+
+    st.a.resize(st.z.rows(), st.z.cols());
+    st.ea.resize(st.z.rows(), st.z.cols());
+    if (model.activation == Activation::relu) st.kink.resize(static_cast<std::size_t>(st.z.size()));
+    for (Eigen::Index i = 0; i < st.z.size(); ++i) {
+      const double z = st.z.data()[i], ez = st.ez.data()[i];
+      double& a = st.a.data()[i];
+      double& ea = st.ea.data()[i];
+      switch (model.activation) {
+        case Activation::relu: {
+          const Kink k = z > ez ? Kink::active : z < -ez ? Kink::inactive : Kink::uncertain;
+          st.kink[static_cast<std::size_t>(i)] = k;
+          if (k == Kink::uncertain) ++out.uncertain_units;
+          a = z > 0 ? z : 0.0;
+          ea = k == Kink::inactive ? 0.0 : ez;  // ReLU is 1-Lipschitz
+          break;
+        }
+        case Activation::tanh: {
+          a = std::tanh(z);
+          // Largest derivative on [z - ez, z + ez]: at the point nearest 0.
+          const double t = std::tanh(std::max(0.0, std::abs(z) - ez));
+          const double slope = 1.0 - t * t;
+          ea = slope * ez + options.tanh_error * u * (std::abs(a) + slope * ez);
+          break;
+        }
+        case Activation::identity:
+          a = z;
+          ea = ez;
+          break;
+      }
+    }
+  }
+
+  // ---- loss: delta = dL/dz at the output and its bound ----
+  const LayerState& last = s.back();
+  const Eigen::Index D = last.z.cols();
+  M delta(B, D), edelta(B, D);
+  if (model.loss == Loss::mse) {
+    const double c = 2.0 / (static_cast<double>(B) * static_cast<double>(D));
+    for (Eigen::Index k = 0; k < B; ++k)
+      for (Eigen::Index j = 0; j < D; ++j) {
+        const double diff = last.z(k, j) - static_cast<double>(batch.y[static_cast<std::size_t>(k * D + j)]);
+        const double ez = last.ez(k, j);
+        delta(k, j) = c * diff;
+        edelta(k, j) = c * (ez + u * (std::abs(diff) + ez));  // the subtraction rounds once
+      }
+  } else {
+    const double inv_b = 1.0 / static_cast<double>(B);
+    for (Eigen::Index k = 0; k < B; ++k) {
+      const double m = last.z.row(k).maxCoeff();
+      const double max_ez = last.ez.row(k).maxCoeff();
+      double sum = 0.0;
+      for (Eigen::Index j = 0; j < D; ++j) sum += std::exp(last.z(k, j) - m);
+      // Relative rounding of exp's argument z - max (its own error grows with |z - max|), of exp, of the
+      // sum of exps (weighted by each term's share p_j), and of the division.
+      double sum_rel = gamma(D, u);
+      std::vector<double> p(static_cast<std::size_t>(D)), arg_rel(static_cast<std::size_t>(D));
+      for (Eigen::Index j = 0; j < D; ++j) {
+        const auto jj = static_cast<std::size_t>(j);
+        p[jj] = std::exp(last.z(k, j) - m) / sum;
+        arg_rel[jj] = u * (std::abs(last.z(k, j) - m) + 2 * max_ez) + options.exp_error * u;
+        sum_rel += p[jj] * arg_rel[jj];
+      }
+      const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k)]);
+      for (Eigen::Index j = 0; j < D; ++j) {
+        const auto jj = static_cast<std::size_t>(j);
+        // softmax moves by at most a factor exp(|dz_j| + max|dz|) when the logits move.
+        const double ep = p[jj] * std::expm1(last.ez(k, j) + max_ez + arg_rel[jj] + 1.01 * sum_rel + u);
+        const double diff = p[jj] - (j == label ? 1.0 : 0.0);
+        delta(k, j) = diff * inv_b;
+        edelta(k, j) = (ep + u * (std::abs(diff) + ep)) * inv_b;
+      }
+    }
+  }
+
+  // ---- backward: gradient bounds, then delta for the layer below ----
+  for (std::size_t l = static_cast<std::size_t>(L); l-- > 0;) {
+    const M& a_in = l == 0 ? x : s[l - 1].a;
+    const M ea_in = l == 0 ? M::Zero(x.rows(), x.cols()) : s[l - 1].ea;
+    const M va = a_in.cwiseAbs() + ea_in;       // bounds |a^|
+    const M vdelta = delta.cwiseAbs() + edelta;  // bounds |delta^|
+    const M prop_w = delta.cwiseAbs().transpose() * ea_in + edelta.transpose() * va;
+    const M mag_w = vdelta.transpose() * va;
+    const RowVector<double> prop_b = edelta.colwise().sum();
+    const RowVector<double> mag_b = vdelta.colwise().sum();
+    const Slice& ws = layout.weight(static_cast<int>(l));
+    const Slice& bs = layout.bias(static_cast<int>(l));
+    for (Eigen::Index i = 0; i < mag_w.size(); ++i) {
+      out.propagated[ws.offset + static_cast<std::size_t>(i)] = prop_w.data()[i];
+      out.magnitude[ws.offset + static_cast<std::size_t>(i)] = mag_w.data()[i];
+    }
+    for (Eigen::Index i = 0; i < mag_b.size(); ++i) {
+      out.propagated[bs.offset + static_cast<std::size_t>(i)] = prop_b(i);
+      out.magnitude[bs.offset + static_cast<std::size_t>(i)] = mag_b(i);
+    }
+    if (l == 0) break;
+
+    // h = delta W, a dot product over this layer's outputs; then the activation's derivative below.
+    const M absW = W[l].cwiseAbs();
+    const M h = delta * W[l];
+    const M eh = edelta * absW + gamma(W[l].rows(), u) * (vdelta * absW);
+    const LayerState& below = s[l - 1];
+    M next(h.rows(), h.cols()), enext(h.rows(), h.cols());
+    for (Eigen::Index i = 0; i < h.size(); ++i) {
+      const double hv = h.data()[i], ehv = eh.data()[i];
+      double& d = next.data()[i];
+      double& e = enext.data()[i];
+      switch (model.activation) {
+        case Activation::relu:
+          switch (below.kink[static_cast<std::size_t>(i)]) {
+            case Kink::active: d = hv; e = ehv; break;
+            case Kink::inactive: d = 0.0; e = 0.0; break;
+            // Either path may pass h or drop it: the whole contribution is uncertain.
+            case Kink::uncertain: d = below.z.data()[i] > 0 ? hv : 0.0; e = std::abs(hv) + ehv; break;
+          }
+          break;
+        case Activation::tanh: {
+          const double a = below.a.data()[i], ea = below.ea.data()[i];
+          const double va_i = std::abs(a) + ea;
+          const double sv = 1.0 - a * a;
+          const double esq = (2 * std::abs(a) + ea) * ea;  // |a^2 - a'^2|
+          // 1 - a*a: the product and the subtraction each round once.
+          const double es = esq + u * va_i * va_i + u * (std::abs(sv) + esq + u * va_i * va_i);
+          d = hv * sv;
+          e = std::abs(hv) * es + std::abs(sv) * ehv + ehv * es + u * (std::abs(hv) + ehv) * (std::abs(sv) + es);
+          break;
+        }
+        case Activation::identity:
+          d = hv;
+          e = ehv;
+          break;
+      }
+    }
+    delta = std::move(next);
+    edelta = std::move(enext);
+  }
+
+  // The float64 reference is itself rounded (negligibly, but a bound should not pretend otherwise), and
+  // float32 underflow loses up to one subnormal spacing per operation on the way.
+  std::int64_t depth = B + 16;
+  for (int d : model.dims) depth += d;
+  const double ref_rel = gamma(depth, 0x1p-53) * 4;
+  const double underflow = 4.0 * static_cast<double>(depth) * 0x1p-149;
+  for (std::size_t i = 0; i < out.floor.size(); ++i)
+    out.floor[i] = ref_rel * (out.magnitude[i] + out.propagated[i]) + underflow;
+  return out;
+}
+
+Comparison compare(std::span<const float> grad, const GradientBound& bound, std::int64_t m, double scale) {
+  DPCHECK_ASSERT(grad.size() == bound.reference.grad.size());
+  Comparison c;
+  for (std::size_t i = 0; i < grad.size(); ++i) {
+    const double value = static_cast<double>(grad[i]) * scale;
+    const double ref = bound.reference.grad[i];
+    const double err = std::abs(value - ref);
+    const double bnd = bound.bound(i, m);
+    double ratio;
+    if (!std::isfinite(value))
+      ratio = std::numeric_limits<double>::infinity();
+    else if (err == 0.0)
+      ratio = 0.0;
+    else
+      ratio = bnd > 0 ? err / bnd : std::numeric_limits<double>::infinity();
+    if (std::isfinite(err)) c.max_error = std::max(c.max_error, err);
+    else c.max_error = std::numeric_limits<double>::infinity();
+    if (ratio > c.max_ratio || i == 0) {
+      if (ratio >= c.max_ratio) {
+        c.max_ratio = ratio;
+        c.worst = i;
+        c.worst_value = value;
+        c.worst_reference = ref;
+        c.worst_bound = bnd;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace dpcheck::reference

@@ -1,0 +1,45 @@
+// The reference MLP: the whole batch at once, in the textbook form, templated on the scalar so that
+// the same lines run in float64 (what every check compares against) and float32. Written to be checked
+// by eye against PyTorch's definitions, not to be fast:
+//
+//   z_l = a_{l-1} W_l^T + b_l,   a_l = act(z_l) (l < L),   output z_L
+//   mse           L = mean over b and j of (z_L - y)^2             dL/dz_L = 2 (z_L - y) / (B * out)
+//   cross-entropy L = mean over b of logsumexp(z_L) - z_L[label]   dL/dz_L = (softmax(z_L) - onehot) / B
+//   dW_l = delta_l^T a_{l-1},   db_l = column sums of delta_l,   delta_{l-1} = (delta_l W_l) .* act'(z_{l-1})
+#pragma once
+
+#include <Eigen/Core>
+#include <span>
+#include <vector>
+
+#include "src/data.hpp"
+#include "src/model.hpp"
+
+namespace dpcheck::reference {
+
+template <class T>
+using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+
+template <class T>
+struct Gradient {
+  T loss = 0;
+  std::vector<T> grad;  // flat, in the parameter layout
+};
+
+// Mean loss and its gradient over the whole batch, with every operation in T. The float32 parameters
+// and inputs convert to T exactly. An empty batch has loss 0 and gradient 0.
+template <class T>
+Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> params, const Batch& batch);
+
+// The model's weights and biases as T matrices.
+template <class T>
+std::vector<Matrix<T>> weights(const ModelConfig& model, std::span<const float> params);
+template <class T>
+std::vector<RowVector<T>> biases(const ModelConfig& model, std::span<const float> params);
+
+extern template Gradient<float> loss_and_gradient<float>(const ModelConfig&, std::span<const float>, const Batch&);
+extern template Gradient<double> loss_and_gradient<double>(const ModelConfig&, std::span<const float>, const Batch&);
+
+}  // namespace dpcheck::reference
