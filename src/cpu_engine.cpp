@@ -1,0 +1,171 @@
+// The "cpu" engine: float32 forward and backward with Eigen. Its float64 counterpart, written to be
+// read rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "src/engine.hpp"
+#include "src/error.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMatrix>;
+using Map = Eigen::Map<RowMatrix>;
+
+class CpuEngine final : public Engine {
+ public:
+  explicit CpuEngine(const ModelConfig& model)
+      : model_(model), layout_(model), params_(layout_.size(), 0.0f), grads_(layout_.size(), 0.0f),
+        z_(static_cast<std::size_t>(model.layers())), a_(static_cast<std::size_t>(model.layers())) {}
+
+  std::string_view name() const override { return "cpu"; }
+  MemorySpace memory_space() const override { return MemorySpace::host; }
+  const ModelConfig& model() const override { return model_; }
+  std::size_t param_count() const override { return layout_.size(); }
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
+
+  void load_params(std::span<const float> host) override {
+    DPCHECK_ASSERT(host.size() == params_.size());
+    std::copy(host.begin(), host.end(), params_.begin());
+  }
+  void store_params(std::span<float> host) const override {
+    DPCHECK_ASSERT(host.size() == params_.size());
+    std::copy(params_.begin(), params_.end(), host.begin());
+  }
+  void store_grads(std::span<float> host) const override {
+    DPCHECK_ASSERT(host.size() == grads_.size());
+    std::copy(grads_.begin(), grads_.end(), host.begin());
+  }
+  void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override {
+    return hash_host(data, n, seed);
+  }
+
+  double forward_backward(const Batch& batch, float scale, bool accumulate) override {
+    DPCHECK_ASSERT(batch.in_dim == model_.in_dim() && batch.out_dim == model_.out_dim());
+    DPCHECK_ASSERT(batch.loss == model_.loss);
+    if (!accumulate) zero_grads();
+    if (batch.size == 0) return 0.0;
+    const auto n = static_cast<Eigen::Index>(batch.size);
+    const int layers = model_.layers();
+    const ConstMap x(batch.x.data(), n, model_.in_dim());
+
+    for (int l = 0; l < layers; ++l) {
+      const auto li = static_cast<std::size_t>(l);
+      const ConstMap w = weight(l);
+      z_[li].resize(n, w.rows());
+      if (l == 0)
+        z_[li].noalias() = x * w.transpose();
+      else
+        z_[li].noalias() = a_[li - 1] * w.transpose();
+      z_[li].rowwise() += bias(l);
+      if (l + 1 < layers) a_[li] = activate(z_[li]);
+    }
+
+    const double loss = output_delta(batch, scale);
+
+    for (int l = layers - 1; l >= 0; --l) {
+      const auto li = static_cast<std::size_t>(l);
+      const Slice& ws = layout_.weight(l);
+      Map gw(grads_.data() + ws.offset, ws.shape[0], ws.shape[1]);
+      if (l == 0)
+        gw.noalias() += delta_.transpose() * x;
+      else
+        gw.noalias() += delta_.transpose() * a_[li - 1];
+      Eigen::Map<Eigen::RowVectorXf> gb(grads_.data() + layout_.bias(l).offset, ws.shape[0]);
+      gb += delta_.colwise().sum();
+      if (l > 0) {
+        RowMatrix h = delta_ * weight(l);
+        delta_ = activation_backward(h, z_[li - 1], a_[li - 1]);
+      }
+    }
+    return loss;
+  }
+
+ private:
+  ConstMap weight(int l) const {
+    const Slice& s = layout_.weight(l);
+    return ConstMap(params_.data() + s.offset, s.shape[0], s.shape[1]);
+  }
+  Eigen::Map<const Eigen::RowVectorXf> bias(int l) const {
+    const Slice& s = layout_.bias(l);
+    return Eigen::Map<const Eigen::RowVectorXf>(params_.data() + s.offset, s.shape[0]);
+  }
+
+  RowMatrix activate(const RowMatrix& z) const {
+    switch (model_.activation) {
+      case Activation::relu: return z.cwiseMax(0.0f);
+      // std::tanh rather than Eigen's vectorised approximation, whose error the bound does not model.
+      case Activation::tanh: return z.unaryExpr([](float v) { return std::tanh(v); });
+      case Activation::identity: return z;
+    }
+    return z;
+  }
+
+  RowMatrix activation_backward(const RowMatrix& h, const RowMatrix& z, const RowMatrix& a) const {
+    switch (model_.activation) {
+      case Activation::relu: return (z.array() > 0.0f).select(h, 0.0f);
+      case Activation::tanh: return h.array() * (1.0f - a.array() * a.array());
+      case Activation::identity: return h;
+    }
+    return h;
+  }
+
+  // Sets delta_ = scale * d(mean loss)/d(output) and returns the mean loss.
+  double output_delta(const Batch& batch, float scale) {
+    const RowMatrix& z = z_.back();
+    const auto n = z.rows(), d = z.cols();
+    delta_.resize(n, d);
+    double loss = 0.0;
+    if (model_.loss == Loss::mse) {
+      const ConstMap y(batch.y.data(), n, d);
+      const auto c = static_cast<float>(2.0 * scale / (static_cast<double>(n) * static_cast<double>(d)));
+      delta_ = (z - y) * c;
+      for (Eigen::Index i = 0; i < z.size(); ++i) {
+        const double e = static_cast<double>(z.data()[i]) - static_cast<double>(y.data()[i]);
+        loss += e * e;
+      }
+      return loss / (static_cast<double>(n) * static_cast<double>(d));
+    }
+    // Softmax cross-entropy: p = exp(z - max) / sum, delta = (p - onehot) * scale / n.
+    const auto c = static_cast<float>(scale / static_cast<double>(n));
+    for (Eigen::Index k = 0; k < n; ++k) {
+      const float m = z.row(k).maxCoeff();
+      float s = 0.0f;
+      double s64 = 0.0;
+      for (Eigen::Index j = 0; j < d; ++j) {
+        delta_(k, j) = std::exp(z(k, j) - m);
+        s += delta_(k, j);
+        s64 += std::exp(static_cast<double>(z(k, j)) - m);
+      }
+      const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k)]);
+      for (Eigen::Index j = 0; j < d; ++j) delta_(k, j) = (delta_(k, j) / s - (j == label ? 1.0f : 0.0f)) * c;
+      loss += std::log(s64) + m - static_cast<double>(z(k, label));
+    }
+    return loss / static_cast<double>(n);
+  }
+
+  ModelConfig model_;
+  ParamLayout layout_;
+  std::vector<float> params_, grads_;
+  std::vector<RowMatrix> z_, a_;  // per layer: pre-activations, activations (a_ unused for the last)
+  RowMatrix delta_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model) { return std::make_unique<CpuEngine>(model); }
+
+std::uint64_t hash_host(const float* data, std::size_t n, std::uint64_t seed) {
+  return XXH3_64bits_withSeed(data, n * sizeof(float), seed);
+}
+
+}  // namespace dpcheck

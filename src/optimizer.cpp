@@ -1,0 +1,121 @@
+#include "src/optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/error.hpp"
+
+namespace dpcheck {
+
+std::string_view optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::momentum: return "momentum";
+    case OptimizerKind::adam: return "adam";
+  }
+  return "?";
+}
+
+OptimizerKind parse_optimizer(std::string_view name) {
+  for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam})
+    if (name == optimizer_name(k)) return k;
+  throw UsageError("unknown optimizer '" + std::string(name) + "' (choose sgd, momentum or adam)");
+}
+
+void OptimizerConfig::validate() const {
+  const auto finite_nonnegative = [](double v) { return v >= 0.0 && std::isfinite(v); };
+  if (!finite_nonnegative(lr)) throw UsageError("learning rate must be a finite number >= 0");
+  if (kind == OptimizerKind::momentum && !finite_nonnegative(momentum))
+    throw UsageError("momentum must be a finite number >= 0");
+  if (kind == OptimizerKind::adam) {
+    // beta1 = 1 would make the first bias correction 0 and every parameter NaN -- identically on every
+    // rank, so the replica check could not notice.
+    if (!(beta1 >= 0.0 && beta1 < 1.0)) throw UsageError("beta1 must be in [0, 1)");
+    if (!(beta2 >= 0.0 && beta2 < 1.0)) throw UsageError("beta2 must be in [0, 1)");
+    if (!finite_nonnegative(eps)) throw UsageError("eps must be a finite number >= 0");
+  }
+}
+
+std::vector<std::string> Optimizer::state_names() const {
+  switch (config_.kind) {
+    case OptimizerKind::sgd: return {};
+    case OptimizerKind::momentum: return {"momentum_buffer"};
+    case OptimizerKind::adam: return {"exp_avg", "exp_avg_sq"};
+  }
+  return {};
+}
+
+namespace {
+
+class CpuOptimizer final : public Optimizer {
+ public:
+  CpuOptimizer(const OptimizerConfig& config, std::size_t n) : Optimizer(config, n) {
+    state_.assign(state_size(), 0.0f);
+  }
+
+  MemorySpace memory_space() const override { return MemorySpace::host; }
+  float* state() override { return state_.data(); }
+
+  void store_state(std::span<float> host) const override {
+    DPCHECK_ASSERT(host.size() == state_.size());
+    std::copy(state_.begin(), state_.end(), host.begin());
+  }
+
+  void load_state(std::span<const float> host, std::int64_t steps) override {
+    DPCHECK_ASSERT(host.size() == state_.size());
+    std::copy(host.begin(), host.end(), state_.begin());
+    steps_ = steps;
+  }
+
+  void step(float* p, const float* g) override {
+    ++steps_;
+    const std::size_t n = size_;
+    const auto neg_lr = static_cast<float>(-config_.lr);
+    switch (config_.kind) {
+      case OptimizerKind::sgd:  // param.add_(grad, alpha=-lr)
+        for (std::size_t i = 0; i < n; ++i) p[i] = p[i] + neg_lr * g[i];
+        break;
+      case OptimizerKind::momentum: {  // buf = grad (first step) or momentum * buf + grad
+        float* buf = state_.data();
+        const auto mu = static_cast<float>(config_.momentum);
+        for (std::size_t i = 0; i < n; ++i) {
+          buf[i] = steps_ == 1 ? g[i] : buf[i] * mu + g[i];
+          p[i] = p[i] + neg_lr * buf[i];
+        }
+        break;
+      }
+      case OptimizerKind::adam: {
+        float* m = state_.data();
+        float* v = m + n;
+        const double t = static_cast<double>(steps_);
+        // The scalar factors are computed in double, as PyTorch computes them in Python floats.
+        const double bias_correction1 = 1.0 - std::pow(config_.beta1, t);
+        const double bias_correction2 = 1.0 - std::pow(config_.beta2, t);
+        const float step_size = static_cast<float>(config_.lr / bias_correction1);
+        const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+        const auto w1 = static_cast<float>(1.0 - config_.beta1), b2 = static_cast<float>(config_.beta2);
+        const auto w2 = static_cast<float>(1.0 - config_.beta2);
+        const auto eps = static_cast<float>(config_.eps);
+        for (std::size_t i = 0; i < n; ++i) {
+          m[i] = m[i] + w1 * (g[i] - m[i]);        // exp_avg.lerp_(grad, 1 - beta1)
+          v[i] = v[i] * b2 + (w2 * g[i]) * g[i];   // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+          const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+          p[i] = p[i] - step_size * (m[i] / denom);  // param.addcdiv_(exp_avg, denom, -step_size)
+        }
+        break;
+      }
+    }
+  }
+
+ private:
+  std::vector<float> state_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_cpu_optimizer(const OptimizerConfig& config, std::size_t size) {
+  config.validate();
+  return std::make_unique<CpuOptimizer>(config, size);
+}
+
+}  // namespace dpcheck
