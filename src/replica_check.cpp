@@ -1,0 +1,119 @@
+#include "src/replica_check.hpp"
+
+#include <bit>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "src/error.hpp"
+
+namespace dpcheck {
+
+std::uint64_t ulp_distance(float a, float b) {
+  // Map the float bits onto a line where adjacent floats are adjacent integers.
+  const auto ordered = [](float f) -> std::int64_t {
+    const auto bits = static_cast<std::int64_t>(std::bit_cast<std::int32_t>(f));
+    return bits < 0 ? std::int64_t{INT32_MIN} - bits : bits;
+  };
+  const std::int64_t d = ordered(a) - ordered(b);
+  return static_cast<std::uint64_t>(d < 0 ? -d : d);
+}
+
+namespace {
+
+std::string hex_bits(float f) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", std::bit_cast<std::uint32_t>(f));
+  return buf;
+}
+
+}  // namespace
+
+std::string ReplicaReport::describe() const {
+  std::ostringstream os;
+  if (synchronized) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hashes.empty() ? 0 : hashes[0]));
+    os << "replicas identical (" << hashes.size() << " ranks, xxh3 " << buf << ")";
+    return os.str();
+  }
+  os << "replicas differ after step " << step << ": first difference in " << buffer << " at " << element
+     << " (flat index " << flat_index << ")\n";
+  for (std::size_t r = 0; r < values.size(); ++r) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(values[r]));
+    bool minor = false;
+    for (int m : minority) minor |= static_cast<std::size_t>(m) == r;
+    os << "  rank " << r << ": " << buf << " (" << hex_bits(values[r]) << ")" << (minor ? "  <- minority" : "") << "\n";
+  }
+  os << "  largest distance from the majority value: " << max_ulp << " ulp";
+  bool steps_differ = false;
+  for (std::int64_t s : optimizer_steps) steps_differ |= s != optimizer_steps.front();
+  if (steps_differ) {
+    os << "\n  optimizer step counts differ:";
+    for (std::size_t r = 0; r < optimizer_steps.size(); ++r) os << " rank " << r << "=" << optimizer_steps[r];
+  }
+  return os.str();
+}
+
+ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step) {
+  Communicator& host = comm.host();
+  ReplicaReport report;
+  report.step = step;
+  engine.synchronize();
+  const std::size_t n = engine.param_count();
+  std::uint64_t h = engine.hash(engine.params(), n, static_cast<std::uint64_t>(optimizer.steps()));
+  h = engine.hash(optimizer.state(), optimizer.state_size(), h);
+  report.hashes = host.allgather_value<std::uint64_t>(h);
+  report.optimizer_steps = host.allgather_value<std::int64_t>(optimizer.steps());
+  for (std::uint64_t other : report.hashes) report.synchronized &= other == report.hashes.front();
+  for (std::int64_t s : report.optimizer_steps) report.synchronized &= s == report.optimizer_steps.front();
+  if (report.synchronized) return report;
+
+  // Locate: gather everyone's parameters and state and scan for the first element whose bits differ.
+  const std::size_t total = n + optimizer.state_size();
+  std::vector<float> mine(total);
+  engine.store_params(std::span<float>(mine.data(), n));
+  optimizer.store_state(std::span<float>(mine.data() + n, optimizer.state_size()));
+  const auto world = static_cast<std::size_t>(host.size());
+  std::vector<float> all(total * world);
+  host.allgather(mine.data(), all.data(), total, DType::f32);
+
+  const ParamLayout layout(engine.model());
+  const auto bits = [&](std::size_t r, std::size_t i) { return std::bit_cast<std::uint32_t>(all[r * total + i]); };
+  for (std::size_t i = 0; i < total; ++i) {
+    bool same = true;
+    for (std::size_t r = 1; r < world; ++r) same &= bits(r, i) == bits(0, i);
+    if (same) continue;
+    report.flat_index = i;
+    if (i < n) {
+      report.buffer = "parameters";
+      report.element = layout.describe_element(i);
+    } else {
+      const std::size_t block = (i - n) / n, in_block = (i - n) % n;
+      report.buffer = "optimizer state " + optimizer.state_names()[block];
+      report.element = layout.describe_element(in_block);
+    }
+    std::map<std::uint32_t, int> votes;
+    for (std::size_t r = 0; r < world; ++r) {
+      report.values.push_back(all[r * total + i]);
+      ++votes[bits(r, i)];
+    }
+    // The majority value; on a tie, the value of the lowest rank among the tied.
+    std::uint32_t majority = bits(0, i);
+    for (std::size_t r = 0; r < world; ++r)
+      if (votes[bits(r, i)] > votes[majority]) majority = bits(r, i);
+    for (std::size_t r = 0; r < world; ++r)
+      if (bits(r, i) != majority) {
+        report.minority.push_back(static_cast<int>(r));
+        report.max_ulp = std::max(report.max_ulp, ulp_distance(all[r * total + i], std::bit_cast<float>(majority)));
+      }
+    return report;
+  }
+  // Hashes differed but no element did: only the step counts can differ.
+  report.buffer = "optimizer step count";
+  report.element = "steps";
+  return report;
+}
+
+}  // namespace dpcheck

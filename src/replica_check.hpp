@@ -1,0 +1,42 @@
+// ReplicaCheck: after every step, every replica's parameters and optimizer state must be bitwise
+// identical. Each rank hashes its own state (XXH3-64 on the CPU, a device hash on the GPU) and the
+// hashes are all-gathered; only when they differ are the full buffers gathered, to locate the first
+// differing element: its tensor and index, every rank's value (decimal and bits), the ULP distance
+// from the majority, and which ranks are in the minority.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/comm.hpp"
+#include "src/engine.hpp"
+#include "src/optimizer.hpp"
+
+namespace dpcheck {
+
+struct ReplicaReport {
+  std::int64_t step = 0;
+  bool synchronized = true;
+  std::vector<std::uint64_t> hashes;  // one per rank
+  std::vector<std::int64_t> optimizer_steps;  // one per rank
+
+  // Filled on a mismatch.
+  std::string buffer;            // "parameters" or "optimizer state exp_avg", ...
+  std::string element;           // "layers.0.weight[3, 1]"
+  std::size_t flat_index = 0;    // index in the rank's concatenated parameters + state
+  std::vector<float> values;     // one per rank
+  std::vector<int> minority;     // ranks whose value differs from the most common one
+  std::uint64_t max_ulp = 0;     // largest ULP distance from the most common value
+
+  // One line when synchronized; otherwise the located difference over several lines.
+  std::string describe() const;
+};
+
+// A collective: every rank must call it at the same step. Every rank receives the same report.
+ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step);
+
+// Distance in units in the last place between two floats (0 for +0 and -0; NaNs compare by bits).
+std::uint64_t ulp_distance(float a, float b);
+
+}  // namespace dpcheck

@@ -1,0 +1,156 @@
+#include "src/trainer.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "src/error.hpp"
+
+namespace dpcheck {
+
+std::vector<std::int64_t> split_sizes(std::int64_t n, std::int64_t parts) {
+  DPCHECK_ASSERT(n >= 0 && parts >= 1);
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(parts), n / parts);
+  for (std::int64_t i = 0; i < n % parts; ++i) ++sizes[static_cast<std::size_t>(i)];
+  return sizes;
+}
+
+SamplerConfig TrainConfig::sampler(int world_size) const {
+  SamplerConfig s;
+  s.dataset_size = data_size();
+  s.world_size = world_size;
+  s.shuffle = shuffle;
+  s.seed = seed;
+  s.split = split;
+  s.policy = policy;
+  return s;
+}
+
+OptimizerConfig TrainConfig::optimizer_for(int world_size) const {
+  OptimizerConfig o = optimizer;
+  if (linear_scaling) o.lr *= world_size;
+  return o;
+}
+
+void TrainConfig::validate(int world_size) const {
+  model.validate();
+  if (world_size < 1) throw UsageError("world size must be at least 1");
+  if (batch < 1) throw UsageError("batch size must be at least 1");
+  if (dataset_size < 0) throw UsageError("data set size must be at least 1 (or 0 for one batch)");
+  optimizer.validate();
+  if (steps < 1) throw UsageError("steps must be at least 1");
+  if (accumulate < 1) throw UsageError("accumulate must be at least 1");
+  if (policy == Policy::drop_last && data_size() < world_size)
+    throw UsageError("with drop-last, the data set (" + std::to_string(data_size()) +
+                     " examples) must hold at least one example per rank (world size " + std::to_string(world_size) +
+                     "): every share would be empty");
+}
+
+Trainer::Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
+                 const DistributedSampler& sampler, const Dataset& data)
+    : config_(config), comm_(comm), engine_(engine), optimizer_(optimizer), sampler_(sampler), data_(data) {
+  const int world = comm.size();
+  config_.validate(world);
+  DPCHECK_ASSERT(sampler.config().world_size == world);
+  DPCHECK_ASSERT(sampler.config().dataset_size == data.size());
+  DPCHECK_ASSERT(engine.param_count() == optimizer.size());
+  slice_ = (config_.batch + world - 1) / world;
+  std::int64_t largest = 0;
+  for (int r = 0; r < world; ++r) largest = std::max(largest, sampler.share_size(r));
+  steps_per_epoch_ = std::max<std::int64_t>(1, (largest + slice_ - 1) / slice_);
+}
+
+Trainer::Slot Trainer::slot(int rank, std::int64_t step) const {
+  const std::int64_t share = sampler_.share_size(rank);
+  Slot s;
+  s.epoch = step / steps_per_epoch_;
+  s.begin = std::min(share, (step % steps_per_epoch_) * slice_);
+  s.end = std::min(share, s.begin + slice_);
+  return s;
+}
+
+std::int64_t Trainer::global_batch(std::int64_t step) const {
+  std::int64_t total = 0;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const Slot s = slot(r, step);
+    total += s.end - s.begin;
+  }
+  return total;
+}
+
+std::vector<std::int64_t> Trainer::local_indices(std::int64_t step) const {
+  const Slot s = slot(comm_.rank(), step);
+  const std::vector<std::int64_t> share = sampler_.indices(comm_.rank(), s.epoch);
+  return {share.begin() + s.begin, share.begin() + s.end};
+}
+
+std::vector<std::int64_t> Trainer::global_indices(std::int64_t step) const {
+  std::vector<std::int64_t> all;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const Slot s = slot(r, step);
+    const std::vector<std::int64_t> share = sampler_.indices(r, s.epoch);
+    all.insert(all.end(), share.begin() + s.begin, share.begin() + s.end);
+  }
+  return all;
+}
+
+std::int64_t Trainer::largest_micro_batch(std::int64_t step) const {
+  std::int64_t largest = 0;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const Slot s = slot(r, step);
+    largest = std::max(largest, (s.end - s.begin + config_.accumulate - 1) / config_.accumulate);
+  }
+  return largest;
+}
+
+Batch Trainer::local_batch(std::int64_t step) const {
+  const std::vector<std::int64_t> idx = local_indices(step);
+  return data_.gather(idx);
+}
+
+double Trainer::share_weight(std::int64_t share, std::int64_t global, int world) const {
+  return static_cast<double>(share) * world / static_cast<double>(global);
+}
+
+double Trainer::micro_batch_weight(std::int64_t micro, std::int64_t share) const {
+  return static_cast<double>(micro) / static_cast<double>(share);
+}
+
+double Trainer::compute_gradient(std::int64_t step) {
+  const Slot s = slot(comm_.rank(), step);
+  const std::int64_t share = s.end - s.begin;
+  const std::int64_t global = global_batch(step);
+  if (global == 0) throw Error("step " + std::to_string(step) + " has an empty global batch");
+  const Batch batch = local_batch(step);
+  const double weight = share_weight(share, global, comm_.size());
+
+  // Each micro-batch's mean gradient enters with weight n_j / b_r within the rank, so one scale
+  // factor per micro-batch carries both the accumulation and the rank's share.
+  double loss_sum = 0.0;
+  std::int64_t offset = 0;
+  bool first = true;
+  for (std::int64_t n : split_sizes(batch.size, config_.accumulate)) {
+    if (n == 0) continue;
+    const auto scale = static_cast<float>(weight * micro_batch_weight(n, batch.size));
+    loss_sum += static_cast<double>(n) * engine_.forward_backward(batch.slice(offset, offset + n), scale, !first);
+    offset += n;
+    first = false;
+  }
+  if (first) engine_.zero_grads();  // nothing to train on: contribute zeros, but still take part
+
+  comm_.allreduce(engine_.grads(), engine_.param_count(), DType::f32, ReduceOp::avg);
+  comm_.host().allreduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
+  return loss_sum / static_cast<double>(global);
+}
+
+StepResult Trainer::step() {
+  StepResult r;
+  r.step = next_step_;
+  r.global_batch = global_batch(r.step);
+  r.loss = compute_gradient(r.step);
+  optimizer_.step(engine_.params(), engine_.grads());
+  r.replicas = check_replicas(comm_, engine_, optimizer_, r.step);
+  ++next_step_;
+  return r;
+}
+
+}  // namespace dpcheck

@@ -1,0 +1,116 @@
+// The data-parallel step, per rank:
+//
+//   sampler -> this rank's examples for the step -> engine forward/backward over k micro-batches
+//   -> gradient weighted by the rank's share of the global batch -> all-reduce (avg)
+//   -> optimizer step -> replica check
+//
+// Shares may differ in size (the uneven policy, or the last step of an epoch), so rank r's gradient
+// g_r (the mean over its b_r examples) enters the average with weight b_r N / B, B = sum of b_r: the
+// all-reduce avg then yields sum_r (b_r / B) g_r, the gradient of the mean loss over the whole global
+// batch. Every rank knows every share's size from the sampler alone, so the weights need no message.
+//
+// Steps and epochs: each rank walks its share of the epoch in slices of ceil(batch / N) examples; an
+// epoch has ceil(largest share / slice) steps. By default the data set is exactly one global batch,
+// so every step is a fresh epoch (a new shuffle) over the same examples.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/comm.hpp"
+#include "src/data.hpp"
+#include "src/engine.hpp"
+#include "src/optimizer.hpp"
+#include "src/replica_check.hpp"
+#include "src/sampler.hpp"
+
+namespace dpcheck {
+
+struct TrainConfig {
+  ModelConfig model;
+  std::int64_t batch = 32;         // global batch per step
+  std::int64_t dataset_size = 0;   // 0: the same as batch
+  int steps = 1;
+  int accumulate = 1;              // micro-batches per rank per step
+  OptimizerConfig optimizer;
+  bool linear_scaling = false;     // learning rate x world size (Goyal et al., 2017)
+  bool shuffle = true;
+  Split split = Split::strided;
+  Policy policy = Policy::pad;
+  std::uint64_t seed = 0;          // parameters, synthetic data and shuffle
+
+  std::int64_t data_size() const { return dataset_size > 0 ? dataset_size : batch; }
+  SamplerConfig sampler(int world_size) const;
+  OptimizerConfig optimizer_for(int world_size) const;  // with the linear scaling rule applied
+  void validate(int world_size) const;                  // throws UsageError
+};
+
+struct StepResult {
+  std::int64_t step = 0;
+  double loss = 0;              // mean loss over the global batch (before the update)
+  std::int64_t global_batch = 0;
+  ReplicaReport replicas;
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
+          const DistributedSampler& sampler, const Dataset& data);
+  virtual ~Trainer() = default;
+
+  // Which slice of each rank's share a step takes: [begin, end) into sampler.indices(rank, epoch).
+  struct Slot {
+    std::int64_t epoch = 0;
+    std::int64_t begin = 0, end = 0;
+  };
+  Slot slot(int rank, std::int64_t step) const;
+  std::int64_t global_batch(std::int64_t step) const;
+  std::vector<std::int64_t> local_indices(std::int64_t step) const;
+
+  // Every rank's examples at a step, concatenated in rank order: the global batch that the all-reduced
+  // gradient must equal the gradient of. Computed from the sampler alone, with no communication.
+  std::vector<std::int64_t> global_indices(std::int64_t step) const;
+
+  // The largest micro-batch any rank uses at a step (array_split of a slice into `accumulate` parts).
+  std::int64_t largest_micro_batch(std::int64_t step) const;
+
+  // Leaves the all-reduced gradient of step's global batch in engine.grads(); returns the mean loss.
+  double compute_gradient(std::int64_t step);
+
+  // compute_gradient, the optimizer update and the replica check; advances the step counter.
+  StepResult step();
+
+  std::int64_t next_step() const { return next_step_; }
+  void set_next_step(std::int64_t s) { next_step_ = s; }
+
+  const TrainConfig& config() const { return config_; }
+  int rank() const { return comm_.rank(); }
+  int world_size() const { return comm_.size(); }
+  Communicator& comm() { return comm_; }
+  Engine& engine() { return engine_; }
+  Optimizer& optimizer() { return optimizer_; }
+
+ protected:
+  // Weight of a rank's mean gradient in the all-reduce avg: share * N / global.
+  virtual double share_weight(std::int64_t share, std::int64_t global, int world) const;
+  // Weight of a micro-batch's mean gradient within the rank's mean: micro / share.
+  virtual double micro_batch_weight(std::int64_t micro, std::int64_t share) const;
+  // The examples this rank feeds its engine at a step.
+  virtual Batch local_batch(std::int64_t step) const;
+
+ private:
+  TrainConfig config_;
+  Communicator& comm_;
+  Engine& engine_;
+  Optimizer& optimizer_;
+  const DistributedSampler& sampler_;
+  const Dataset& data_;
+  std::int64_t slice_ = 1;
+  std::int64_t steps_per_epoch_ = 1;
+  std::int64_t next_step_ = 0;
+};
+
+// array_split: n into `parts` sizes differing by at most one, larger first.
+std::vector<std::int64_t> split_sizes(std::int64_t n, std::int64_t parts);
+
+}  // namespace dpcheck
