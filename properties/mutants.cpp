@@ -1,0 +1,195 @@
+#include "properties/mutants.hpp"
+
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "src/error.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+constexpr std::array<MutantInfo, 8> kMutants{{
+    {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
+     "the all-reduce sums the gradients but never divides by the world size"},
+    {"allreduce-rank-order", "replicas_bitwise_synchronized",
+     "each rank sums the all-reduce starting from its own rank, so the last bits differ between ranks"},
+    {"mean-of-means", "uneven_shares_match_whole_batch",
+     "every rank's mean gradient gets the same weight, however many examples its share holds"},
+    {"drop-one-sample", "gradient_average_matches_whole_batch",
+     "the last rank leaves the last example of its share out of the forward pass"},
+    {"accumulate-sum-of-means", "accumulation_matches_whole_batch",
+     "gradient accumulation adds the micro-batches' mean gradients without dividing by their number"},
+    {"sampler-rank-seed", "sampler_shards_disjoint", "each rank shuffles with seed + rank instead of the shared seed"},
+    {"sampler-off-by-one", "sampler_shards_disjoint",
+     "each rank after the first starts its share one example early, repeating its neighbour's last example "
+     "and leaving out its own last"},
+    {"optimizer-rank-perturb", "replicas_bitwise_synchronized",
+     "the last rank's learning rate is one ULP larger than everyone else's"},
+}};
+
+// Forwards every call; mutants override the one they break.
+class ForwardingCommunicator : public Communicator {
+ public:
+  explicit ForwardingCommunicator(Communicator& inner) : inner_(inner) { Communicator::set_timeout(inner.timeout()); }
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string_view backend() const override { return inner_.backend(); }
+  MemorySpace memory_space() const override { return inner_.memory_space(); }
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    inner_.allreduce(buf, count, dtype, op);
+  }
+  void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    inner_.broadcast(buf, count, dtype, root);
+  }
+  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    inner_.allgather(send, recv, count, dtype);
+  }
+  void barrier() override { inner_.barrier(); }
+  Communicator& host() override { return inner_.host(); }
+  void set_timeout(std::chrono::milliseconds t) override {
+    Communicator::set_timeout(t);
+    inner_.set_timeout(t);
+  }
+
+ protected:
+  Communicator& inner_;
+};
+
+class SumNoAverage final : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    inner_.allreduce(buf, count, dtype, op == ReduceOp::avg ? ReduceOp::sum : op);
+  }
+};
+
+class RankOrderSum final : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    if (dtype == DType::f32 && (op == ReduceOp::sum || op == ReduceOp::avg))
+      reduce_from_own_rank(static_cast<float*>(buf), count, op);
+    else if (dtype == DType::f64 && (op == ReduceOp::sum || op == ReduceOp::avg))
+      reduce_from_own_rank(static_cast<double*>(buf), count, op);
+    else
+      inner_.allreduce(buf, count, dtype, op);
+  }
+
+ private:
+  template <class T>
+  void reduce_from_own_rank(T* buf, std::size_t count, ReduceOp op) {
+    const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
+    std::vector<T> all(count * n);
+    inner_.allgather(buf, all.data(), count, dtype_of<T>());
+    for (std::size_t i = 0; i < count; ++i) {
+      T acc = all[me * count + i];
+      for (std::size_t k = 1; k < n; ++k) acc += all[((me + k) % n) * count + i];
+      buf[i] = op == ReduceOp::avg ? acc / static_cast<T>(n) : acc;
+    }
+  }
+};
+
+class RankSeedSampler final : public DistributedSampler {
+ public:
+  using DistributedSampler::DistributedSampler;
+  std::vector<std::int64_t> indices(int rank, std::int64_t epoch) const override {
+    SamplerConfig own = config();
+    own.seed += static_cast<std::uint64_t>(rank);
+    return share_of(DistributedSampler(own).epoch_order(epoch), rank);
+  }
+};
+
+class OffByOneSampler final : public DistributedSampler {
+ public:
+  using DistributedSampler::DistributedSampler;
+  std::vector<std::int64_t> indices(int rank, std::int64_t epoch) const override {
+    const std::vector<std::int64_t> order = epoch_order(epoch);
+    std::vector<std::int64_t> mine = share_of(order, rank);
+    if (rank == 0 || mine.empty()) return mine;
+    const std::vector<std::int64_t> previous = share_of(order, rank - 1);
+    if (previous.empty()) return mine;
+    mine.pop_back();
+    mine.insert(mine.begin(), previous.back());
+    return mine;
+  }
+};
+
+class MeanOfMeansTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  double share_weight(std::int64_t share, std::int64_t, int) const override { return share > 0 ? 1.0 : 0.0; }
+};
+
+class DropOneSampleTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  Batch local_batch(std::int64_t step) const override {
+    Batch b = Trainer::local_batch(step);
+    if (rank() == world_size() - 1 && b.size > 0) b = b.slice(0, b.size - 1);
+    return b;
+  }
+};
+
+class SumOfMeansTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  double micro_batch_weight(std::int64_t micro, std::int64_t) const override { return micro > 0 ? 1.0 : 0.0; }
+};
+
+}  // namespace
+
+std::span<const MutantInfo> mutants() { return kMutants; }
+
+const MutantInfo* find_mutant(std::string_view name) {
+  for (const MutantInfo& m : kMutants)
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+void require_known_mutant(std::string_view name) {
+  if (name.empty() || find_mutant(name)) return;
+  std::string names;
+  for (const MutantInfo& m : kMutants) names += (names.empty() ? "" : ", ") + std::string(m.name);
+  throw UsageError("unknown mutant '" + std::string(name) + "' (known: " + names + ")");
+}
+
+std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner) {
+  if (mutant == "allreduce-sum-no-average") return std::make_unique<SumNoAverage>(inner);
+  if (mutant == "allreduce-rank-order") return std::make_unique<RankOrderSum>(inner);
+  return nullptr;
+}
+
+std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config) {
+  if (mutant == "sampler-rank-seed") return std::make_unique<RankSeedSampler>(config);
+  if (mutant == "sampler-off-by-one") return std::make_unique<OffByOneSampler>(config);
+  return nullptr;
+}
+
+OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig config, int rank, int world_size) {
+  if (mutant == "optimizer-rank-perturb" && world_size > 1 && rank == world_size - 1)
+    config.lr = std::nextafter(static_cast<float>(config.lr), INFINITY);  // one float32 ULP
+  return config;
+}
+
+std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConfig& config, Communicator& comm,
+                                        Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
+                                        const Dataset& data) {
+  if (mutant == "mean-of-means")
+    return std::make_unique<MeanOfMeansTrainer>(config, comm, engine, optimizer, sampler, data);
+  if (mutant == "drop-one-sample")
+    return std::make_unique<DropOneSampleTrainer>(config, comm, engine, optimizer, sampler, data);
+  if (mutant == "accumulate-sum-of-means")
+    return std::make_unique<SumOfMeansTrainer>(config, comm, engine, optimizer, sampler, data);
+  return nullptr;
+}
+
+}  // namespace dpcheck

@@ -1,0 +1,37 @@
+// Mutants: deliberately broken parts, one bug each, selectable by name. A check that cannot fail
+// proves nothing, so every property has at least one mutant aimed at it, and the kill-matrix test
+// (tests/kill_matrix_test.cpp) requires each mutant to be caught by its property and shrunk to a
+// small case, while the correct implementation passes everything.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "src/comm.hpp"
+#include "src/optimizer.hpp"
+#include "src/sampler.hpp"
+#include "src/trainer.hpp"
+
+namespace dpcheck {
+
+struct MutantInfo {
+  std::string_view name;
+  std::string_view caught_by;  // the property aimed at it
+  std::string_view bug;        // what is broken
+};
+
+std::span<const MutantInfo> mutants();
+const MutantInfo* find_mutant(std::string_view name);  // nullptr when unknown
+void require_known_mutant(std::string_view name);      // UsageError listing the names
+
+// Hooks for target.cpp. Each returns nullptr (or its input unchanged) when the mutant does not break
+// that part, so the correct part is used.
+std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner);
+std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config);
+OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig config, int rank, int world_size);
+std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConfig& config, Communicator& comm,
+                                        Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
+                                        const Dataset& data);
+
+}  // namespace dpcheck

@@ -1,0 +1,52 @@
+// Scenarios: the random training configurations the properties draw, and their generators. Every
+// draw goes through RapidCheck, so a failing scenario shrinks towards fewer layers, narrower layers,
+// smaller batches, fewer ranks and the first choice of every option.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include <rapidcheck.h>
+
+#include "src/trainer.hpp"
+
+namespace dpcheck {
+
+struct Scenario {
+  TrainConfig train;  // model, batch, steps, accumulate, optimizer, shuffle, split, policy, seed
+  int world_size = 1;
+
+  // "model 4,16,1 relu mse | batch 12 | world 3 strided uneven shuffled | adam lr 0.01 | 2 steps ..."
+  std::string describe() const;
+  // The dpcheck train flags that run this scenario.
+  std::string train_flags() const;
+};
+
+void showValue(const Scenario& s, std::ostream& os);  // how RapidCheck prints a counterexample
+
+// What a generator may draw.
+struct ScenarioSpace {
+  int world_size = 0;         // > 0: every scenario uses it (a process launcher fixed it)
+  int max_world_size = 8;     // otherwise drawn in [1, max_world_size]
+  int max_layers = 4;
+  int max_width = 64;
+  std::int64_t max_batch = 512;
+  bool uneven_only = false;   // policy uneven with a batch that N does not divide (when N > 1)
+  bool accumulate = false;    // 2 to 4 micro-batches per rank instead of 1
+};
+
+rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space);
+
+// Sampler scenarios: data set sizes from 0, up to 64 ranks, several epochs.
+struct SamplerScenario {
+  SamplerConfig sampler;
+  int epochs = 1;
+  std::string describe() const;
+};
+
+void showValue(const SamplerScenario& s, std::ostream& os);
+
+rc::Gen<SamplerScenario> gen_sampler_scenario(int fixed_world_size, int max_world_size = 64);
+
+}  // namespace dpcheck

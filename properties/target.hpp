@@ -1,0 +1,56 @@
+// A target is what the properties run against: which engine, which communicator backend, and which
+// mutant (a deliberately broken part) if any. The same property code runs from GoogleTest and from
+// `dpcheck verify` against whatever backend a user brings.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "src/comm.hpp"
+#include "src/engine.hpp"
+#include "src/optimizer.hpp"
+#include "src/sampler.hpp"
+#include "src/trainer.hpp"
+
+namespace dpcheck {
+
+struct Target {
+  std::string engine = "cpu";  // cpu | cuda
+  std::string comm = "local";  // local | mpi | cuda-local | nccl
+  std::string mutant;          // empty: the correct implementation
+  int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
+  std::chrono::milliseconds timeout = Communicator::default_timeout;
+  // Process backends: this process's communicator over all ranks; each case runs on every process.
+  Communicator* process_world = nullptr;
+
+  std::string describe() const;  // "engine cpu, comm local, mutant none"
+};
+
+// Checks that the engine, backend and mutant names are known; UsageError otherwise.
+void validate_target(const Target& target);
+
+// Runs fn once for every rank of a world of world_size ranks: as threads for "local", or on this
+// process's rank alone for a process backend (whose size must equal world_size). The communicator fn
+// receives has the mutant's wrapper, if the mutant breaks communication.
+void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn);
+
+std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model);
+std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
+                                          int rank, int world_size);
+std::unique_ptr<DistributedSampler> make_sampler(const Target& target, const SamplerConfig& config);
+
+// The parts of one rank's trainer, owned together.
+struct RankTrainer {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<DistributedSampler> sampler;
+  std::unique_ptr<Trainer> trainer;
+};
+
+// A trainer for this rank: parameters from init_params(config.model, config.seed), data from `data`.
+RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,
+                              const Dataset& data);
+
+}  // namespace dpcheck

@@ -1,0 +1,41 @@
+// Every property, through RapidCheck's GoogleTest glue, against the correct CPU engine and local
+// backend. RC_PARAMS (e.g. RC_PARAMS="max_success=1000 seed=7") sets the cases and the seed.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include "properties/mutants.hpp"
+#include "properties/properties.hpp"
+#include "src/error.hpp"
+
+namespace dpcheck {
+namespace {
+
+void check_property(std::string_view name) {
+  const PropertyDef& p = find_property(name);
+  CaseStats stats;
+  const Target target;
+  rc::detail::checkGTest([&] { p.body(target, stats); });
+  EXPECT_GT(stats.cases, 0);
+}
+
+TEST(Properties, gradient_average_matches_whole_batch) { check_property("gradient_average_matches_whole_batch"); }
+TEST(Properties, replicas_bitwise_synchronized) { check_property("replicas_bitwise_synchronized"); }
+TEST(Properties, sampler_shards_disjoint) { check_property("sampler_shards_disjoint"); }
+TEST(Properties, accumulation_matches_whole_batch) { check_property("accumulation_matches_whole_batch"); }
+TEST(Properties, uneven_shares_match_whole_batch) { check_property("uneven_shares_match_whole_batch"); }
+
+TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
+  ASSERT_EQ(properties().size(), 5u);
+  for (const PropertyDef& p : properties()) {
+    EXPECT_NO_THROW(find_property(p.name));
+    int aimed = 0;
+    for (const MutantInfo& m : mutants()) aimed += m.caught_by == p.name ? 1 : 0;
+    EXPECT_GE(aimed, 1) << p.name << " has no mutant aimed at it";
+  }
+  for (const MutantInfo& m : mutants()) EXPECT_NO_THROW(find_property(m.caught_by)) << m.name;
+  EXPECT_THROW(find_property("no_such_property"), UsageError);
+}
+
+}  // namespace
+}  // namespace dpcheck
