@@ -1,0 +1,123 @@
+// dpcheck train: data-parallel training with every check on every step. Prints the loss and the
+// replica check per step; on the first desync prints the located difference and exits 1.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+
+#include "properties/mutants.hpp"
+#include "properties/target.hpp"
+#include "src/cli_common.hpp"
+#include "src/commands.hpp"
+#include "src/error.hpp"
+
+namespace dpcheck::cli {
+
+namespace {
+
+struct TrainOptions {
+  ModelOptions model;
+  TrainConfig train;
+  std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine = "cpu", comm = "local";
+  std::string x, y, init;
+  bool no_shuffle = false;
+  int world_size = 1;
+  double timeout_s = 60;
+};
+
+int run_train(TrainOptions& o) {
+  TrainConfig& t = o.train;
+  t.model = o.model.config();
+  t.optimizer.kind = parse_optimizer(o.optimizer);
+  t.split = parse_split(o.split);
+  t.policy = parse_policy(o.policy);
+  t.shuffle = !o.no_shuffle;
+  if (o.timeout_s <= 0) throw UsageError("--timeout must be positive");
+  if (o.x.empty() != o.y.empty()) throw UsageError("give both --x and --y, or neither");
+
+  Target target;
+  target.engine = o.engine;
+  target.comm = o.comm;
+  target.mutant = o.mutant;
+  target.world_size = o.world_size;
+  target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
+  validate_target(target);
+
+  std::unique_ptr<Dataset> data;
+  if (!o.x.empty()) {
+    data = std::make_unique<ArrayDataset>(ArrayDataset::load(o.x, o.y, t.model));
+    if (t.dataset_size != 0 && t.dataset_size != data->size())
+      throw UsageError("--dataset-size is " + std::to_string(t.dataset_size) + " but --x holds " +
+                       std::to_string(data->size()) + " examples");
+    t.dataset_size = data->size();
+  } else {
+    data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
+  }
+  t.validate(o.world_size);
+  const std::vector<float> params = o.init.empty() ? init_params(t.model, t.seed) : load_params_dir(o.init, t.model);
+
+  std::printf("dpcheck train: model %s (%s, %s), %d ranks, batch %lld of %lld examples, %s lr %g%s, %d steps, "
+              "accumulate %d, %s %s%s, %s\n",
+              dims_string(t.model.dims).c_str(), std::string(activation_name(t.model.activation)).c_str(),
+              std::string(loss_name(t.model.loss)).c_str(), o.world_size, static_cast<long long>(t.batch),
+              static_cast<long long>(t.data_size()), o.optimizer.c_str(),
+              t.optimizer_for(o.world_size).lr, t.linear_scaling ? " (linear scaling)" : "",
+              t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(), t.shuffle ? ", shuffled" : "",
+              target.describe().c_str());
+  std::fflush(stdout);
+
+  bool synchronized = true;
+  run_world(target, o.world_size, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(target, t, comm, *data);
+    rt.engine->load_params(params);
+    for (int s = 0; s < t.steps; ++s) {
+      const StepResult r = rt.trainer->step();
+      if (comm.rank() == 0) {
+        std::printf("step %4lld  loss %-14s global batch %-6lld %s\n", static_cast<long long>(r.step),
+                    float_text(r.loss).c_str(), static_cast<long long>(r.global_batch), r.replicas.describe().c_str());
+        std::fflush(stdout);
+      }
+      // Every rank holds the same report, so all stop together.
+      if (!r.replicas.synchronized) {
+        if (comm.rank() == 0) synchronized = false;
+        return;
+      }
+    }
+  });
+  std::printf("%s\n", synchronized ? "all steps passed the replica check" : "FAILED: replicas diverged");
+  return synchronized ? exit_ok : exit_check_failed;
+}
+
+}  // namespace
+
+Runner add_train(CLI::App& app) {
+  auto o = std::make_shared<TrainOptions>();
+  CLI::App* sub = app.add_subcommand("train", "Data-parallel training with the replica check on every step");
+  o->model.add_to(*sub);
+  TrainConfig& t = o->train;
+  sub->add_option("--batch", t.batch, "Global batch per step (default 32)");
+  sub->add_option("--steps", t.steps, "Optimizer steps (default 1)");
+  sub->add_option("--world-size", o->world_size, "Number of ranks (default 1)");
+  sub->add_option("--optimizer", o->optimizer, "sgd (default), momentum or adam");
+  sub->add_option("--lr", t.optimizer.lr, "Learning rate (default 0.01)");
+  sub->add_option("--momentum", t.optimizer.momentum, "Momentum (default 0.9)");
+  sub->add_option("--accumulate", t.accumulate, "Micro-batches per rank per step (default 1)");
+  sub->add_flag("--linear-scaling", t.linear_scaling, "Multiply the learning rate by the world size");
+  sub->add_option("--dataset-size", t.dataset_size, "Examples in the data set (default: one batch)");
+  sub->add_option("--split", o->split, "strided (default) or contiguous");
+  sub->add_option("--policy", o->policy, "pad (default), drop-last or uneven");
+  sub->add_flag("--no-shuffle", o->no_shuffle, "Visit examples in order instead of shuffling each epoch");
+  sub->add_option("--seed", t.seed, "Seed of the parameters, the synthetic data and the shuffle (default 0)");
+  sub->add_option("--x", o->x, "Inputs, .npy of shape (D, in)");
+  sub->add_option("--y", o->y, "Targets, .npy: (D, out) floats for mse, (D,) int64 classes for cross-entropy");
+  sub->add_option("--init", o->init, "Directory of initial parameter .npy files");
+  sub->add_option("--mutant", o->mutant, "Train with a deliberately broken part (see dpcheck verify --list-mutants)");
+  sub->add_option("--engine", o->engine, "Engine: cpu (default)");
+  sub->add_option("--comm", o->comm, "Communicator: local (default)");
+  sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
+  return [o] { return run_train(*o); };
+}
+
+}  // namespace dpcheck::cli

@@ -1,0 +1,27 @@
+// The dpcheck subcommands. Each add_* registers a subcommand and its options on the app and returns
+// the function that runs it once the command line has been parsed. Exit status: 0 all checks passed,
+// 1 a check failed, 2 bad usage (UsageError, unknown flag), 3 a runtime error (a dead rank, an I/O
+// failure).
+#pragma once
+
+#include <functional>
+
+namespace CLI {
+class App;
+}
+
+namespace dpcheck::cli {
+
+inline constexpr int exit_ok = 0;
+inline constexpr int exit_check_failed = 1;
+inline constexpr int exit_usage = 2;
+inline constexpr int exit_runtime_error = 3;
+
+using Runner = std::function<int()>;
+
+Runner add_verify(CLI::App& app);
+Runner add_grad(CLI::App& app);
+Runner add_train(CLI::App& app);
+Runner add_bench(CLI::App& app);
+
+}  // namespace dpcheck::cli

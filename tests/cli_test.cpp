@@ -1,0 +1,201 @@
+// The dpcheck command end to end: help everywhere, exit status 0 / 1 / 2, reports that are written
+// whole or not at all, and one clear line for bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "properties/mutants.hpp"
+#include "src/npy.hpp"
+
+namespace dpcheck {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Outcome run(const std::string& args) {
+  const std::string cmd = std::string(DPCHECK_BINARY) + " " + args + " 2>&1";
+  Outcome r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class Cli : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("dpcheck_cli_test_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+std::string read(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST_F(Cli, HelpForEverySubcommand) {
+  for (const std::string sub : {"", "verify", "grad", "train", "bench", "bench allreduce"}) {
+    const Outcome r = run(sub + " --help");
+    EXPECT_EQ(r.status, 0) << sub << "\n" << r.out;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+  }
+  EXPECT_NE(run("verify --help").out.find("--mutant"), std::string::npos);
+  EXPECT_NE(run("train --help").out.find("--accumulate"), std::string::npos);
+}
+
+TEST_F(Cli, ListMutantsPrintsOneNameALine) {
+  const Outcome r = run("verify --list-mutants");
+  EXPECT_EQ(r.status, 0);
+  std::string expected;
+  for (const MutantInfo& m : mutants()) expected += std::string(m.name) + "\n";
+  EXPECT_EQ(r.out, expected);
+}
+
+TEST_F(Cli, VerifyPassesAndWritesReports) {
+  const Outcome r = run("verify --cases 10 --report " + path("r.json") + " --junit " + path("j.xml"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("all properties passed"), std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(read(path("r.json")));
+  EXPECT_TRUE(j["passed"].get<bool>());
+  ASSERT_EQ(j["properties"].size(), 5u);
+  for (const auto& p : j["properties"]) {
+    EXPECT_TRUE(p["passed"].get<bool>());
+    EXPECT_EQ(p["cases"].get<int>(), 10);
+    EXPECT_TRUE(p.contains("max_error_ratio"));
+    EXPECT_TRUE(p["counterexample"].is_null());
+  }
+  const std::string xml = read(path("j.xml"));
+  EXPECT_NE(xml.find("tests=\"5\" failures=\"0\""), std::string::npos) << xml;
+}
+
+TEST_F(Cli, VerifyWithAMutantExitsOneWithAReplayableCounterexample) {
+  const Outcome r = run("verify --mutant sampler-off-by-one --property sampler_shards_disjoint --report " + path("r.json"));
+  ASSERT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("minimal case"), std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(read(path("r.json")));
+  EXPECT_FALSE(j["passed"].get<bool>());
+  const auto& p = j["properties"][0];
+  EXPECT_FALSE(p["counterexample"].get<std::string>().empty());
+  const std::string replay = p["reproduce"].get<std::string>();
+  ASSERT_EQ(replay.rfind("dpcheck verify ", 0), 0u) << replay;
+  const Outcome again = run(replay.substr(std::string("dpcheck ").size()));
+  EXPECT_EQ(again.status, 1) << again.out;
+  EXPECT_NE(again.out.find(p["counterexample"].get<std::string>()), std::string::npos) << again.out;
+}
+
+TEST_F(Cli, BadInputIsOneLineAndExitTwoAndWritesNothing) {
+  const std::string report = path("never.json");
+  const std::string r = " --report " + report;
+  // Each bad command line with a word its one-line message must contain.
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"verify --bogus" + r, "--bogus"},
+      {"verify --world-size 0" + r, "--world-size"},
+      {"verify --cases 0" + r, "--cases"},
+      {"verify --mutant no-such-mutant" + r, "no-such-mutant"},
+      {"verify --property no_such_property" + r, "no_such_property"},
+      {"verify --engine quantum" + r, "quantum"},
+      {"verify --report " + path("missing/dir/r.json"), "does not exist"},
+      {"train --model 4,1 --batch 0", "batch"},
+      {"train --model 4,0", "4,0"},
+      {"train --batch 4", "--model"},
+      {"train --model 4,1 --batch 3 --world-size 4 --policy drop-last", "drop-last"},
+      {"train --model 4,1 --optimizer sgdx", "sgdx"},
+      {"train --model 4,1 --world-size -1", "world size"},
+      {"train --model 4,1 --mutant nope", "nope"},
+      {"grad --model 4,1", "--batch"},
+      {"grad --model 4,1 --x " + path("absent.npy") + " --y " + path("absent.npy"), "absent.npy"},
+      {"grad --model 4,1 --batch 8 --world-size 0", "--world-size"},
+      {"bench allreduce --sizes 12Q", "12Q"},
+      {"nosuchcommand", "nosuchcommand"},
+  };
+  for (const auto& [args, word] : cases) {
+    const Outcome o = run(args);
+    EXPECT_EQ(o.status, 2) << args << "\n" << o.out;
+    EXPECT_EQ(lines(o.out), 1) << args << "\n" << o.out;
+    EXPECT_EQ(o.out.rfind("dpcheck: error: ", 0), 0u) << args << "\n" << o.out;
+    EXPECT_NE(o.out.find(word), std::string::npos) << args << "\n" << o.out;
+    EXPECT_FALSE(fs::exists(report)) << args;
+  }
+  EXPECT_FALSE(fs::exists(path("missing")));
+}
+
+TEST_F(Cli, GradRejectsNpyOfTheWrongDtypeOrShape) {
+  const std::vector<std::int64_t> x_shape{8, 4}, y_shape{8, 1}, bad_shape{8, 3};
+  write_npy(path("x.npy"), x_shape, std::vector<float>(32, 0.5f));
+  write_npy(path("x3.npy"), bad_shape, std::vector<float>(24, 0.5f));
+  write_npy(path("xi.npy"), x_shape, std::vector<std::int64_t>(32, 1));
+  write_npy(path("y.npy"), y_shape, std::vector<float>(8, 0.25f));
+  EXPECT_EQ(run("grad --model 4,1 --x " + path("x.npy") + " --y " + path("y.npy") + " --world-size 2").status, 0);
+  for (const std::string& x : {path("x3.npy"), path("xi.npy")}) {
+    const Outcome r = run("grad --model 4,1 --x " + x + " --y " + path("y.npy") + " --world-size 2");
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_NE(r.out.find(x), std::string::npos) << r.out;  // names the file
+  }
+}
+
+TEST_F(Cli, GradJsonHoldsTheExperiment) {
+  const Outcome r = run("grad --model 4,3,1 --batch 256 --world-size 4 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const std::size_t n = 4 * 3 + 3 + 3 + 1;
+  ASSERT_EQ(j["shares"].size(), 4u);
+  for (const auto& s : j["shares"]) EXPECT_EQ(s.size(), n);
+  EXPECT_EQ(j["average"].size(), n);
+  EXPECT_EQ(j["whole"].size(), n);
+  EXPECT_EQ(j["reference"].size(), n);
+  EXPECT_EQ(j["share_sizes"], nlohmann::json({64, 64, 64, 64}));  // x.chunk(4)
+  EXPECT_LE(j["error_ratio"].get<double>(), 1.0);
+  EXPECT_GT(j["bound"].get<double>(), 0.0);
+  // The average is the mean of the equal shares' gradients (within float32 rounding of four terms).
+  for (std::size_t i = 0; i < n; ++i) {
+    double mean = 0;
+    for (const auto& s : j["shares"]) mean += s[i].get<double>() / 4;
+    EXPECT_NEAR(j["average"][i].get<double>(), mean, 1e-6 * (1 + std::abs(mean))) << i;
+  }
+}
+
+TEST_F(Cli, TrainStopsAtTheFirstDesyncWithTheLocatedDifference) {
+  const Outcome ok = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+  EXPECT_EQ(ok.out.find("differ"), std::string::npos);
+  const Outcome bad = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam --mutant optimizer-rank-perturb");
+  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_NE(bad.out.find("replicas differ after step 0"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("rank 2"), std::string::npos);
+  EXPECT_NE(bad.out.find("minority"), std::string::npos);
+  EXPECT_EQ(bad.out.find("step    1"), std::string::npos);  // stopped at the first desync
+}
+
+}  // namespace
+}  // namespace dpcheck
