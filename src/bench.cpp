@@ -1,18 +1,31 @@
 // The `dpcheck bench` harness (src/bench.hpp): the memcpy baseline, the allreduce rows, the table and
-// its JSON form, and the parsing of size and rank lists.
+// its JSON form, the parsing of size and rank lists, and the rows that come from worker processes
+// under mpirun.
 #include "src/bench.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <barrier>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <new>
 #include <ostream>
 #include <span>
 #include <thread>
+
+extern char** environ;
 
 #include "src/error.hpp"
 #include "src/local_comm.hpp"
@@ -135,21 +148,32 @@ std::string size_text(std::size_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
-std::vector<std::string_view> split_commas(std::string_view list) {
+std::vector<std::string_view> split_on(std::string_view list, char sep) {
   std::vector<std::string_view> items;
   for (;;) {
-    const std::size_t comma = list.find(',');
+    const std::size_t comma = list.find(sep);
     items.push_back(list.substr(0, comma));
     if (comma == std::string_view::npos) return items;
     list.remove_prefix(comma + 1);
   }
 }
 
+std::vector<std::string_view> split_commas(std::string_view list) { return split_on(list, ','); }
+
 }  // namespace
 
 BenchBackend local_backend(std::chrono::milliseconds timeout) {
-  return {"local", [timeout](int ranks, const std::function<void(Communicator&)>& fn) {
+  return {std::string(backend_local), [timeout](int ranks, const std::function<void(Communicator&)>& fn) {
             run_local(ranks, fn, timeout);
+          }};
+}
+
+BenchBackend process_backend(std::string name, Communicator& world) {
+  return {std::move(name), [&world](int ranks, const std::function<void(Communicator&)>& fn) {
+            if (ranks != world.size())
+              throw UsageError("this world has " + std::to_string(world.size()) + " processes, not " +
+                               std::to_string(ranks));
+            fn(world);
           }};
 }
 
@@ -211,20 +235,22 @@ std::vector<AllreduceRow> bench_allreduce(const BenchBackend& backend, const All
 }
 
 void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline,
-                           const std::vector<AllreduceRow>& rows) {
+                           const std::vector<AllreduceRow>& rows, const std::vector<std::string>& notes) {
   char line[256];
   out << "# dpcheck bench allreduce: float32 sum, in place; time is the median per call\n";
   std::snprintf(line, sizeof line,
                 "# memcpy baseline: %d threads copying %s, bytes read + written: %.2f GB/s (median of %d)\n",
                 baseline.threads, size_text(baseline.bytes).c_str(), baseline.gbs, baseline.repeats);
-  out << line << "# traffic counts every rank's buffer read once and written once: 2 * N * size / time\n#\n";
-  std::snprintf(line, sizeof line, "# %7s %4s %12s %11s %10s %11s %11s %13s %8s %7s\n", "backend", "N",
+  out << line << "# traffic counts every rank's buffer read once and written once: 2 * N * size / time\n";
+  for (const std::string& note : notes) out << "# note: " << note << "\n";
+  out << "#\n";
+  std::snprintf(line, sizeof line, "# %13s %4s %12s %11s %10s %11s %11s %13s %8s %7s\n", "backend", "N",
                 "size", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "traffic(GB/s)", "/memcpy",
                 "#wrong");
   out << line;
   std::uint64_t wrong = 0;
   for (const AllreduceRow& r : rows) {
-    std::snprintf(line, sizeof line, "  %7s %4d %12zu %11zu %10.1f %11.2f %11.2f %13.2f %8.2f %7llu\n",
+    std::snprintf(line, sizeof line, "  %13s %4d %12zu %11zu %10.1f %11.2f %11.2f %13.2f %8.2f %7llu\n",
                   r.backend.c_str(), r.ranks, r.bytes, r.count, r.time_us, r.algbw_gbs, r.busbw_gbs,
                   r.traffic_gbs, r.memcpy_ratio, static_cast<unsigned long long>(r.wrong));
     out << line;
@@ -233,7 +259,8 @@ void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline,
   out << "# wrong elements in all rows: " << wrong << "\n";
 }
 
-nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std::vector<AllreduceRow>& rows) {
+nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std::vector<AllreduceRow>& rows,
+                                      const std::vector<std::string>& notes) {
   nlohmann::ordered_json j;
   j["benchmark"] = "allreduce";
   j["dtype"] = "float32";
@@ -243,6 +270,7 @@ nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std:
                  {"threads", baseline.threads},
                  {"repeats", baseline.repeats},
                  {"gbs", baseline.gbs}};
+  j["notes"] = notes;
   j["rows"] = nlohmann::ordered_json::array();
   for (const AllreduceRow& r : rows)
     j["rows"].push_back({{"backend", r.backend},
@@ -257,6 +285,177 @@ nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std:
                          {"memcpy_ratio", r.memcpy_ratio},
                          {"wrong", r.wrong}});
   return j;
+}
+
+std::vector<AllreduceRow> allreduce_rows_from_json(const nlohmann::json& j) {
+  std::vector<AllreduceRow> rows;
+  try {
+    for (const nlohmann::json& r : j.at("rows")) {
+      AllreduceRow row;
+      r.at("backend").get_to(row.backend);
+      r.at("ranks").get_to(row.ranks);
+      r.at("bytes").get_to(row.bytes);
+      r.at("count").get_to(row.count);
+      r.at("iters").get_to(row.iters);
+      r.at("time_us").get_to(row.time_us);
+      r.at("algbw_gbs").get_to(row.algbw_gbs);
+      r.at("busbw_gbs").get_to(row.busbw_gbs);
+      r.at("traffic_gbs").get_to(row.traffic_gbs);
+      r.at("memcpy_ratio").get_to(row.memcpy_ratio);
+      r.at("wrong").get_to(row.wrong);
+      rows.push_back(row);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("allreduce rows: ") + e.what());
+  }
+  return rows;
+}
+
+// ---- rows from worker processes ----------------------------------------------------------------------
+
+std::string find_on_path(std::string_view name) {
+  const char* path = std::getenv("PATH");
+  if (name.empty() || name.find('/') != std::string_view::npos || path == nullptr) return {};
+  for (std::string_view dir : split_on(path, ':')) {
+    if (dir.empty()) dir = ".";
+    const std::filesystem::path candidate = std::filesystem::path(dir) / name;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate.string();
+  }
+  return {};
+}
+
+namespace {
+
+// Closes a file descriptor when it goes out of scope.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  void reset() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+[[noreturn]] void throw_errno(const std::string& what) { throw Error(what + ": " + std::strerror(errno)); }
+
+}  // namespace
+
+ProgramResult run_program(const std::vector<std::string>& args, std::chrono::seconds limit) {
+  DPCHECK_ASSERT(!args.empty());
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw_errno("pipe");
+  Fd out_read{out_pipe[0]}, out_write{out_pipe[1]};
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw_errno("pipe");
+  Fd err_read{err_pipe[0]}, err_write{err_pipe[1]};
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out_write.fd, 1);
+  posix_spawn_file_actions_adddup2(&actions, err_write.fd, 2);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error("cannot start " + args[0] + ": " + std::strerror(rc));
+  out_write.reset();
+  err_write.reset();
+
+  // Both pipes are drained together, so that a child filling one while the other is read cannot stall.
+  ProgramResult result;
+  const auto deadline = Clock::now() + limit;
+  bool terminated = false;
+  pollfd fds[2] = {{out_read.fd, POLLIN, 0}, {err_read.fd, POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0 && !terminated) {
+      ::kill(pid, SIGTERM);  // mpirun passes it on to its ranks
+      terminated = true;
+    }
+    const int ready = ::poll(fds, 2, terminated ? 1000 : static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) throw_errno("poll");
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        fds[i].fd = -1;  // end of file; the Fd closes it
+      }
+    }
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw_errno("waitpid");
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  if (terminated) result.err += "\n(stopped after " + std::to_string(limit.count()) + " s)\n";
+  return result;
+}
+
+std::vector<AllreduceRow> allreduce_rows_via_mpirun(const MpiWorkerLaunch& launch,
+                                                    const std::vector<std::string>& backends,
+                                                    const AllreduceConfig& cfg, const MemcpyBaseline& baseline) {
+  std::string sizes, names;
+  for (std::size_t s : cfg.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
+  for (const std::string& b : backends) names += (names.empty() ? "" : ",") + b;
+  std::vector<AllreduceRow> rows;
+  for (int n : cfg.ranks) {
+    const std::vector<std::string> args{launch.mpirun,
+                                        "--allow-run-as-root",
+                                        "--oversubscribe",
+                                        "-np",
+                                        std::to_string(n),
+                                        "-x",
+                                        "MALLOC_MMAP_MAX_=0",
+                                        "-x",
+                                        "MALLOC_TRIM_THRESHOLD_=68719476736",
+                                        launch.dpcheck,
+                                        "bench",
+                                        "allreduce-worker",
+                                        "--backends",
+                                        names,
+                                        "--sizes",
+                                        sizes,
+                                        "--iters",
+                                        std::to_string(cfg.iters),
+                                        "--warmup",
+                                        std::to_string(cfg.warmup)};
+    std::string command;
+    for (const std::string& a : args) command += (command.empty() ? "" : " ") + a;
+    const ProgramResult r = run_program(args, launch.limit);
+
+    std::string_view rows_json;
+    for (std::string_view rest = r.out; !rest.empty();) {
+      const std::size_t eol = std::min(rest.find('\n'), rest.size());
+      const std::string_view line = rest.substr(0, eol);
+      if (line.starts_with(worker_rows_prefix)) rows_json = line.substr(worker_rows_prefix.size());
+      rest.remove_prefix(std::min(eol + 1, rest.size()));
+    }
+    if (r.status != 0 || rows_json.empty()) {
+      // The end of the workers' standard error says what went wrong; the start is mostly launcher noise.
+      std::string err = r.err.empty() ? r.out : r.err;
+      while (!err.empty() && err.back() == '\n') err.pop_back();
+      if (err.size() > 2000) err = "..." + err.substr(err.size() - 2000);
+      throw Error("`" + command + "` " +
+                  (r.status != 0 ? "exited with status " + std::to_string(r.status) : std::string("printed no rows")) +
+                  (err.empty() ? std::string() : ":\n" + err));
+    }
+    nlohmann::json parsed = nlohmann::json::parse(rows_json, nullptr, false);
+    if (parsed.is_discarded()) throw Error("`" + command + "` printed rows that are not JSON");
+    for (AllreduceRow& row : allreduce_rows_from_json(parsed)) {
+      row.memcpy_ratio = baseline.gbs > 0 ? row.traffic_gbs / baseline.gbs : 0;
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
 }
 
 std::size_t parse_size(std::string_view text) {

@@ -32,6 +32,10 @@ struct BenchBackend {
 // Ranks as threads of this process (src/local_comm.hpp).
 BenchBackend local_backend(std::chrono::milliseconds timeout = Communicator::default_timeout);
 
+// This process's rank of a world of processes (one process per rank, started by a launcher): runs fn
+// on `world`, whose size must equal the rank count asked for. Rows come back on rank 0 only.
+BenchBackend process_backend(std::string name, Communicator& world);
+
 // The bandwidth a plain copy reaches here, counting bytes read plus bytes written: `threads` threads
 // each copy their share of a `bytes` buffer, touched beforehand; the median of `repeats` runs.
 struct MemcpyBaseline {
@@ -71,9 +75,53 @@ struct AllreduceRow {
 std::vector<AllreduceRow> bench_allreduce(const BenchBackend& backend, const AllreduceConfig& cfg,
                                           const MemcpyBaseline& baseline);
 
+// notes: lines printed under the table's header (and listed in the JSON), e.g. why a backend is missing.
 void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline,
-                           const std::vector<AllreduceRow>& rows);
-nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std::vector<AllreduceRow>& rows);
+                           const std::vector<AllreduceRow>& rows, const std::vector<std::string>& notes = {});
+nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std::vector<AllreduceRow>& rows,
+                                      const std::vector<std::string>& notes = {});
+// The rows of allreduce_json read back (how a worker process hands its rows to the parent); Error
+// when a field is missing or of the wrong type.
+std::vector<AllreduceRow> allreduce_rows_from_json(const nlohmann::json& j);
+
+// ---- rows from other processes: mpirun and a worker ------------------------------------------------
+
+// The backends of `dpcheck bench allreduce`, in table order: "local" (threads), "mpi" (dpcheck's mpi
+// Communicator, one process per rank) and "MPI_Allreduce" (Open MPI's own, the baseline).
+inline constexpr std::string_view backend_local = "local";
+inline constexpr std::string_view backend_mpi = "mpi";
+inline constexpr std::string_view backend_native = "MPI_Allreduce";
+
+// The full path of an executable named `name` on PATH, or "" when there is none.
+std::string find_on_path(std::string_view name);
+
+struct ProgramResult {
+  int status = -1;  // exit status; 128 + signal number when a signal ended it
+  std::string out;  // standard output
+  std::string err;  // standard error
+};
+// Runs args[0] (a path) with args, no shell, stdin from /dev/null, capturing stdout and stderr; after
+// `limit` it is sent SIGTERM. Error when it cannot be started.
+ProgramResult run_program(const std::vector<std::string>& args, std::chrono::seconds limit);
+
+// The line prefix under which a worker prints its rows (one JSON object) on rank 0's standard output.
+inline constexpr std::string_view worker_rows_prefix = "dpcheck-allreduce-rows: ";
+
+// How the parent starts a worker: `mpirun` (a path), this dpcheck binary, and the worker's arguments.
+struct MpiWorkerLaunch {
+  std::string mpirun;
+  std::string dpcheck;
+  std::chrono::seconds limit{600};
+};
+
+// Runs the rows of the process backends (backend_mpi and/or backend_native) for each N of cfg.ranks:
+// one `mpirun -np N dpcheck bench allreduce-worker ...` per N, with glibc's malloc told to keep freed
+// memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_), since fresh pages cost far more than the copy.
+// The rows' memcpy ratio is set against `baseline`. Error naming the command and its standard error
+// when a launch fails.
+std::vector<AllreduceRow> allreduce_rows_via_mpirun(const MpiWorkerLaunch& launch,
+                                                    const std::vector<std::string>& backends,
+                                                    const AllreduceConfig& cfg, const MemcpyBaseline& baseline);
 
 // "4096", "4K", "1M", "2G" (binary multiples, either case) to bytes; throws UsageError for anything
 // else, including zero and negative sizes.

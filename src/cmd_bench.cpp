@@ -1,15 +1,25 @@
 // `dpcheck bench`: collective benchmarks in the style of nccl-tests (src/bench.hpp), one subcommand per
 // collective. Each run measures its memcpy baseline first and prints one table; a wrong element in any
 // row makes the exit status 1.
+//
+// `bench allreduce` puts three backends in one table: local (threads of this process), mpi (dpcheck's
+// mpi Communicator) and MPI_Allreduce (Open MPI's own, the baseline). The process backends need one
+// process per rank, so for each N this command starts `mpirun -np N <this binary> bench
+// allreduce-worker ...` (a hidden subcommand), whose rank 0 prints its rows as one JSON line.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "src/bench.hpp"
 #include "src/commands.hpp"
 #include "src/error.hpp"
+#include "src/mpi_comm.hpp"
 
 namespace dpcheck::cli {
 
@@ -18,10 +28,61 @@ namespace {
 struct AllreduceArgs {
   std::string sizes = "4K,1M,64M";
   std::string ranks = "2,4";
+  std::string backends;  // empty: every available one
   int iters = 0;
   int warmup = 3;
   std::string json;
 };
+
+struct WorkerArgs {
+  std::string backends;
+  std::string sizes;
+  int iters = 0;
+  int warmup = 3;
+};
+
+const std::vector<std::string_view>& all_backends() {
+  static const std::vector<std::string_view> names{bench::backend_local, bench::backend_mpi, bench::backend_native};
+  return names;
+}
+
+// "local,mpi,MPI_Allreduce" to names in table order, without repeats; UsageError for unknown names.
+std::vector<std::string> parse_backends(std::string_view list) {
+  std::vector<std::string> picked;
+  std::string_view rest = list;
+  for (;;) {
+    const std::size_t comma = rest.find(',');
+    std::string name(rest.substr(0, comma));
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    if (name == "mpi-native" || name == "native") name = "mpi_allreduce";
+    const auto it = std::find_if(all_backends().begin(), all_backends().end(), [&](std::string_view b) {
+      std::string lower(b);
+      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      return lower == name;
+    });
+    if (it == all_backends().end())
+      throw UsageError("--backends: unknown backend '" + std::string(rest.substr(0, comma)) +
+                       "' (choose from local, mpi, MPI_Allreduce)");
+    if (std::find(picked.begin(), picked.end(), *it) == picked.end()) picked.emplace_back(*it);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  std::sort(picked.begin(), picked.end(), [](const std::string& a, const std::string& b) {
+    return std::find(all_backends().begin(), all_backends().end(), a) <
+           std::find(all_backends().begin(), all_backends().end(), b);
+  });
+  return picked;
+}
+
+// Why the process backends cannot run here, or "" when they can.
+std::string why_no_process_backends(const std::string& mpirun) {
+  if (!mpi_available()) return "this build has no MPI backend (configure with -DDPCHECK_MPI=ON)";
+  if (mpirun.empty()) return "mpirun is not on PATH";
+  if (launched_by_mpi())
+    return "this process was started by an MPI launcher; run `dpcheck bench allreduce` without one and it "
+           "starts its own";
+  return {};
+}
 
 int run_allreduce(const AllreduceArgs& args) {
   bench::AllreduceConfig cfg;
@@ -32,6 +93,30 @@ int run_allreduce(const AllreduceArgs& args) {
   cfg.iters = args.iters;
   cfg.warmup = args.warmup;
 
+  const bool chosen = !args.backends.empty();
+  std::vector<std::string> backends =
+      chosen ? parse_backends(args.backends) : std::vector<std::string>(all_backends().begin(), all_backends().end());
+  std::vector<std::string> process_backends;
+  for (const std::string& b : backends)
+    if (b != bench::backend_local) process_backends.push_back(b);
+  bench::MpiWorkerLaunch launch;
+  std::vector<std::string> notes;
+  if (!process_backends.empty()) {
+    launch.mpirun = bench::find_on_path("mpirun");
+    const std::string why = why_no_process_backends(launch.mpirun);
+    if (!why.empty()) {
+      if (chosen) throw UsageError("--backends: " + process_backends.front() + " cannot run: " + why);
+      notes.push_back("no mpi or MPI_Allreduce rows: " + why);
+      process_backends.clear();
+    } else {
+      std::error_code ec;
+      launch.dpcheck = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+      if (ec) throw Error("cannot find this program's path in /proc/self/exe: " + ec.message());
+      notes.push_back("mpi and MPI_Allreduce rows: " + launch.mpirun + " --oversubscribe -np N, " +
+                      "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 in the ranks");
+    }
+  }
+
   // Opened before the run, so that a bad path fails in a second rather than after the benchmark.
   std::ofstream json_file;
   if (!args.json.empty()) {
@@ -40,14 +125,60 @@ int run_allreduce(const AllreduceArgs& args) {
   }
 
   const bench::MemcpyBaseline baseline = bench::measure_memcpy();
-  const std::vector<bench::AllreduceRow> rows = bench::bench_allreduce(bench::local_backend(), cfg, baseline);
-  bench::print_allreduce_table(std::cout, baseline, rows);
+  std::vector<bench::AllreduceRow> rows;
+  if (std::find(backends.begin(), backends.end(), bench::backend_local) != backends.end())
+    rows = bench::bench_allreduce(bench::local_backend(), cfg, baseline);
+  if (!process_backends.empty()) {
+    std::vector<bench::AllreduceRow> more = bench::allreduce_rows_via_mpirun(launch, process_backends, cfg, baseline);
+    rows.insert(rows.end(), more.begin(), more.end());
+  }
+  // The backends side by side for each world size and message size.
+  const auto order = [](const std::string& b) {
+    return std::find(all_backends().begin(), all_backends().end(), b) - all_backends().begin();
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const bench::AllreduceRow& a, const bench::AllreduceRow& b) {
+    if (a.ranks != b.ranks) return a.ranks < b.ranks;
+    if (a.bytes != b.bytes) return a.bytes < b.bytes;
+    return order(a.backend) < order(b.backend);
+  });
+
+  bench::print_allreduce_table(std::cout, baseline, rows, notes);
   if (json_file.is_open()) {
-    json_file << bench::allreduce_json(baseline, rows).dump(2) << "\n";
+    json_file << bench::allreduce_json(baseline, rows, notes).dump(2) << "\n";
     if (!json_file.flush()) throw Error("--json: writing '" + args.json + "' failed");
   }
   for (const bench::AllreduceRow& r : rows)
     if (r.wrong > 0) return exit_check_failed;
+  return exit_ok;
+}
+
+// One rank of the process backends' rows, under the mpirun that run_allreduce started.
+int run_allreduce_worker(const WorkerArgs& args) {
+  Communicator* world = process_world();
+  if (world == nullptr)
+    throw UsageError("bench allreduce-worker runs under mpirun, as `dpcheck bench allreduce` starts it");
+  bench::AllreduceConfig cfg;
+  cfg.sizes = bench::parse_sizes(args.sizes);
+  cfg.ranks = {world->size()};
+  cfg.iters = args.iters;
+  cfg.warmup = args.warmup;
+  const bench::MemcpyBaseline no_baseline;  // the parent measured it and sets the ratios
+
+  std::vector<bench::AllreduceRow> rows;
+  for (const std::string& b : parse_backends(args.backends)) {
+    std::vector<bench::AllreduceRow> part;
+    if (b == bench::backend_mpi) {
+      part = bench::bench_allreduce(bench::process_backend(b, *world), cfg, no_baseline);
+    } else if (b == bench::backend_native) {
+      const std::unique_ptr<Communicator> native = make_mpi_native_communicator();
+      part = bench::bench_allreduce(bench::process_backend(b, *native), cfg, no_baseline);
+    } else {
+      throw UsageError("bench allreduce-worker runs the process backends, not " + b);
+    }
+    rows.insert(rows.end(), part.begin(), part.end());
+  }
+  if (world->rank() == 0)
+    std::cout << bench::worker_rows_prefix << bench::allreduce_json(no_baseline, rows).dump() << std::endl;
   return exit_ok;
 }
 
@@ -70,13 +201,26 @@ Runner add_bench(CLI::App& app) {
   allreduce->add_option("--warmup", args->warmup, "Untimed calls before timing each row")
       ->capture_default_str();
   allreduce->add_option("--json", args->json, "Also write the table as JSON to this file");
+  allreduce->add_option("--backends", args->backends,
+                        "Backends, comma-separated, from local, mpi (one process per rank) and MPI_Allreduce "
+                        "(Open MPI's own, the baseline); default: every one available");
+
+  // Started by `bench allreduce` under mpirun; not for users, so hidden from --help.
+  CLI::App* worker = bench->add_subcommand("allreduce-worker", "One rank of the mpi and MPI_Allreduce rows");
+  worker->group("");
+  auto wargs = std::make_shared<WorkerArgs>();
+  worker->add_option("--backends", wargs->backends)->required();
+  worker->add_option("--sizes", wargs->sizes)->required();
+  worker->add_option("--iters", wargs->iters);
+  worker->add_option("--warmup", wargs->warmup);
   // A name that is not a benchmark is kept aside and reported as a usage error below, with the list
   // of benchmarks, instead of a generic parse error.
   bench->allow_extras();
   allreduce->allow_extras(false);
 
-  return [bench, allreduce, args]() -> int {
+  return [bench, allreduce, args, worker, wargs]() -> int {
     if (allreduce->parsed()) return run_allreduce(*args);
+    if (worker->parsed()) return run_allreduce_worker(*wargs);
     const std::vector<std::string> extra = bench->remaining();
     if (!extra.empty())
       throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce)");
