@@ -4,11 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "src/engine.hpp"
 #include "src/error.hpp"
+#include "src/hash.hpp"
 
 namespace dpcheck {
 
@@ -165,7 +163,7 @@ class CpuEngine final : public Engine {
 std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model) { return std::make_unique<CpuEngine>(model); }
 
 std::uint64_t hash_host(const float* data, std::size_t n, std::uint64_t seed) {
-  return XXH3_64bits_withSeed(data, n * sizeof(float), seed);
+  return hash_bytes(data, n * sizeof(float), seed);
 }
 
 }  // namespace dpcheck

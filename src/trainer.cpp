@@ -142,6 +142,63 @@ double Trainer::compute_gradient(std::int64_t step) {
   return loss_sum / static_cast<double>(global);
 }
 
+nlohmann::json TrainConfig::to_json(int world_size) const {
+  return {{"model", dims_string(model.dims)},
+          {"activation", activation_name(model.activation)},
+          {"loss", loss_name(model.loss)},
+          {"batch", batch},
+          {"dataset_size", data_size()},
+          {"accumulate", accumulate},
+          {"optimizer", optimizer_name(optimizer.kind)},
+          {"lr", optimizer.lr},
+          {"momentum", optimizer.momentum},
+          {"beta1", optimizer.beta1},
+          {"beta2", optimizer.beta2},
+          {"eps", optimizer.eps},
+          {"linear_scaling", linear_scaling},
+          {"shuffle", shuffle},
+          {"split", split_name(split)},
+          {"policy", policy_name(policy)},
+          {"seed", seed},
+          {"world_size", world_size}};
+}
+
+std::string TrainConfig::resume_mismatch(const nlohmann::json& saved, int world_size) const {
+  const nlohmann::json now = to_json(world_size);
+  for (const auto& [key, value] : now.items()) {
+    if (!saved.contains(key)) return "the checkpoint does not record " + key;
+    if (saved.at(key) != value)
+      return "the checkpoint was written with " + key + " " + saved.at(key).dump() + ", this run has " + value.dump();
+  }
+  return "";
+}
+
+Checkpoint Trainer::checkpoint() const {
+  Checkpoint c;
+  c.step = next_step_;
+  c.epoch = next_step_ / steps_per_epoch_;
+  c.step_in_epoch = next_step_ % steps_per_epoch_;
+  c.params.resize(engine_.param_count());
+  engine_.store_params(c.params);
+  c.state_names = optimizer_.state_names();
+  c.optimizer_state.resize(optimizer_.state_size());
+  optimizer_.store_state(c.optimizer_state);
+  c.optimizer_steps = optimizer_.steps();
+  c.config = config_.to_json(comm_.size());
+  return c;
+}
+
+void Trainer::restore(const Checkpoint& c) {
+  if (c.params.size() != engine_.param_count())
+    throw UsageError("the checkpoint holds " + std::to_string(c.params.size()) + " parameters, the model has " +
+                     std::to_string(engine_.param_count()));
+  if (c.state_names != optimizer_.state_names())
+    throw UsageError("the checkpoint's optimizer state does not fit " + std::string(optimizer_name(optimizer_.config().kind)));
+  engine_.load_params(c.params);
+  optimizer_.load_state(c.optimizer_state, c.optimizer_steps);
+  next_step_ = c.step;
+}
+
 StepResult Trainer::step() {
   StepResult r;
   r.step = next_step_;

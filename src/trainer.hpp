@@ -23,6 +23,7 @@
 #include "src/optimizer.hpp"
 #include "src/replica_check.hpp"
 #include "src/sampler.hpp"
+#include "src/writer.hpp"
 
 namespace dpcheck {
 
@@ -43,6 +44,11 @@ struct TrainConfig {
   SamplerConfig sampler(int world_size) const;
   OptimizerConfig optimizer_for(int world_size) const;  // with the linear scaling rule applied
   void validate(int world_size) const;                  // throws UsageError
+
+  // What a checkpoint records of the run, and what must match to resume from one: everything but the
+  // number of steps. `resume_mismatch` names the first difference, or returns "" when they agree.
+  nlohmann::json to_json(int world_size) const;
+  std::string resume_mismatch(const nlohmann::json& saved, int world_size) const;
 };
 
 struct StepResult {
@@ -82,6 +88,12 @@ class Trainer {
 
   std::int64_t next_step() const { return next_step_; }
   void set_next_step(std::int64_t s) { next_step_ = s; }
+  std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
+
+  // Everything needed to continue bit for bit: parameters, optimizer state and steps, the next step.
+  Checkpoint checkpoint() const;
+  // Continues from a checkpoint (UsageError if it does not fit this trainer's model and optimizer).
+  virtual void restore(const Checkpoint& checkpoint);
 
   const TrainConfig& config() const { return config_; }
   int rank() const { return comm_.rank(); }
