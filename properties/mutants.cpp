@@ -1,7 +1,9 @@
 #include "properties/mutants.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -11,7 +13,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 8> kMutants{{
+constexpr std::array<MutantInfo, 11> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -28,6 +30,11 @@ constexpr std::array<MutantInfo, 8> kMutants{{
      "and leaving out its own last"},
     {"optimizer-rank-perturb", "replicas_bitwise_synchronized",
      "the last rank's learning rate is one ULP larger than everyone else's"},
+    {"writer-all-ranks", "only_rank0_writes", "the checkpoint writer does not check the rank: every rank writes"},
+    {"side-channel-log", "only_rank0_writes",
+     "every rank but 0 fopen()s a log file of its own, bypassing the writer"},
+    {"resume-skips-optimizer-state", "checkpoint_resume_bitwise",
+     "resuming restores the parameters and the step but starts the optimizer state afresh"},
 }};
 
 // Forwards every call; mutants override the one they break.
@@ -145,6 +152,41 @@ class SumOfMeansTrainer final : public Trainer {
   double micro_batch_weight(std::int64_t micro, std::int64_t) const override { return micro > 0 ? 1.0 : 0.0; }
 };
 
+class ResumeSkipsOptimizerTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+  void restore(const Checkpoint& c) override {
+    Checkpoint without_state = c;
+    std::fill(without_state.optimizer_state.begin(), without_state.optimizer_state.end(), 0.0f);
+    without_state.optimizer_steps = 0;
+    Trainer::restore(without_state);
+  }
+};
+
+class AllRanksWriter final : public RankZeroWriter {
+ public:
+  using RankZeroWriter::RankZeroWriter;
+
+ protected:
+  bool writes() const override { return true; }
+};
+
+class SideChannelLogWriter final : public RankZeroWriter {
+ public:
+  using RankZeroWriter::RankZeroWriter;
+  void log(const nlohmann::json& record) override {
+    RankZeroWriter::log(record);
+    if (comm_.rank() == 0) return;
+    // The bug: a rank keeps a log of its own with plain stdio, bypassing the writer.
+    const std::string path =
+        (log_path().empty() ? std::string("dpcheck-train.log") : log_path().string()) + ".rank" + std::to_string(comm_.rank());
+    if (std::FILE* f = std::fopen(path.c_str(), "a")) {
+      std::fputs((record.dump() + "\n").c_str(), f);
+      std::fclose(f);
+    }
+  }
+};
+
 }  // namespace
 
 std::span<const MutantInfo> mutants() { return kMutants; }
@@ -189,6 +231,17 @@ std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConf
     return std::make_unique<DropOneSampleTrainer>(config, comm, engine, optimizer, sampler, data);
   if (mutant == "accumulate-sum-of-means")
     return std::make_unique<SumOfMeansTrainer>(config, comm, engine, optimizer, sampler, data);
+  if (mutant == "resume-skips-optimizer-state")
+    return std::make_unique<ResumeSkipsOptimizerTrainer>(config, comm, engine, optimizer, sampler, data);
+  return nullptr;
+}
+
+std::unique_ptr<RankZeroWriter> mutant_writer(std::string_view mutant, Communicator& comm,
+                                              const std::filesystem::path& checkpoint_dir,
+                                              const std::filesystem::path& log_path, int keep) {
+  if (mutant == "writer-all-ranks") return std::make_unique<AllRanksWriter>(comm, checkpoint_dir, log_path, keep);
+  if (mutant == "side-channel-log")
+    return std::make_unique<SideChannelLogWriter>(comm, checkpoint_dir, log_path, keep);
   return nullptr;
 }
 

@@ -12,6 +12,7 @@
 #include "src/optimizer.hpp"
 #include "src/sampler.hpp"
 #include "src/trainer.hpp"
+#include "src/writer.hpp"
 
 namespace dpcheck {
 
@@ -33,5 +34,8 @@ OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig
 std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConfig& config, Communicator& comm,
                                         Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
                                         const Dataset& data);
+std::unique_ptr<RankZeroWriter> mutant_writer(std::string_view mutant, Communicator& comm,
+                                              const std::filesystem::path& checkpoint_dir,
+                                              const std::filesystem::path& log_path, int keep);
 
 }  // namespace dpcheck

@@ -6,10 +6,18 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <mutex>
+#include <unistd.h>
 #include <sstream>
 
 #include "reference/bound.hpp"
+#include "src/audit.hpp"
+#include "src/mpi_comm.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck {
@@ -96,6 +104,66 @@ void replicas_body(const Target& target, CaseStats& stats) {
   }
 }
 
+// A training scenario and the step after which it is checkpointed and resumed.
+struct ResumeScenario {
+  Scenario scenario;
+  int stop_at = 1;
+};
+
+void showValue(const ResumeScenario& r, std::ostream& os) {
+  os << r.scenario.describe() << " | resume after step " << r.stop_at;
+}
+
+void resume_body(const Target& target, CaseStats& stats) {
+  ScenarioSpace space = space_for(target);
+  space.min_steps = 2;
+  const ResumeScenario rs = *rc::gen::exec([space] {
+    ResumeScenario r;
+    r.scenario = *gen_scenario(space);
+    r.stop_at = *rc::gen::inRange(1, r.scenario.train.steps);
+    return r;
+  });
+  const Scenario& s = rs.scenario;
+  const int stop_at = rs.stop_at;
+  const ResumeOutcome o = check_checkpoint_resume(s, stop_at, target);
+  ++stats.cases;
+  RC_CLASSIFY(s.train.optimizer.kind != OptimizerKind::sgd, "optimizer with state");
+  if (!agree(target, o.passed)) {
+    record_size(stats, s);
+    fail_case(o.message.empty() ? "another rank's resumed state differs" : o.message);
+  }
+}
+
+void rank0_writes_body(const Target& target, CaseStats& stats) {
+  ScenarioSpace space = space_for(target);
+  space.min_world_size = 2;  // processes: a few, each costs a start-up
+  space.max_world_size = 4;
+  space.max_batch = 64;
+  const Scenario s = *gen_scenario(space);
+  // One process launches and audits the training run; with processes of our own, rank 0 does it and
+  // tells the others the verdict.
+  WriteAuditOutcome o;
+  if (!target.process_world || target.process_world->rank() == 0) o = check_rank0_writes(s, target);
+  if (target.process_world) {
+    std::int64_t verdict[2] = {o.passed ? 1 : 0, o.rank0_files};
+    target.process_world->broadcast(verdict, 2, DType::i64, 0);
+    o.passed = verdict[0] == 1;
+    o.rank0_files = verdict[1];
+  }
+  ++stats.cases;
+  RC_TAG(std::string("rank 0 wrote ") + (o.rank0_files >= 10 ? "10 or more" : std::to_string(o.rank0_files)) + " files");
+  if (!o.passed) {
+    record_size(stats, s);
+    fail_case(o.message.empty() ? "rank 0 found a write by another rank" : o.message);
+  }
+}
+
+std::string rank0_writes_unavailable(const Target&) {
+  if (!mpi_available()) return "this build has no MPI backend, and the audit needs separate processes";
+  if (find_mpi_launcher().empty()) return "no mpirun or mpiexec on PATH";
+  return "";
+}
+
 void sampler_body(const Target& target, CaseStats& stats) {
   const SamplerScenario s = *gen_sampler_scenario(target.process_world ? target.process_world->size() : target.world_size);
   const SamplerOutcome o = check_sampler(s, target);
@@ -107,7 +175,7 @@ void sampler_body(const Target& target, CaseStats& stats) {
   }
 }
 
-constexpr std::array<PropertyDef, 5> kProperties{{
+constexpr std::array<PropertyDef, 7> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body},
@@ -120,6 +188,14 @@ constexpr std::array<PropertyDef, 5> kProperties{{
     {"uneven_shares_match_whole_batch",
      "with shares of different sizes, the weighted average equals the whole-batch gradient within float32 rounding",
      uneven_body},
+    {"only_rank0_writes",
+     "in multi-process training with checkpoints and a log, no rank but 0 writes a file (checked by the write "
+     "audit at the system-call level)",
+     rank0_writes_body, 10, rank0_writes_unavailable},
+    {"checkpoint_resume_bitwise",
+     "training t steps, checkpointing, resuming from the files and continuing to T gives the same bits as T "
+     "steps straight",
+     resume_body},
 }};
 
 }  // namespace
@@ -229,6 +305,186 @@ ReplicaOutcome check_replica_sync(const Scenario& s, const Target& target) {
       o.message = "the replica check reported identical replicas, but their bytes differ";
     }
   });
+  return o;
+}
+
+namespace {
+
+// A fresh scratch directory that every rank can see: rank 0 creates it and, for processes, tells the
+// others its name. In memory (/dev/shm) where allowed -- not for an audited run, since /dev/shm is
+// one of the paths any rank may write.
+std::filesystem::path make_scratch(const Target& target, const std::string& what, bool in_memory = true) {
+  static std::atomic<unsigned> counter{0};
+  std::int64_t id[2] = {static_cast<std::int64_t>(::getpid()), static_cast<std::int64_t>(counter++)};
+  if (target.process_world) target.process_world->broadcast(id, 2, DType::i64, 0);
+  // Durability is tested elsewhere (tests/writer_test.cpp); here memory-backed /dev/shm spares the
+  // fsyncs of hundreds of checkpoints.
+  std::error_code ec;
+  const std::filesystem::path base =
+      in_memory && std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
+          ? std::filesystem::path("/dev/shm")
+          : std::filesystem::temp_directory_path();
+  const std::filesystem::path dir = base /
+                                    ("dpcheck-" + what + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]));
+  if (!target.process_world || target.process_world->rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  if (target.process_world) target.process_world->barrier();
+  return dir;
+}
+
+void remove_scratch(const Target& target, const std::filesystem::path& dir) {
+  if (target.process_world) target.process_world->barrier();
+  if (!target.process_world || target.process_world->rank() == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+}
+
+}  // namespace
+
+ResumeOutcome check_checkpoint_resume(const Scenario& s, int stop_at, const Target& target) {
+  const TrainConfig& c = s.train;
+  const SyntheticDataset data(c.data_size(), c.model, c.seed);
+  std::vector<Checkpoint> straight, resumed;
+  std::mutex mu;
+  const auto keep = [&](std::vector<Checkpoint>& into, Checkpoint&& ck) {
+    const std::lock_guard<std::mutex> lock(mu);
+    into.push_back(std::move(ck));
+  };
+  run_world(target, s.world_size, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(target, c, comm, data);
+    while (rt.trainer->next_step() < c.steps) rt.trainer->step();
+    if (records(target, comm)) keep(straight, rt.trainer->checkpoint());
+  });
+
+  const std::filesystem::path dir = make_scratch(target, "resume");
+  ResumeOutcome o;
+  try {
+    run_world(target, s.world_size, [&](Communicator& comm) {
+      RankTrainer rt = make_rank_trainer(target, c, comm, data);
+      while (rt.trainer->next_step() < stop_at) rt.trainer->step();
+      make_writer(target, comm, dir, {})->save(rt.trainer->checkpoint(), c.model);
+    });
+    // Everything the first run held is gone; only the files carry the state across.
+    run_world(target, s.world_size, [&](Communicator& comm) {
+      RankTrainer rt = make_rank_trainer(target, c, comm, data);
+      rt.trainer->restore(load_checkpoint(dir, c.model));
+      while (rt.trainer->next_step() < c.steps) rt.trainer->step();
+      if (records(target, comm)) keep(resumed, rt.trainer->checkpoint());
+    });
+  } catch (...) {
+    remove_scratch(target, dir);
+    throw;
+  }
+  remove_scratch(target, dir);
+
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b, std::size_t* at) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) {
+        *at = i;
+        return false;
+      }
+    return true;
+  };
+  const ParamLayout layout(c.model);
+  for (std::size_t r = 0; r < straight.size() && o.passed; ++r) {
+    std::size_t at = 0;
+    const Checkpoint& a = straight[r];
+    const Checkpoint& b = resumed[r];
+    if (!same_bits(a.params, b.params, &at))
+      o.message = "after resuming at step " + std::to_string(stop_at) + ", parameter " + layout.describe_element(at) +
+                  " is " + std::to_string(b.params[at]) + " instead of " + std::to_string(a.params[at]) +
+                  " at step " + std::to_string(c.steps);
+    else if (!same_bits(a.optimizer_state, b.optimizer_state, &at))
+      o.message = "after resuming at step " + std::to_string(stop_at) + ", optimizer state " +
+                  a.state_names[at / a.params.size()] + " at " + layout.describe_element(at % a.params.size()) +
+                  " differs from the straight run's";
+    else if (a.optimizer_steps != b.optimizer_steps)
+      o.message = "after resuming, the optimizer counts " + std::to_string(b.optimizer_steps) + " steps instead of " +
+                  std::to_string(a.optimizer_steps);
+    o.passed = o.message.empty();
+  }
+  return o;
+}
+
+std::string find_mpi_launcher() {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':'))
+    for (const char* name : {"mpirun", "mpiexec"}) {
+      const std::filesystem::path p = std::filesystem::path(dir.empty() ? "." : dir) / name;
+      if (::access(p.c_str(), X_OK) == 0) return p.string();
+    }
+  return "";
+}
+
+std::string dpcheck_executable() {
+  if (const char* env = std::getenv("DPCHECK_BINARY"); env && *env) return env;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && self.filename() == "dpcheck") return self.string();
+  return (audit::find_library().parent_path() / "dpcheck").string();
+}
+
+WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target) {
+  WriteAuditOutcome o;
+  const std::filesystem::path dir = make_scratch(Target{}, "audit", false);
+  const std::filesystem::path log = dir / "log.jsonl", checkpoints = dir / "checkpoints", output = dir / "output.txt";
+  std::vector<std::string> argv{find_mpi_launcher(), "-np", std::to_string(s.world_size), dpcheck_executable(), "train"};
+  std::stringstream flags(s.train_flags());
+  for (std::string f; flags >> f;) argv.push_back(f);
+  argv.insert(argv.end(), {"--comm", "mpi", "--checkpoint-dir", checkpoints.string(), "--checkpoint-every", "1",
+                          "--log", log.string(), "--timeout", "60"});
+  if (!target.mutant.empty()) argv.insert(argv.end(), {"--mutant", target.mutant});
+
+  audit::AuditOptions options;
+  // Open MPI refuses root and more ranks than cores without these; other launchers ignore them.
+  options.extra_env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                       "OMPI_MCA_rmaps_base_oversubscribe=1"};
+  // Launched from inside an MPI job, the new launcher must not think it belongs to this one.
+  if (target.process_world) options.unset = {"OMPI_COMM_WORLD", "OMPI_MCA_", "PMIX_", "PMI_", "OMPI_FILE", "OMPI_UNIVERSE"};
+  options.output = output;
+  const audit::RunResult run = audit::run_audited(argv, options);
+
+  std::set<std::string> rank0_paths;
+  for (const audit::Record& r : run.log.records)
+    if (r.rank == 0 && r.result == "ok")
+      for (std::string_view p : r.written())
+        if (std::string_view(p).rfind(dir.string(), 0) == 0) rank0_paths.emplace(p);
+  o.rank0_files = static_cast<std::int64_t>(rank0_paths.size());
+
+  audit::AllowList allow = audit::default_allow_list();
+  const audit::AllowList launcher = audit::launcher_allowances(run.log);
+  allow.insert(allow.end(), launcher.begin(), launcher.end());
+  const std::vector<audit::Record> bad = audit::offending(run.log.records, allow);
+
+  const auto tail = [&] {
+    std::ifstream f(output);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    return text.size() > 600 ? "..." + text.substr(text.size() - 600) : text;
+  };
+  if (!bad.empty()) {
+    o.message = std::to_string(bad.size()) + " write-intent calls by ranks other than 0 outside the allowed paths; first: rank " +
+                std::to_string(*bad[0].rank) + " " + bad[0].call + " " + bad[0].path + (bad[0].to.empty() ? "" : " -> " + bad[0].to);
+  } else if (run.signal != 0 || (run.exit_code != 0 && run.exit_code != 1)) {
+    o.message = "the training run " + run.status_text() + ":\n" + tail();
+  } else if (!rank0_paths.contains(log.string())) {
+    o.message = "rank 0 never wrote the log " + log.string() + " (the audit saw " + std::to_string(o.rank0_files) +
+                " files from rank 0)";
+  } else if (run.exit_code == 0 && std::none_of(rank0_paths.begin(), rank0_paths.end(), [](const std::string& p) {
+               return p.ends_with("/manifest.json");
+             })) {
+    o.message = "training finished but rank 0 never wrote a checkpoint manifest";
+  }
+  o.passed = o.message.empty();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
   return o;
 }
 

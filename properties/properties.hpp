@@ -9,6 +9,8 @@
 //                                         data apart from at most N-1 dropped, sized as the policy says
 //   accumulation_matches_whole_batch      as the first, with 2 to 4 micro-batches per rank
 //   uneven_shares_match_whole_batch       as the first, with shares of different sizes
+//   checkpoint_resume_bitwise             t steps, checkpoint, resume from the files, on to T: the same
+//                                         bits as T steps straight
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,10 @@ struct PropertyDef {
   // One case: draws a scenario with *gen, checks it on the target, records into stats, and fails
   // through RC_FAIL with a message that locates the problem.
   void (*body)(const Target& target, CaseStats& stats);
+  // Properties whose cases launch processes are slower: they run cases / case_divisor cases.
+  int case_divisor = 1;
+  // Why the property cannot run against this target or on this machine; nullptr or "" when it can.
+  std::string (*unavailable)(const Target& target) = nullptr;
 };
 
 std::span<const PropertyDef> properties();
@@ -63,6 +69,31 @@ struct ReplicaOutcome {
   std::string message;
 };
 ReplicaOutcome check_replica_sync(const Scenario& scenario, const Target& target);
+
+struct ResumeOutcome {
+  bool passed = true;
+  std::string message;
+};
+// Trains T steps straight; separately trains t < T steps, checkpoints through the RankZeroWriter,
+// tears every rank's state down, resumes from the files and continues to T: the final parameters,
+// optimizer state and step counts must be bitwise equal.
+ResumeOutcome check_checkpoint_resume(const Scenario& scenario, int stop_at, const Target& target);
+
+struct WriteAuditOutcome {
+  bool passed = true;
+  std::int64_t rank0_files = 0;  // distinct files rank 0 wrote (non-vacuity: it did write)
+  std::string message;
+};
+// Runs the scenario as separate processes (mpirun, --comm mpi) with checkpoints every step and a log,
+// under the write audit: rank 0 must have written the log (and, when training finished, the final
+// checkpoint), and no other rank may have written outside the allowed paths.
+WriteAuditOutcome check_rank0_writes(const Scenario& scenario, const Target& target);
+
+// mpirun or mpiexec from PATH, or "" when there is none.
+std::string find_mpi_launcher();
+// The dpcheck executable that processes of a property run: $DPCHECK_BINARY, this process if it is
+// dpcheck, else the dpcheck beside the audit library of this build.
+std::string dpcheck_executable();
 
 struct SamplerOutcome {
   bool passed = true;

@@ -43,6 +43,13 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
   if (options.cases < 1) throw UsageError("the number of cases must be at least 1");
   PropertyResult out;
   out.name = std::string(property.name);
+  if (property.unavailable) {
+    out.skipped = property.unavailable(target);
+    if (!out.skipped.empty()) {
+      out.passed = true;
+      return out;
+    }
+  }
   CaseStats stats;
   const auto testable = [&] { property.body(target, stats); };
 

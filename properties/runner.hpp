@@ -25,6 +25,7 @@ struct RunOptions {
 struct PropertyResult {
   std::string name;
   bool passed = false;
+  std::string skipped;         // why the property did not run (it counts as passed)
   std::int64_t cases = 0;      // cases that passed before the verdict
   std::int64_t shrinks = 0;    // shrink steps that still failed
   double max_error_ratio = 0;

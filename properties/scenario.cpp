@@ -50,7 +50,8 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     t.model.activation = *rc::gen::element(Activation::relu, Activation::tanh, Activation::identity);
     t.model.loss = *rc::gen::element(Loss::mse, Loss::cross_entropy);
 
-    s.world_size = space.world_size > 0 ? space.world_size : *rc::gen::inRange(1, space.max_world_size + 1);
+    s.world_size = space.world_size > 0 ? space.world_size
+                                        : *rc::gen::inRange(space.min_world_size, space.max_world_size + 1);
     const std::int64_t n = s.world_size;
     if (space.uneven_only) {
       t.policy = Policy::uneven;
@@ -72,7 +73,7 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     t.shuffle = *rc::gen::element(false, true);
     t.optimizer.kind = *rc::gen::element(OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam);
     t.optimizer.lr = *rc::gen::element(0.1, 0.01, 0.001);
-    t.steps = *rc::gen::inRange(1, 5);
+    t.steps = *rc::gen::inRange(space.min_steps, std::max(space.min_steps, 4) + 1);
     t.accumulate = space.accumulate ? *rc::gen::inRange(2, 5) : 1;
     t.seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
     return s;

@@ -28,12 +28,14 @@ void showValue(const Scenario& s, std::ostream& os);  // how RapidCheck prints a
 // What a generator may draw.
 struct ScenarioSpace {
   int world_size = 0;         // > 0: every scenario uses it (a process launcher fixed it)
-  int max_world_size = 8;     // otherwise drawn in [1, max_world_size]
+  int min_world_size = 1;     // otherwise drawn in [min_world_size, max_world_size]
+  int max_world_size = 8;
   int max_layers = 4;
   int max_width = 64;
   std::int64_t max_batch = 512;
   bool uneven_only = false;   // policy uneven with a batch that N does not divide (when N > 1)
   bool accumulate = false;    // 2 to 4 micro-batches per rank instead of 1
+  int min_steps = 1;          // steps are drawn in [min_steps, 4]
 };
 
 rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space);

@@ -52,6 +52,13 @@ std::unique_ptr<DistributedSampler> make_sampler(const Target& target, const Sam
   return std::make_unique<DistributedSampler>(config);
 }
 
+std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& comm,
+                                            const std::filesystem::path& checkpoint_dir,
+                                            const std::filesystem::path& log_path, int keep) {
+  if (auto m = mutant_writer(target.mutant, comm, checkpoint_dir, log_path, keep)) return m;
+  return std::make_unique<RankZeroWriter>(comm, checkpoint_dir, log_path, keep);
+}
+
 RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,
                               const Dataset& data) {
   RankTrainer r;

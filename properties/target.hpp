@@ -13,6 +13,7 @@
 #include "src/optimizer.hpp"
 #include "src/sampler.hpp"
 #include "src/trainer.hpp"
+#include "src/writer.hpp"
 
 namespace dpcheck {
 
@@ -48,6 +49,11 @@ struct RankTrainer {
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<Trainer> trainer;
 };
+
+// The writer for this rank (rank 0 writes, unless the mutant breaks that).
+std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& comm,
+                                            const std::filesystem::path& checkpoint_dir,
+                                            const std::filesystem::path& log_path, int keep = 2);
 
 // A trainer for this rank: parameters from init_params(config.model, config.seed), data from `data`.
 RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,

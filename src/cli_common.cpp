@@ -1,5 +1,8 @@
 #include "src/cli_common.hpp"
 
+#include "src/commands.hpp"
+#include "src/comm.hpp"
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -44,10 +47,40 @@ void save_params_dir(const std::string& dir, const ModelConfig& model, std::span
     write_npy(std::filesystem::path(dir) / (s.name + ".npy"), s.shape, params.subspan(s.offset, s.size()));
 }
 
+int resolve_world(Target& target, int requested, bool given) {
+  Communicator* world = process_world();
+  if (target.comm == "mpi") {
+    if (!world)
+      throw UsageError("--comm mpi runs one process per rank: start it with a launcher, e.g. mpirun -np 4 dpcheck ...");
+    if (given && requested != world->size())
+      throw UsageError("--world-size " + std::to_string(requested) + " disagrees with the launcher's " +
+                       std::to_string(world->size()) + " processes");
+    target.process_world = world;
+    return world->size();
+  }
+  if (world && world->size() > 1)
+    throw UsageError("started by a launcher with " + std::to_string(world->size()) +
+                     " processes but --comm is " + target.comm + ": add --comm mpi");
+  if (given && requested < 1) throw UsageError("--world-size must be at least 1");
+  return requested;
+}
+
 std::string float_text(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
 }
+
+}  // namespace dpcheck::cli
+
+namespace dpcheck::cli {
+
+namespace {
+Communicator* g_process_world = nullptr;
+}
+
+Communicator* process_world() { return g_process_world; }
+void set_process_world(Communicator* world) { g_process_world = world; }
+bool is_printing_rank() { return !g_process_world || g_process_world->rank() == 0; }
 
 }  // namespace dpcheck::cli

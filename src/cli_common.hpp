@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "properties/target.hpp"
 #include "src/data.hpp"
 #include "src/model.hpp"
 #include "src/sampler.hpp"
@@ -30,6 +31,12 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
 
 // Writes parameters as such a directory (atomically, file by file).
 void save_params_dir(const std::string& dir, const ModelConfig& model, std::span<const float> params);
+
+// Fills target.comm-related fields from --comm and the launcher: with --comm mpi the world is this
+// process's MPI world (UsageError without a launcher, or when --world-size disagrees with it);
+// under a launcher with more than one process, --comm local is refused (every process would run a
+// whole world of its own). Returns the world size to use.
+int resolve_world(Target& target, int requested_world_size, bool world_size_given);
 
 // Text for a float with all the digits that identify it.
 std::string float_text(double v);

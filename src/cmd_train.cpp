@@ -1,11 +1,14 @@
 // dpcheck train: data-parallel training with every check on every step. Prints the loss and the
-// replica check per step; on the first desync prints the located difference and exits 1.
+// replica check per step; on the first desync prints the located difference and exits 1. Checkpoints
+// and the log go through the RankZeroWriter; --resume continues a run bit for bit.
 #include <CLI/CLI.hpp>
+#include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <mutex>
+#include <thread>
 
 #include "properties/mutants.hpp"
 #include "properties/target.hpp"
@@ -21,10 +24,17 @@ struct TrainOptions {
   ModelOptions model;
   TrainConfig train;
   std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine = "cpu", comm = "local";
-  std::string x, y, init;
+  std::string x, y, init, checkpoint_dir, resume, log;
+  int checkpoint_every = 0;
+  int keep = 2;
   bool no_shuffle = false;
   int world_size = 1;
+  bool world_size_given = false;
   double timeout_s = 60;
+  // Fault injection for the dead-rank tests: "kill" (SIGKILL) or "stall" (stop answering) at a step.
+  std::string fault;
+  int fault_rank = 1;
+  int fault_step = 0;
 };
 
 int run_train(TrainOptions& o) {
@@ -36,13 +46,19 @@ int run_train(TrainOptions& o) {
   t.shuffle = !o.no_shuffle;
   if (o.timeout_s <= 0) throw UsageError("--timeout must be positive");
   if (o.x.empty() != o.y.empty()) throw UsageError("give both --x and --y, or neither");
+  if (o.checkpoint_every < 0) throw UsageError("--checkpoint-every must be at least 0");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) throw UsageError("--checkpoint-every needs --checkpoint-dir");
+  if (o.keep < 1) throw UsageError("--keep must be at least 1");
+  if (!o.fault.empty() && o.fault != "kill" && o.fault != "stall")
+    throw UsageError("--inject-fault takes kill or stall");
 
   Target target;
   target.engine = o.engine;
   target.comm = o.comm;
   target.mutant = o.mutant;
-  target.world_size = o.world_size;
   target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
+  const int world = resolve_world(target, o.world_size, o.world_size_given);
+  target.world_size = world;
   validate_target(target);
 
   std::unique_ptr<Dataset> data;
@@ -55,38 +71,67 @@ int run_train(TrainOptions& o) {
   } else {
     data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
   }
-  t.validate(o.world_size);
+  t.validate(world);
   const std::vector<float> params = o.init.empty() ? init_params(t.model, t.seed) : load_params_dir(o.init, t.model);
+  std::optional<Checkpoint> resume;
+  std::vector<std::string> skipped;
+  if (!o.resume.empty()) {
+    resume = load_checkpoint(o.resume, t.model, &skipped);
+    const std::string mismatch = t.resume_mismatch(resume->config, world);
+    if (!mismatch.empty()) throw UsageError("cannot resume from " + o.resume + ": " + mismatch);
+  }
 
-  std::printf("dpcheck train: model %s (%s, %s), %d ranks, batch %lld of %lld examples, %s lr %g%s, %d steps, "
-              "accumulate %d, %s %s%s, %s\n",
-              dims_string(t.model.dims).c_str(), std::string(activation_name(t.model.activation)).c_str(),
-              std::string(loss_name(t.model.loss)).c_str(), o.world_size, static_cast<long long>(t.batch),
-              static_cast<long long>(t.data_size()), o.optimizer.c_str(),
-              t.optimizer_for(o.world_size).lr, t.linear_scaling ? " (linear scaling)" : "",
-              t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(), t.shuffle ? ", shuffled" : "",
-              target.describe().c_str());
-  std::fflush(stdout);
+  const bool printing = is_printing_rank();
+  if (printing) {
+    std::printf("dpcheck train: model %s (%s, %s), %d ranks, batch %lld of %lld examples, %s lr %g%s, %d steps, "
+                "accumulate %d, %s %s%s, %s\n",
+                dims_string(t.model.dims).c_str(), std::string(activation_name(t.model.activation)).c_str(),
+                std::string(loss_name(t.model.loss)).c_str(), world, static_cast<long long>(t.batch),
+                static_cast<long long>(t.data_size()), o.optimizer.c_str(), t.optimizer_for(world).lr,
+                t.linear_scaling ? " (linear scaling)" : "", t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(),
+                t.shuffle ? ", shuffled" : "", target.describe().c_str());
+    for (const std::string& s : skipped) std::printf("skipped incomplete checkpoint %s\n", s.c_str());
+    if (resume) std::printf("resuming from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(resume->step));
+    std::fflush(stdout);
+  }
 
-  bool synchronized = true;
-  run_world(target, o.world_size, [&](Communicator& comm) {
+  std::atomic<bool> synchronized{true};
+  run_world(target, world, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, t, comm, *data);
     rt.engine->load_params(params);
-    for (int s = 0; s < t.steps; ++s) {
+    if (resume) rt.trainer->restore(*resume);
+    const std::unique_ptr<RankZeroWriter> writer = make_writer(target, comm, o.checkpoint_dir, o.log, o.keep);
+    const bool speaks = comm.rank() == 0;
+    while (rt.trainer->next_step() < t.steps) {
+      if (!o.fault.empty() && comm.rank() == o.fault_rank && rt.trainer->next_step() == o.fault_step) {
+        if (o.fault == "kill") ::raise(SIGKILL);
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // stops answering
+      }
       const StepResult r = rt.trainer->step();
-      if (comm.rank() == 0) {
+      if (speaks) {
         std::printf("step %4lld  loss %-14s global batch %-6lld %s\n", static_cast<long long>(r.step),
                     float_text(r.loss).c_str(), static_cast<long long>(r.global_batch), r.replicas.describe().c_str());
         std::fflush(stdout);
       }
+      writer->log({{"step", r.step},
+                   {"loss", r.loss},
+                   {"global_batch", r.global_batch},
+                   {"replicas_identical", r.replicas.synchronized},
+                   {"hash", r.replicas.hashes.empty() ? 0 : r.replicas.hashes[0]}});
       // Every rank holds the same report, so all stop together.
       if (!r.replicas.synchronized) {
-        if (comm.rank() == 0) synchronized = false;
-        return;
+        synchronized = false;
+        break;
+      }
+      const std::int64_t done = rt.trainer->next_step();
+      if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && done % o.checkpoint_every == 0) || done == t.steps)) {
+        const std::filesystem::path saved = writer->save(rt.trainer->checkpoint(), t.model);
+        if (speaks && !saved.empty()) std::printf("checkpoint %s\n", saved.string().c_str());
       }
     }
+    writer->flush();
   });
-  std::printf("%s\n", synchronized ? "all steps passed the replica check" : "FAILED: replicas diverged");
+  if (printing) std::printf("%s\n", synchronized ? "all steps passed the replica check" : "FAILED: replicas diverged");
   return synchronized ? exit_ok : exit_check_failed;
 }
 
@@ -98,8 +143,8 @@ Runner add_train(CLI::App& app) {
   o->model.add_to(*sub);
   TrainConfig& t = o->train;
   sub->add_option("--batch", t.batch, "Global batch per step (default 32)");
-  sub->add_option("--steps", t.steps, "Optimizer steps (default 1)");
-  sub->add_option("--world-size", o->world_size, "Number of ranks (default 1)");
+  sub->add_option("--steps", t.steps, "Total optimizer steps, counting those before a --resume (default 1)");
+  sub->add_option("--world-size", o->world_size, "Number of ranks (default 1; with --comm mpi, the launcher's)");
   sub->add_option("--optimizer", o->optimizer, "sgd (default), momentum or adam");
   sub->add_option("--lr", t.optimizer.lr, "Learning rate (default 0.01)");
   sub->add_option("--momentum", t.optimizer.momentum, "Momentum (default 0.9)");
@@ -113,11 +158,22 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--x", o->x, "Inputs, .npy of shape (D, in)");
   sub->add_option("--y", o->y, "Targets, .npy: (D, out) floats for mse, (D,) int64 classes for cross-entropy");
   sub->add_option("--init", o->init, "Directory of initial parameter .npy files");
+  sub->add_option("--checkpoint-dir", o->checkpoint_dir, "Write checkpoints here (rank 0 only)");
+  sub->add_option("--checkpoint-every", o->checkpoint_every, "Checkpoint every K steps (default: only at the end)");
+  sub->add_option("--keep", o->keep, "Checkpoints to keep (default 2)");
+  sub->add_option("--resume", o->resume, "Continue from the newest complete checkpoint in this directory");
+  sub->add_option("--log", o->log, "Append one JSON line a step to this file (rank 0 only)");
   sub->add_option("--mutant", o->mutant, "Train with a deliberately broken part (see dpcheck verify --list-mutants)");
   sub->add_option("--engine", o->engine, "Engine: cpu (default)");
-  sub->add_option("--comm", o->comm, "Communicator: local (default)");
+  sub->add_option("--comm", o->comm, "Communicator: local (threads, default) or mpi (under mpirun)");
   sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
-  return [o] { return run_train(*o); };
+  sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");
+  sub->add_option("--fault-rank", o->fault_rank, "")->group("");
+  sub->add_option("--fault-step", o->fault_step, "")->group("");
+  return [o, sub] {
+    o->world_size_given = sub->count("--world-size") > 0;
+    return run_train(*o);
+  };
 }
 
 }  // namespace dpcheck::cli

@@ -10,6 +10,7 @@
 
 #include "properties/mutants.hpp"
 #include "properties/runner.hpp"
+#include "src/cli_common.hpp"
 #include "src/commands.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
@@ -71,6 +72,7 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
   for (const PropertyResult& r : results) {
     nlohmann::json p{{"name", r.name},
                      {"passed", r.passed},
+                     {"skipped", r.skipped.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
                      {"cases", r.cases},
                      {"max_error_ratio", r.has_error_ratio ? nlohmann::json(r.max_error_ratio) : nlohmann::json(nullptr)},
                      {"seconds", r.seconds},
@@ -116,13 +118,15 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
 
 int run_verify(VerifyOptions& o) {
   if (o.list_mutants) {
-    for (const MutantInfo& m : mutants()) std::cout << m.name << "\n";
+    if (is_printing_rank())
+      for (const MutantInfo& m : mutants()) std::cout << m.name << "\n";
     return exit_ok;
   }
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
-  if (o.world_size_given && o.target.world_size < 1) throw UsageError("--world-size must be at least 1");
   if (o.timeout_s <= 0) throw UsageError("--timeout must be positive");
   o.target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
+  const int world = resolve_world(o.target, o.target.world_size, o.world_size_given);
+  if (o.target.process_world) o.target.world_size = world;
   validate_target(o.target);
   std::vector<const PropertyDef*> selected;
   if (o.only.empty())
@@ -133,19 +137,32 @@ int run_verify(VerifyOptions& o) {
     throw UsageError("--reproduce replays one property: name it with --property");
   if (!o.report.empty()) check_writable(o.report);
   if (!o.junit.empty()) check_writable(o.junit);
+  // Every process must draw the same cases: rank 0's seed is everyone's.
+  if (o.target.process_world) o.target.process_world->broadcast(&o.seed, 1, DType::u64, 0);
 
-  const bool tty = ::isatty(STDERR_FILENO);
-  std::cout << "dpcheck verify: " << o.target.describe() << ", world size "
-            << (o.target.world_size > 0 ? std::to_string(o.target.world_size) : std::string("drawn from 1-8")) << ", "
-            << o.cases << " cases per property, seed " << o.seed << "\n\n";
-  std::printf("%-38s %6s %7s %16s %9s\n", "property", "cases", "passed", "max error ratio", "time");
-  std::fflush(stdout);
+  // Under a launcher only rank 0 prints and writes reports; the others run the same cases silently.
+  const bool printing = is_printing_rank();
+  const auto say = [&](const std::string& text) {
+    if (!printing) return;
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  };
+  const auto row = [](const char* fmt, auto... args) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    return std::string(buf);
+  };
+  const bool tty = printing && ::isatty(STDERR_FILENO);
+  say("dpcheck verify: " + o.target.describe() + ", world size " +
+      (o.target.world_size > 0 ? std::to_string(o.target.world_size) : std::string("drawn from 1-8")) + ", " +
+      std::to_string(o.cases) + " cases per property, seed " + std::to_string(o.seed) + "\n\n");
+  say(row("%-38s %6s %7s %16s %9s\n", "property", "cases", "passed", "max error ratio", "time"));
 
   std::vector<PropertyResult> results;
   bool all_passed = true;
   for (const PropertyDef* p : selected) {
     RunOptions ro;
-    ro.cases = o.cases;
+    ro.cases = std::max(1, o.cases / p->case_divisor);
     ro.seed = o.seed;
     ro.reproduce = o.reproduce;
     if (tty)
@@ -156,40 +173,40 @@ int run_verify(VerifyOptions& o) {
       };
     PropertyResult r = run_property(*p, o.target, ro);
     if (tty) std::fprintf(stderr, "\r\033[K");
-    std::printf("%-38s %6lld %7s %16s %7.2f s\n", r.name.c_str(), static_cast<long long>(r.cases), r.passed ? "yes" : "NO",
-                ratio_text(r).c_str(), r.seconds);
-    std::fflush(stdout);
+    say(row("%-38s %6lld %7s %16s %7.2f s\n", r.name.c_str(), static_cast<long long>(r.cases),
+            !r.skipped.empty() ? "skipped" : r.passed ? "yes" : "NO", ratio_text(r).c_str(), r.seconds));
     all_passed &= r.passed;
     results.push_back(std::move(r));
   }
 
+  std::ostringstream details;
   for (const PropertyResult& r : results) {
-    if (!r.distribution.empty()) {
-      std::cout << "\n" << r.name << ":";
-      for (const auto& [tag, count] : r.distribution)
-        std::cout << "\n  " << count << " of " << r.cases << " cases: " << tag;
-      std::cout << "\n";
-    }
+    if (!r.skipped.empty()) details << "\n" << r.name << ": skipped: " << r.skipped << "\n";
+    if (r.distribution.empty()) continue;
+    details << "\n" << r.name << ":";
+    for (const auto& [tag, count] : r.distribution) details << "\n  " << count << " of " << r.cases << " cases: " << tag;
+    details << "\n";
   }
   for (const PropertyResult& r : results) {
     if (r.passed) continue;
-    std::cout << "\nFAILED " << r.name << " after " << r.cases << " passing cases, shrunk " << r.shrinks << " times\n"
-              << "  minimal case: " << r.counterexample << "\n"
-              << "  why: ";
+    details << "\nFAILED " << r.name << " after " << r.cases << " passing cases, shrunk " << r.shrinks << " times\n"
+            << "  minimal case: " << r.counterexample << "\n"
+            << "  why: ";
     // Multi-line messages (a located replica difference) keep their own indentation.
     std::istringstream lines(r.failure);
     std::string line;
     bool first = true;
     while (std::getline(lines, line)) {
-      std::cout << (first ? "" : "       ") << line << "\n";
+      details << (first ? "" : "       ") << line << "\n";
       first = false;
     }
-    if (!r.reproduce.empty()) std::cout << "  replay: " << replay_command(o, r) << "\n";
+    if (!r.reproduce.empty()) details << "  replay: " << replay_command(o, r) << "\n";
   }
-  std::cout << "\n" << (all_passed ? "all properties passed" : "some properties FAILED") << "\n";
+  details << "\n" << (all_passed ? "all properties passed" : "some properties FAILED") << "\n";
+  say(details.str());
 
-  if (!o.report.empty()) write_file_atomic(o.report, to_json(o, results, all_passed).dump(2) + "\n");
-  if (!o.junit.empty()) write_file_atomic(o.junit, to_junit(o, results));
+  if (printing && !o.report.empty()) write_file_atomic(o.report, to_json(o, results, all_passed).dump(2) + "\n");
+  if (printing && !o.junit.empty()) write_file_atomic(o.junit, to_junit(o, results));
   return all_passed ? exit_ok : exit_check_failed;
 }
 
@@ -206,7 +223,7 @@ Runner add_verify(CLI::App& app) {
   sub->add_option("--property", o->only, "Run only this property (repeatable)");
   sub->add_option("--reproduce", o->reproduce, "Replay the minimal case of an earlier failure (printed with it)");
   sub->add_option("--engine", o->target.engine, "Engine: cpu (default)");
-  sub->add_option("--comm", o->target.comm, "Communicator: local (default)");
+  sub->add_option("--comm", o->target.comm, "Communicator: local (threads, default) or mpi (under mpirun)");
   sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");

@@ -10,6 +10,10 @@ namespace CLI {
 class App;
 }
 
+namespace dpcheck {
+class Communicator;
+}
+
 namespace dpcheck::cli {
 
 inline constexpr int exit_ok = 0;
@@ -19,9 +23,18 @@ inline constexpr int exit_runtime_error = 3;
 
 using Runner = std::function<int()>;
 
+// This process's communicator over all ranks when an MPI launcher started it, else nullptr. Set by
+// main before any subcommand runs.
+Communicator* process_world();
+void set_process_world(Communicator* world);
+
+// The rank whose output a command prints: 0, or this process's rank under a launcher.
+bool is_printing_rank();
+
 Runner add_verify(CLI::App& app);
 Runner add_grad(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_audit(CLI::App& app);
 
 }  // namespace dpcheck::cli

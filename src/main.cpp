@@ -2,11 +2,13 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <iostream>
 #include <utility>
 #include <vector>
 
 #include "src/commands.hpp"
+#include "src/mpi_comm.hpp"
 #include "src/error.hpp"
 
 int main(int argc, char** argv) {
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
   add(cli::add_grad);
   add(cli::add_train);
   add(cli::add_bench);
+  add(cli::add_audit);
 
   if (argc > 1 && argv[1][0] != '-' && runners.end() == std::find_if(runners.begin(), runners.end(), [&](const auto& r) {
         return r.first->get_name() == argv[1];
@@ -54,16 +57,36 @@ int main(int argc, char** argv) {
     return cli::exit_usage;
   }
 
+  // Under an MPI launcher every process joins the world before any command runs; --comm mpi uses it.
+  std::unique_ptr<MpiSession> mpi;
+  try {
+    if (launched_by_mpi() && mpi_available()) {
+      mpi = std::make_unique<MpiSession>(&argc, &argv);
+      cli::set_process_world(&mpi->world());
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "dpcheck: error: cannot start MPI: " << e.what() << "\n";
+    return cli::exit_runtime_error;
+  }
+
   try {
     for (const CLI::App* sub : app.get_subcommands())
       for (const auto& [registered, runner] : runners)
         if (registered == sub) return runner();
   } catch (const UsageError& e) {
+    // Every rank meets the same bad input; one of them says so.
     std::fflush(stdout);
-    std::cerr << "dpcheck: error: " << e.what() << "\n";
+    if (cli::is_printing_rank()) std::cerr << "dpcheck: error: " << e.what() << "\n";
     return cli::exit_usage;
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    if (mpi) {
+      // A dead or stuck peer: say which rank saw what, then end the whole job so that the launcher
+      // returns instead of waiting for the stuck ranks.
+      std::cerr << "dpcheck: error: rank " << mpi->world().rank() << ": " << e.what() << "\n";
+      std::cerr.flush();
+      mpi->abort(cli::exit_runtime_error);
+    }
     std::cerr << "dpcheck: error: " << e.what() << "\n";
     return cli::exit_runtime_error;
   }

@@ -4,8 +4,11 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <random>
+
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
+#include "properties/runner.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck {
@@ -24,9 +27,22 @@ TEST(Properties, replicas_bitwise_synchronized) { check_property("replicas_bitwi
 TEST(Properties, sampler_shards_disjoint) { check_property("sampler_shards_disjoint"); }
 TEST(Properties, accumulation_matches_whole_batch) { check_property("accumulation_matches_whole_batch"); }
 TEST(Properties, uneven_shares_match_whole_batch) { check_property("uneven_shares_match_whole_batch"); }
+TEST(Properties, checkpoint_resume_bitwise) { check_property("checkpoint_resume_bitwise"); }
+// Its cases launch processes under the write audit (about a second each), so it runs a tenth of the
+// cases, as `dpcheck verify` runs it.
+TEST(Properties, only_rank0_writes) {
+  const PropertyDef& p = find_property("only_rank0_writes");
+  if (const std::string why = p.unavailable(Target{}); !why.empty()) GTEST_SKIP() << why;
+  RunOptions options;
+  options.cases = 100 / p.case_divisor;
+  options.seed = static_cast<std::uint64_t>(std::random_device{}());
+  const PropertyResult r = run_property(p, Target{}, options);
+  EXPECT_TRUE(r.passed) << "seed " << options.seed << ": " << r.failure << "\n" << r.counterexample;
+  EXPECT_EQ(r.cases, options.cases);
+}
 
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 5u);
+  ASSERT_EQ(properties().size(), 7u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;
