@@ -7,8 +7,8 @@
 //                so a mismatch throws the same Error on every rank, and a rank that never makes the
 //                call is the one whose description does not arrive. This round alone is the barrier.
 //   1. scatter   (allreduce) rank r receives slice r of the buffer from every rank and reduces it in
-//                rank order, ((b0 + b1) + b2) + ..., element by element: the arithmetic of
-//                src/local_comm.cpp, so the two backends give the same bits for the same inputs.
+//                rank order, ((b0 + b1) + b2) + ..., element by element, with the local backend's
+//                kernel (src/collective.hpp), so the two give the same bits for the same inputs.
 //   2. gather    rank r sends its reduced slice to every rank (allreduce); root sends its buffer
 //                (broadcast); every rank sends its block to every rank (allgather).
 //
@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -37,6 +36,8 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "src/collective.hpp"
 
 #endif
 
@@ -74,38 +75,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class CallKind : std::uint8_t { allreduce, broadcast, allgather, barrier };
-
-std::string_view kind_name(CallKind k) {
-  switch (k) {
-    case CallKind::allreduce: return "allreduce";
-    case CallKind::broadcast: return "broadcast";
-    case CallKind::allgather: return "allgather";
-    case CallKind::barrier: return "barrier";
-  }
-  return "?";
-}
-
-// What a rank asked for, described and compared exactly as the local backend does, so that a
-// mismatch reads the same on both. Fields a collective does not use stay at their defaults.
-struct CallDesc {
-  CallKind kind = CallKind::barrier;
-  std::size_t count = 0;
-  DType dtype = DType::u8;
-  ReduceOp op = ReduceOp::sum;
-  int root = 0;
-  bool operator==(const CallDesc&) const = default;
-};
-
-std::string describe(const CallDesc& d) {
-  std::string s(kind_name(d.kind));
-  if (d.kind == CallKind::barrier) return s + "()";
-  s += "(count " + std::to_string(d.count) + ", " + std::string(dtype_name(d.dtype));
-  if (d.kind == CallKind::allreduce) s += ", " + std::string(reduce_op_name(d.op));
-  if (d.kind == CallKind::broadcast) s += ", root " + std::to_string(d.root);
-  return s + ")";
-}
-
 // A description on the wire: fixed size and layout, the same binary on every rank. seq guards the
 // tag scheme: a description from another call would be a bug in this file. payload is the number of
 // data bytes that follow it in the same message (small calls only).
@@ -132,124 +101,12 @@ static_assert(sizeof(WireDesc) <= header_bytes);
 constexpr std::size_t inline_limit = 32 << 10;
 constexpr std::size_t inline_total = 96 << 10;
 
-// "rank 3" or "ranks 0, 2, 3".
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(ranks[i]);
-  }
-  return s;
-}
-
-std::string seconds_text(std::chrono::milliseconds t) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(t.count()) / 1000.0);
-  return buf;
-}
-
-Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  // Caps "practically forever" so that now + timeout cannot overflow the clock.
-  constexpr auto cap = std::chrono::hours(24 * 365 * 100);
-  return Clock::now() + (timeout > cap ? std::chrono::duration_cast<Clock::duration>(cap)
-                                       : std::chrono::duration_cast<Clock::duration>(timeout));
-}
-
 // A call that every rank refuses with the same message (mismatch, unsupported reduction): the ranks
 // are still in step afterwards, so the communicator stays usable.
 class RefusedCall : public Error {
  public:
   using Error::Error;
 };
-
-// ---- the element-wise reduction (the same expression per element as src/local_comm.cpp) -----------
-
-template <class T> struct Sum {
-  T operator()(T a, T b) const {
-    if constexpr (std::is_integral_v<T>) {
-      // Wraps like the hardware instead of being undefined for signed overflow.
-      using U = std::make_unsigned_t<T>;
-      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    } else {
-      return a + b;
-    }
-  }
-};
-template <class T> struct Min {
-  T operator()(T a, T b) const { return b < a ? b : a; }
-};
-template <class T> struct Max {
-  T operator()(T a, T b) const { return a < b ? b : a; }
-};
-
-// Bytes of each input reduced at a time, so that the N input chunks and the accumulator stay in cache.
-constexpr std::size_t chunk_bytes = 4096;
-
-// len is a compile-time constant on the hot path (full chunks), so the loops vectorise; the tail runs
-// the same expression per element with a run-time len, so both paths give the same bits.
-template <class T, class Op>
-inline void reduce_chunk(const void* const* in, int n, std::size_t base, std::size_t len, T* acc, T* out, Op op,
-                         bool divide) {
-  const T* __restrict first = static_cast<const T*>(in[0]) + base;
-  for (std::size_t k = 0; k < len; ++k) acc[k] = first[k];
-  for (int j = 1; j < n; ++j) {
-    const T* __restrict b = static_cast<const T*>(in[j]) + base;
-    for (std::size_t k = 0; k < len; ++k) acc[k] = op(acc[k], b[k]);
-  }
-  if (divide) {
-    const T d = static_cast<T>(n);
-    for (std::size_t k = 0; k < len; ++k) acc[k] = acc[k] / d;
-  }
-  // out is one of the inputs (this rank's own slice), so it is written only after all are read.
-  T* __restrict o = out + base;
-  for (std::size_t k = 0; k < len; ++k) o[k] = acc[k];
-}
-
-template <class T, class Op>
-void reduce_slice(const void* const* in, int n, std::size_t len, void* out, Op op, bool divide) {
-  constexpr std::size_t chunk = chunk_bytes / sizeof(T);
-  alignas(64) T acc[chunk];
-  T* o = static_cast<T*>(out);
-  std::size_t base = 0;
-  for (; base + chunk <= len; base += chunk) reduce_chunk<T>(in, n, base, chunk, acc, o, op, divide);
-  if (base < len) reduce_chunk<T>(in, n, base, len - base, acc, o, op, divide);
-}
-
-template <class T> void reduce_typed(const void* const* in, int n, std::size_t len, void* out, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return reduce_slice<T>(in, n, len, out, Sum<T>{}, false);
-    case ReduceOp::avg:
-      if constexpr (std::is_floating_point_v<T>) return reduce_slice<T>(in, n, len, out, Sum<T>{}, true);
-      break;  // refused by check_calls before any rank gets here
-    case ReduceOp::min: return reduce_slice<T>(in, n, len, out, Min<T>{}, false);
-    case ReduceOp::max: return reduce_slice<T>(in, n, len, out, Max<T>{}, false);
-  }
-  DPCHECK_ASSERT(false);
-}
-
-// Reduces len elements of in[0], ..., in[n-1], in that order, into out.
-void reduce(const void* const* in, int n, std::size_t len, void* out, DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::f32: return reduce_typed<float>(in, n, len, out, op);
-    case DType::f64: return reduce_typed<double>(in, n, len, out, op);
-    case DType::i32: return reduce_typed<std::int32_t>(in, n, len, out, op);
-    case DType::i64: return reduce_typed<std::int64_t>(in, n, len, out, op);
-    case DType::u64: return reduce_typed<std::uint64_t>(in, n, len, out, op);
-    case DType::u8: break;  // refused by check_calls
-  }
-  DPCHECK_ASSERT(false);
-}
-
-// Rank r's share [lo, hi) of count elements: N nearly equal runs of whole 64-byte blocks, as the
-// local backend splits its work.
-std::pair<std::size_t, std::size_t> slice_of(std::size_t count, std::size_t elem_bytes, int rank, int n) {
-  const std::size_t per_block = std::max<std::size_t>(1, 64 / elem_bytes);
-  const std::size_t blocks = (count + per_block - 1) / per_block;
-  const auto r = static_cast<std::size_t>(rank), un = static_cast<std::size_t>(n);
-  const std::size_t lo = std::min(count, blocks * r / un * per_block);
-  const std::size_t hi = std::min(count, blocks * (r + 1) / un * per_block);
-  return {lo, hi};
-}
 
 // ---- polling ------------------------------------------------------------------------------------------
 
@@ -306,6 +163,7 @@ class MpiComm final : public Communicator {
     outbox_.resize(header_bytes + inline_limit);
     inbox_.resize((n - 1) * (header_bytes + inline_limit));
     descs_.resize(n);
+    null_buffer_.resize(n);
     wires_.resize(n);
     inputs_.resize(n);
   }
@@ -341,7 +199,8 @@ class MpiComm final : public Communicator {
         if (count == 0) return;
         for (int j = 0; j < size_; ++j)
           inputs_[static_cast<std::size_t>(j)] = j == rank_ ? static_cast<const void*>(data) : payload_of(j);
-        reduce(inputs_.data(), size_, count, data, dtype, op);
+        void* const out = data;
+        reduce_in_rank_order(inputs_.data(), size_, &out, 1, 0, count, dtype, op);
         return;
       }
       const auto [lo, hi] = slice_of(count, esize, rank_, size_);
@@ -365,7 +224,9 @@ class MpiComm final : public Communicator {
         for (int j = 0; j < size_; ++j)
           inputs_[static_cast<std::size_t>(j)] =
               j == rank_ ? static_cast<const void*>(data + lo * esize) : staging_.data() + peer_index(j) * mine;
-        reduce(inputs_.data(), size_, hi - lo, data + lo * esize, dtype, op);
+        // The inputs are slices, so the range is [0, hi - lo); out is this rank's own input slice.
+        void* const out = data + lo * esize;
+        reduce_in_rank_order(inputs_.data(), size_, &out, 1, 0, hi - lo, dtype, op);
       }
 
       // Round 2: the reduced slice r to every rank; everyone's reduced slice into place.
@@ -442,8 +303,7 @@ class MpiComm final : public Communicator {
   void run(const CallDesc& desc, bool null_buffer, const void* payload, std::size_t payload_bytes, Body&& body) {
     call_ = desc.kind;
     if (!broken_.empty()) {
-      const std::string msg =
-          std::string(kind_name(call_)) + " on rank " + std::to_string(rank_) + " abandoned: " + broken_;
+      const std::string msg = call_on_rank(call_, rank_) + " abandoned: " + broken_;
       if (broken_by_timeout_) throw TimeoutError(msg);
       throw Error(msg);
     }
@@ -501,7 +361,7 @@ class MpiComm final : public Communicator {
     mine.kind = static_cast<std::uint8_t>(desc.kind);
     mine.dtype = static_cast<std::uint8_t>(desc.dtype);
     mine.op = static_cast<std::uint8_t>(desc.op);
-    mine.null_buffer = null_buffer && desc.count > 0 && desc.kind != CallKind::barrier ? 1 : 0;
+    mine.null_buffer = passes_null_buffer(desc, null_buffer) ? 1 : 0;
     if (mine.null_buffer) mine.payload = payload_bytes = 0;
     std::memcpy(outbox_.data(), &mine, sizeof mine);
     if (payload_bytes > 0) std::memcpy(outbox_.data() + header_bytes, payload, payload_bytes);
@@ -521,16 +381,16 @@ class MpiComm final : public Communicator {
       else
         std::memcpy(&w, inbox_of(p), sizeof w);
       if (w.seq != seq_)
-        throw Error(std::string(kind_name(call_)) + " on rank " + std::to_string(rank_) + ": rank " +
-                    std::to_string(p) + " sent the description of call " + std::to_string(w.seq) +
-                    " during call " + std::to_string(seq_));
+        throw Error(call_on_rank(call_, rank_) + ": rank " + std::to_string(p) + " sent the description of call " +
+                    std::to_string(w.seq) + " during call " + std::to_string(seq_));
       descs_[static_cast<std::size_t>(p)] = CallDesc{static_cast<CallKind>(w.kind), static_cast<std::size_t>(w.count),
                                                      static_cast<DType>(w.dtype), static_cast<ReduceOp>(w.op),
                                                      static_cast<int>(w.root)};
+      null_buffer_[static_cast<std::size_t>(p)] = w.null_buffer;
     }
-    const std::string verdict = check_calls();
-    if (!verdict.empty())
-      throw RefusedCall(std::string(kind_name(call_)) + " on rank " + std::to_string(rank_) + ": " + verdict);
+    // Every rank judges the same N descriptions, so all of them throw the same message or none does.
+    const std::string verdict = check_calls(descs_, null_buffer_);
+    if (!verdict.empty()) throw RefusedCall(call_on_rank(call_, rank_) + ": " + verdict);
     // Equal descriptions make equal decisions about sending data inline; check it all the same, since
     // a wrong guess here would read stale bytes.
     const std::size_t bytes = desc.count * dtype_size(desc.dtype);
@@ -539,43 +399,6 @@ class MpiComm final : public Communicator {
       const std::size_t want = desc.kind == CallKind::broadcast && p != desc.root ? 0 : inline_bytes;
       DPCHECK_ASSERT(wires_[static_cast<std::size_t>(p)].payload == want);
     }
-  }
-
-  // The local backend's check_calls, over the exchanged descriptions: every rank computes the same
-  // verdict from the same N descriptions, so all of them throw the same message or none does.
-  std::string check_calls() const {
-    const CallDesc& d0 = descs_[0];
-    if (!std::all_of(descs_.begin(), descs_.end(), [&](const CallDesc& d) { return d == d0; })) {
-      std::vector<CallDesc> kinds;
-      std::vector<std::vector<int>> who;
-      for (int r = 0; r < size_; ++r) {
-        const CallDesc& d = descs_[static_cast<std::size_t>(r)];
-        const auto it = std::find(kinds.begin(), kinds.end(), d);
-        if (it == kinds.end()) {
-          kinds.push_back(d);
-          who.push_back({r});
-        } else {
-          who[static_cast<std::size_t>(it - kinds.begin())].push_back(r);
-        }
-      }
-      std::string msg = "ranks called different collectives:";
-      for (std::size_t i = 0; i < kinds.size(); ++i)
-        msg += std::string(i == 0 ? " " : "; ") + rank_list(who[i]) + " called " + describe(kinds[i]);
-      return msg;
-    }
-    if (d0.kind == CallKind::allreduce) {
-      if (d0.dtype == DType::u8) return "allreduce does not support uint8";
-      if (d0.op == ReduceOp::avg && d0.dtype != DType::f32 && d0.dtype != DType::f64)
-        return "avg is for float32 and float64, not " + std::string(dtype_name(d0.dtype));
-    }
-    if (d0.kind == CallKind::broadcast && (d0.root < 0 || d0.root >= size_))
-      return "broadcast root " + std::to_string(d0.root) + " is not a rank of a world of size " +
-             std::to_string(size_);
-    std::vector<int> null_ranks;
-    for (int r = 0; r < size_; ++r)
-      if (wires_[static_cast<std::size_t>(r)].null_buffer) null_ranks.push_back(r);
-    if (!null_ranks.empty()) return rank_list(null_ranks) + " passed a null buffer";
-    return {};
   }
 
   // Polls the round until every request completes; at the deadline, breaks the communicator and
@@ -594,8 +417,7 @@ class MpiComm final : public Communicator {
     std::string why;
     if (!silent.empty()) why = "no message from " + rank_list(silent);
     if (!deaf.empty()) why += (why.empty() ? "" : "; ") + rank_list(deaf) + " did not receive";
-    broken_ = std::string(kind_name(call_)) + " timed out on rank " + std::to_string(rank_) + " after " +
-              seconds_text(timeout()) + ": " + why;
+    broken_ = timed_out_on_rank(call_, rank_, timeout()) + ": " + why;
     broken_by_timeout_ = true;
     release(round);
     throw TimeoutError(broken_);
@@ -662,6 +484,7 @@ class MpiComm final : public Communicator {
   std::vector<unsigned char> inbox_;    // every other rank's round-0 message
   std::vector<WireDesc> wires_;         // every rank's description, as received
   std::vector<CallDesc> descs_;
+  std::vector<std::uint8_t> null_buffer_;
   std::vector<const void*> inputs_;
   std::vector<unsigned char> staging_;  // round 1's slices from the other ranks; kept between calls
   std::string broken_;                  // why this communicator can no longer be used
