@@ -3,11 +3,9 @@
 // and `dpcheck audit` are checked against what it did.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "src/audit.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck::audit {
 namespace {
@@ -40,23 +39,8 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-struct Outcome {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Outcome run_binary(const std::string& args) {
-  const std::string cmd = std::string(DPCHECK_BINARY) + " " + args + " 2>&1";
-  Outcome r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+// The dpcheck binary with `args`.
+CommandResult run_binary(const std::string& args) { return run_command(std::string(DPCHECK_BINARY) + " " + args); }
 
 std::string report_text(const std::vector<std::string>& argv, const RunResult& run, const AllowList& allow) {
   std::ostringstream s;
@@ -73,14 +57,7 @@ class Audit : public testing::Test {
   void SetUp() override {
     // The test's own launcher variables, if any, would outrank RANK in the writer.
     for (const char* var : launcher_rank_vars) ::unsetenv(var);
-    dir_ = fs::temp_directory_path() / ("dpcheck_audit_test_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    // Recorded paths are built on the kernel's working directory, which has no symbolic links.
-    dir_ = fs::canonical(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -91,7 +68,9 @@ class Audit : public testing::Test {
     return run_audited(argv, env, DPCHECK_AUDIT_LIBRARY_FILE);
   }
 
-  fs::path dir_;
+  // Canonical: recorded paths are built on the kernel's working directory, which has no symbolic links.
+  const ScratchDir scratch_;
+  const fs::path dir_ = scratch_.path();
 };
 
 // ---- recording -------------------------------------------------------------------------------------------
@@ -460,22 +439,22 @@ TEST_F(AuditMpi, OnlyRankZeroWritingPasses) {
 // ---- the dpcheck command -----------------------------------------------------------------------------------
 
 TEST_F(Audit, CommandExitsOneNamingRankAndPath) {
-  const Outcome r = run_binary("audit -- env RANK=1 " + std::string(DPCHECK_AUDIT_WRITER) + " creat " +
+  const CommandResult r = run_binary("audit -- env RANK=1 " + std::string(DPCHECK_AUDIT_WRITER) + " creat " +
                                shell_quote(path("x.bin")));
-  EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find("verdict: FAILED"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("rank 1 (pid"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("creat " + path("x.bin")), std::string::npos) << r.out;
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("verdict: FAILED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("creat " + path("x.bin")), std::string::npos) << r.output;
 }
 
 TEST_F(Audit, CommandExitsZeroForRankZeroAndForAllowedPaths) {
   const std::string w = DPCHECK_AUDIT_WRITER;
-  Outcome r = run_binary("audit -- env RANK=0 " + w + " creat " + shell_quote(path("x.bin")));
-  EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("verdict: passed"), std::string::npos) << r.out;
+  CommandResult r = run_binary("audit -- env RANK=0 " + w + " creat " + shell_quote(path("x.bin")));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("verdict: passed"), std::string::npos) << r.output;
   r = run_binary("audit --allow " + shell_quote(dir_.string()) + " --json " + shell_quote(path("r.json")) +
                  " -- env RANK=1 " + w + " creat " + shell_quote(path("y.bin")));
-  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.status, 0) << r.output;
   std::ifstream f(path("r.json"));
   const nlohmann::json j = nlohmann::json::parse(f);
   EXPECT_TRUE(j["passed"].get<bool>());
@@ -483,9 +462,9 @@ TEST_F(Audit, CommandExitsZeroForRankZeroAndForAllowedPaths) {
 }
 
 TEST_F(Audit, CommandJsonNamesTheOffence) {
-  const Outcome r = run_binary("audit --json " + shell_quote(path("r.json")) + " -- env RANK=1 " +
+  const CommandResult r = run_binary("audit --json " + shell_quote(path("r.json")) + " -- env RANK=1 " +
                                std::string(DPCHECK_AUDIT_WRITER) + " mkdir " + shell_quote(path("out")));
-  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_EQ(r.status, 1) << r.output;
   std::ifstream f(path("r.json"));
   const nlohmann::json j = nlohmann::json::parse(f);
   EXPECT_FALSE(j["passed"].get<bool>());
@@ -498,17 +477,17 @@ TEST_F(Audit, CommandJsonNamesTheOffence) {
 TEST_F(Audit, CommandUsageErrorsExitTwo) {
   for (const char* args :
        {"audit", "audit --bogus -- true", "audit -- /nonexistent/program", "audit --allow -- true"}) {
-    const Outcome r = run_binary(args);
-    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
-    EXPECT_TRUE(r.out.starts_with("dpcheck: error: ")) << args << "\n" << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
+    const CommandResult r = run_binary(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    EXPECT_TRUE(r.output.starts_with("dpcheck: error: ")) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << "\n" << r.output;
   }
 }
 
 TEST_F(Audit, CommandThatFailsIsReported) {
-  const Outcome r = run_binary("audit -- false");
-  EXPECT_EQ(r.status, 3) << r.out;
-  EXPECT_NE(r.out.find("the command exited with status 1"), std::string::npos) << r.out;
+  const CommandResult r = run_binary("audit -- false");
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_NE(r.output.find("the command exited with status 1"), std::string::npos) << r.output;
 }
 
 TEST_F(AuditMpi, CommandCatchesRankOneUnderMpirun) {
@@ -516,10 +495,10 @@ TEST_F(AuditMpi, CommandCatchesRankOneUnderMpirun) {
   for (const std::string& a : mpirun(2)) cmd += " " + a;
   for (const std::string& a : writer_args(1)) cmd += " " + a;
   cmd += " creat " + shell_quote(path("r1.txt"));
-  const Outcome r = run_binary(cmd);
-  EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find("rank 1 (pid"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("creat " + path("r1.txt")), std::string::npos) << r.out;
+  const CommandResult r = run_binary(cmd);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("creat " + path("r1.txt")), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -10,16 +10,10 @@
 #include "properties/scenario.hpp"
 #include "reference/bound.hpp"
 #include "src/engine.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
-
-Batch first_examples(const ModelConfig& m, std::int64_t size, std::uint64_t seed) {
-  const SyntheticDataset data(size, m, seed);
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(size));
-  for (std::int64_t i = 0; i < size; ++i) idx[static_cast<std::size_t>(i)] = i;
-  return data.gather(idx);
-}
 
 std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 

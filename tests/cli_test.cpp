@@ -1,62 +1,30 @@
 // The dpcheck command end to end: help everywhere, exit status 0 / 1 / 2, reports that are written
 // whole or not at all, and one clear line for bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "properties/mutants.hpp"
 #include "src/npy.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Outcome run(const std::string& args) {
-  const std::string cmd = std::string(DPCHECK_BINARY) + " " + args + " 2>&1";
-  Outcome r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+// The dpcheck binary with `args`.
+CommandResult run(const std::string& args) { return run_command(std::string(DPCHECK_BINARY) + " " + args); }
 
 class Cli : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dpcheck_cli_test_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  const ScratchDir dir_;
 };
-
-std::string read(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 int lines(const std::string& s) {
   int n = 0;
@@ -66,27 +34,27 @@ int lines(const std::string& s) {
 
 TEST_F(Cli, HelpForEverySubcommand) {
   for (const std::string sub : {"", "verify", "grad", "train", "bench", "bench allreduce"}) {
-    const Outcome r = run(sub + " --help");
-    EXPECT_EQ(r.status, 0) << sub << "\n" << r.out;
-    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+    const CommandResult r = run(sub + " --help");
+    EXPECT_EQ(r.status, 0) << sub << "\n" << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << sub;
   }
-  EXPECT_NE(run("verify --help").out.find("--mutant"), std::string::npos);
-  EXPECT_NE(run("train --help").out.find("--accumulate"), std::string::npos);
+  EXPECT_NE(run("verify --help").output.find("--mutant"), std::string::npos);
+  EXPECT_NE(run("train --help").output.find("--accumulate"), std::string::npos);
 }
 
 TEST_F(Cli, ListMutantsPrintsOneNameALine) {
-  const Outcome r = run("verify --list-mutants");
+  const CommandResult r = run("verify --list-mutants");
   EXPECT_EQ(r.status, 0);
   std::string expected;
   for (const MutantInfo& m : mutants()) expected += std::string(m.name) + "\n";
-  EXPECT_EQ(r.out, expected);
+  EXPECT_EQ(r.output, expected);
 }
 
 TEST_F(Cli, VerifyPassesAndWritesReports) {
-  const Outcome r = run("verify --cases 10 --report " + path("r.json") + " --junit " + path("j.xml"));
-  ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("all properties passed"), std::string::npos);
-  const nlohmann::json j = nlohmann::json::parse(read(path("r.json")));
+  const CommandResult r = run("verify --cases 10 --report " + path("r.json") + " --junit " + path("j.xml"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("all properties passed"), std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
   EXPECT_TRUE(j["passed"].get<bool>());
   ASSERT_EQ(j["properties"].size(), 7u);
   for (const auto& p : j["properties"]) {
@@ -96,23 +64,23 @@ TEST_F(Cli, VerifyPassesAndWritesReports) {
     EXPECT_TRUE(p.contains("max_error_ratio"));
     EXPECT_TRUE(p["counterexample"].is_null());
   }
-  const std::string xml = read(path("j.xml"));
+  const std::string xml = read_file(path("j.xml"));
   EXPECT_NE(xml.find("tests=\"7\" failures=\"0\""), std::string::npos) << xml;
 }
 
 TEST_F(Cli, VerifyWithAMutantExitsOneWithAReplayableCounterexample) {
-  const Outcome r = run("verify --mutant sampler-off-by-one --property sampler_shards_disjoint --report " + path("r.json"));
-  ASSERT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find("minimal case"), std::string::npos);
-  const nlohmann::json j = nlohmann::json::parse(read(path("r.json")));
+  const CommandResult r = run("verify --mutant sampler-off-by-one --property sampler_shards_disjoint --report " + path("r.json"));
+  ASSERT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("minimal case"), std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
   EXPECT_FALSE(j["passed"].get<bool>());
   const auto& p = j["properties"][0];
   EXPECT_FALSE(p["counterexample"].get<std::string>().empty());
   const std::string replay = p["reproduce"].get<std::string>();
   ASSERT_EQ(replay.rfind("dpcheck verify ", 0), 0u) << replay;
-  const Outcome again = run(replay.substr(std::string("dpcheck ").size()));
-  EXPECT_EQ(again.status, 1) << again.out;
-  EXPECT_NE(again.out.find(p["counterexample"].get<std::string>()), std::string::npos) << again.out;
+  const CommandResult again = run(replay.substr(std::string("dpcheck ").size()));
+  EXPECT_EQ(again.status, 1) << again.output;
+  EXPECT_NE(again.output.find(p["counterexample"].get<std::string>()), std::string::npos) << again.output;
 }
 
 TEST_F(Cli, BadInputIsOneLineAndExitTwoAndWritesNothing) {
@@ -141,11 +109,11 @@ TEST_F(Cli, BadInputIsOneLineAndExitTwoAndWritesNothing) {
       {"nosuchcommand", "nosuchcommand"},
   };
   for (const auto& [args, word] : cases) {
-    const Outcome o = run(args);
-    EXPECT_EQ(o.status, 2) << args << "\n" << o.out;
-    EXPECT_EQ(lines(o.out), 1) << args << "\n" << o.out;
-    EXPECT_EQ(o.out.rfind("dpcheck: error: ", 0), 0u) << args << "\n" << o.out;
-    EXPECT_NE(o.out.find(word), std::string::npos) << args << "\n" << o.out;
+    const CommandResult o = run(args);
+    EXPECT_EQ(o.status, 2) << args << "\n" << o.output;
+    EXPECT_EQ(lines(o.output), 1) << args << "\n" << o.output;
+    EXPECT_EQ(o.output.rfind("dpcheck: error: ", 0), 0u) << args << "\n" << o.output;
+    EXPECT_NE(o.output.find(word), std::string::npos) << args << "\n" << o.output;
     EXPECT_FALSE(fs::exists(report)) << args;
   }
   EXPECT_FALSE(fs::exists(path("missing")));
@@ -159,16 +127,16 @@ TEST_F(Cli, GradRejectsNpyOfTheWrongDtypeOrShape) {
   write_npy(path("y.npy"), y_shape, std::vector<float>(8, 0.25f));
   EXPECT_EQ(run("grad --model 4,1 --x " + path("x.npy") + " --y " + path("y.npy") + " --world-size 2").status, 0);
   for (const std::string& x : {path("x3.npy"), path("xi.npy")}) {
-    const Outcome r = run("grad --model 4,1 --x " + x + " --y " + path("y.npy") + " --world-size 2");
-    EXPECT_EQ(r.status, 2) << r.out;
-    EXPECT_NE(r.out.find(x), std::string::npos) << r.out;  // names the file
+    const CommandResult r = run("grad --model 4,1 --x " + x + " --y " + path("y.npy") + " --world-size 2");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(x), std::string::npos) << r.output;  // names the file
   }
 }
 
 TEST_F(Cli, GradJsonHoldsTheExperiment) {
-  const Outcome r = run("grad --model 4,3,1 --batch 256 --world-size 4 --json");
-  ASSERT_EQ(r.status, 0) << r.out;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const CommandResult r = run("grad --model 4,3,1 --batch 256 --world-size 4 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
   const std::size_t n = 4 * 3 + 3 + 3 + 1;
   ASSERT_EQ(j["shares"].size(), 4u);
   for (const auto& s : j["shares"]) EXPECT_EQ(s.size(), n);
@@ -187,15 +155,15 @@ TEST_F(Cli, GradJsonHoldsTheExperiment) {
 }
 
 TEST_F(Cli, TrainStopsAtTheFirstDesyncWithTheLocatedDifference) {
-  const Outcome ok = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam");
-  EXPECT_EQ(ok.status, 0) << ok.out;
-  EXPECT_EQ(ok.out.find("differ"), std::string::npos);
-  const Outcome bad = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam --mutant optimizer-rank-perturb");
-  EXPECT_EQ(bad.status, 1) << bad.out;
-  EXPECT_NE(bad.out.find("replicas differ after step 0"), std::string::npos) << bad.out;
-  EXPECT_NE(bad.out.find("rank 2"), std::string::npos);
-  EXPECT_NE(bad.out.find("minority"), std::string::npos);
-  EXPECT_EQ(bad.out.find("step    1"), std::string::npos);  // stopped at the first desync
+  const CommandResult ok = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_EQ(ok.output.find("differ"), std::string::npos);
+  const CommandResult bad = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam --mutant optimizer-rank-perturb");
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("replicas differ after step 0"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("rank 2"), std::string::npos);
+  EXPECT_NE(bad.output.find("minority"), std::string::npos);
+  EXPECT_EQ(bad.output.find("step    1"), std::string::npos);  // stopped at the first desync
 }
 
 }  // namespace

@@ -5,10 +5,8 @@
 #include "src/data.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -19,6 +17,7 @@
 
 #include "src/error.hpp"
 #include "src/npy.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
@@ -84,10 +83,7 @@ TEST(SyntheticData, ExampleDependsOnlyOnSeedAndIndex) {
 
 TEST(SyntheticData, InputsAndTargetsInHalfOpenUnitIntervalLabelsInRange) {
   const std::int64_t n = 2000;
-  std::vector<std::int64_t> all(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
-
-  const Batch reg = SyntheticDataset(n, model_of({4, 3}, Loss::mse), 11).gather(all);
+  const Batch reg = first_examples(model_of({4, 3}, Loss::mse), n, 11);
   ASSERT_EQ(reg.x.size(), static_cast<std::size_t>(n) * 4);
   ASSERT_EQ(reg.y.size(), static_cast<std::size_t>(n) * 3);
   EXPECT_TRUE(reg.labels.empty());
@@ -105,7 +101,7 @@ TEST(SyntheticData, InputsAndTargetsInHalfOpenUnitIntervalLabelsInRange) {
   EXPECT_GT(hi, 0.99f);
 
   const int classes = 5;
-  const Batch cls = SyntheticDataset(n, model_of({4, classes}, Loss::cross_entropy), 11).gather(all);
+  const Batch cls = first_examples(model_of({4, classes}, Loss::cross_entropy), n, 11);
   ASSERT_EQ(cls.labels.size(), static_cast<std::size_t>(n));
   EXPECT_TRUE(cls.y.empty());
   std::vector<int> count(classes, 0);
@@ -204,30 +200,8 @@ TEST(BatchSlices, ConcatRejectsMismatchedShapes) {
 
 // ---- ArrayDataset::load ---------------------------------------------------------------------------
 
-// A fresh directory under the system's temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("dpcheck-data-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
-
 template <class T>
-fs::path write_fixture(const TempDir& dir, const std::string& name, std::vector<std::int64_t> shape,
+fs::path write_fixture(const ScratchDir& dir, const std::string& name, std::vector<std::int64_t> shape,
                        const std::vector<T>& data) {
   const fs::path p = dir / name;
   write_npy(p, std::span<const std::int64_t>(shape), std::span<const T>(data));
@@ -245,7 +219,7 @@ void expect_load_error(const fs::path& x, const fs::path& y, const ModelConfig& 
 }
 
 TEST(ArrayDataLoad, Float32InputsAndMseTargets) {
-  const TempDir dir;
+  const ScratchDir dir;
   const std::vector<float> x{1, 2, 3, 4, 5, 6};  // 3 examples x 2 inputs
   const std::vector<float> y{0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f};
   const ModelConfig m = model_of({2, 4, 2}, Loss::mse);
@@ -261,7 +235,7 @@ TEST(ArrayDataLoad, Float32InputsAndMseTargets) {
 }
 
 TEST(ArrayDataLoad, Float64IsRoundedToFloatOnce) {
-  const TempDir dir;
+  const ScratchDir dir;
   // 1 + 2^-24 + 2^-50 lies just above the midpoint of 1 and 1 + 2^-23: rounded once it is 1 + 2^-23,
   // where a second rounding through a narrower intermediate would give 1.
   const std::vector<double> x{0.1, 1.0 / 3.0, 1.0 + 0x1p-24 + 0x1p-50, -2.5e-30};
@@ -277,7 +251,7 @@ TEST(ArrayDataLoad, Float64IsRoundedToFloatOnce) {
 }
 
 TEST(ArrayDataLoad, MseTargetsOfShapeBWhenOneOutput) {
-  const TempDir dir;
+  const ScratchDir dir;
   const ModelConfig m = model_of({1, 1}, Loss::mse);
   const ArrayDataset d = ArrayDataset::load(write_fixture(dir, "x.npy", {3, 1}, std::vector<float>{1, 2, 3}),
                                             write_fixture(dir, "y.npy", {3}, std::vector<float>{7, 8, 9}), m);
@@ -285,7 +259,7 @@ TEST(ArrayDataLoad, MseTargetsOfShapeBWhenOneOutput) {
 }
 
 TEST(ArrayDataLoad, CrossEntropyInt64Labels) {
-  const TempDir dir;
+  const ScratchDir dir;
   const ModelConfig m = model_of({2, 3}, Loss::cross_entropy);
   const ArrayDataset d =
       ArrayDataset::load(write_fixture(dir, "x.npy", {4, 2}, std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}),
@@ -297,7 +271,7 @@ TEST(ArrayDataLoad, CrossEntropyInt64Labels) {
 }
 
 TEST(ArrayDataLoad, RejectsInt64Inputs) {
-  const TempDir dir;
+  const ScratchDir dir;
   const ModelConfig m = model_of({2, 1}, Loss::mse);
   const fs::path x = write_fixture(dir, "x.npy", {2, 2}, std::vector<std::int64_t>{1, 2, 3, 4});
   const fs::path y = write_fixture(dir, "y.npy", {2}, std::vector<float>{1, 2});
@@ -305,7 +279,7 @@ TEST(ArrayDataLoad, RejectsInt64Inputs) {
 }
 
 TEST(ArrayDataLoad, RejectsWrongInputWidthOrRank) {
-  const TempDir dir;
+  const ScratchDir dir;
   const ModelConfig m = model_of({3, 1}, Loss::mse);
   const fs::path y = write_fixture(dir, "y.npy", {2}, std::vector<float>{1, 2});
   const fs::path wide = write_fixture(dir, "wide.npy", {2, 2}, std::vector<float>{1, 2, 3, 4});
@@ -315,7 +289,7 @@ TEST(ArrayDataLoad, RejectsWrongInputWidthOrRank) {
 }
 
 TEST(ArrayDataLoad, RejectsTargetsOfWrongShapeOrType) {
-  const TempDir dir;
+  const ScratchDir dir;
   const ModelConfig m = model_of({2, 2}, Loss::mse);
   const fs::path x = write_fixture(dir, "x.npy", {3, 2}, std::vector<float>{1, 2, 3, 4, 5, 6});
   const fs::path rows = write_fixture(dir, "rows.npy", {2, 2}, std::vector<float>{1, 2, 3, 4});
@@ -330,7 +304,7 @@ TEST(ArrayDataLoad, RejectsTargetsOfWrongShapeOrType) {
 }
 
 TEST(ArrayDataLoad, RejectsFloatOrOutOfRangeLabels) {
-  const TempDir dir;
+  const ScratchDir dir;
   const ModelConfig m = model_of({1, 3}, Loss::cross_entropy);
   const fs::path x = write_fixture(dir, "x.npy", {2, 1}, std::vector<float>{1, 2});
   const fs::path floats = write_fixture(dir, "floats.npy", {2}, std::vector<float>{0, 1});
@@ -346,7 +320,7 @@ TEST(ArrayDataLoad, RejectsFloatOrOutOfRangeLabels) {
 }
 
 TEST(ArrayDataLoad, MissingFileNamesIt) {
-  const TempDir dir;
+  const ScratchDir dir;
   const ModelConfig m = model_of({1, 1}, Loss::mse);
   const fs::path x = write_fixture(dir, "x.npy", {1, 1}, std::vector<float>{1});
   const fs::path y = write_fixture(dir, "y.npy", {1}, std::vector<float>{1});

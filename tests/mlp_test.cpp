@@ -6,16 +6,10 @@
 
 #include "reference/mlp.hpp"
 #include "src/rng.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
-
-Batch make_batch(const ModelConfig& m, std::int64_t size, std::uint64_t seed) {
-  const SyntheticDataset data(size, m, seed);
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(size));
-  for (std::int64_t i = 0; i < size; ++i) idx[static_cast<std::size_t>(i)] = i;
-  return data.gather(idx);
-}
 
 TEST(ReferenceMlp, LinearMseMatchesClosedForm) {
   // z = w0 x0 + w1 x1 + b, L = mean (z - y)^2, dL/dw_j = 2/B sum (z - y) x_j, dL/db = 2/B sum (z - y).
@@ -70,7 +64,7 @@ TEST(ReferenceMlp, CrossEntropyOutputBiasGradientSumsToZero) {
   // sum_j (softmax_j - onehot_j) = 0 for every example, so the output bias gradient sums to 0.
   ModelConfig m{{5, 7, 4}, Activation::tanh, Loss::cross_entropy};
   const auto params = init_params(m, 3);
-  const auto g = reference::loss_and_gradient<double>(m, params, make_batch(m, 17, 3));
+  const auto g = reference::loss_and_gradient<double>(m, params, first_examples(m, 17, 3));
   const ParamLayout layout(m);
   double sum = 0, magnitude = 0;
   for (std::size_t i = 0; i < layout.bias(1).size(); ++i) {
@@ -94,7 +88,7 @@ TEST_P(ReferenceFiniteDifferences, GradientMatchesDerivativeOfLoss) {
     ModelConfig m{{4, 6, 5, 3}, act, loss};
     m.dims[0] = 1 + static_cast<int>(seed % 4);
     std::vector<float> params = init_params(m, seed);
-    const Batch b = make_batch(m, 9, seed);
+    const Batch b = first_examples(m, 9, seed);
     const auto g = reference::loss_and_gradient<double>(m, params, b);
     const ParamLayout layout(m);
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -118,7 +112,7 @@ INSTANTIATE_TEST_SUITE_P(AllActivationsAndLosses, ReferenceFiniteDifferences,
 TEST(ReferenceMlp, Float32InstantiationIsCloseToFloat64) {
   ModelConfig m{{8, 16, 4}, Activation::tanh, Loss::cross_entropy};
   const auto params = init_params(m, 5);
-  const Batch b = make_batch(m, 64, 5);
+  const Batch b = first_examples(m, 64, 5);
   const auto g64 = reference::loss_and_gradient<double>(m, params, b);
   const auto g32 = reference::loss_and_gradient<float>(m, params, b);
   double worst = 0, scale = 0;

@@ -4,7 +4,6 @@
 #include "src/npy.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <limits>
 #include <ostream>
 #include <span>
@@ -25,6 +23,7 @@
 #include <vector>
 
 #include "src/error.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
@@ -200,25 +199,10 @@ std::string message_of(F&& f) {
 // checked by listing it.
 class NpyTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dpcheck_npy_test.XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(dir_, ec);
-  }
-
   fs::path put(const std::string& name, const std::string& contents) const {
     const fs::path p = dir_ / name;
     std::ofstream(p, std::ios::binary) << contents;
     return p;
-  }
-  static std::string slurp(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
@@ -236,7 +220,8 @@ class NpyTest : public ::testing::Test {
         << "message lacks \"" << problem << "\": " << msg;
   }
 
-  fs::path dir_;
+  const ScratchDir scratch_;
+  const fs::path dir_ = scratch_.path();
 };
 
 // ---- NumPy's own files parse --------------------------------------------------------------------
@@ -305,22 +290,22 @@ TEST_F(NpyTest, WritesTheSameBytesAsNumpy) {
   const fs::path p = dir_ / "a.npy";
   const std::vector<float> f = iota_f32(6);
   write_npy(p, std::vector<std::int64_t>{2, 3}, std::span<const float>(f));
-  EXPECT_EQ(slurp(p), bytes_of(kNumpyF32_2x3));
+  EXPECT_EQ(read_file(p), bytes_of(kNumpyF32_2x3));
 
   const double scalar = -2.5;
   write_npy(p, std::span<const std::int64_t>{}, std::span<const double>(&scalar, 1));
-  EXPECT_EQ(slurp(p), bytes_of(kNumpyF64Scalar));
+  EXPECT_EQ(read_file(p), bytes_of(kNumpyF64Scalar));
 
   const std::vector<std::int64_t> ints{-2, -1, 0, 1, 2};
   write_npy(p, std::vector<std::int64_t>{5}, std::span<const std::int64_t>(ints));
-  EXPECT_EQ(slurp(p), bytes_of(kNumpyI64_5));
+  EXPECT_EQ(read_file(p), bytes_of(kNumpyI64_5));
 
   write_npy(p, std::vector<std::int64_t>{0, 4}, std::span<const float>{});
-  EXPECT_EQ(slurp(p), bytes_of(kNumpyF32_0x4));
+  EXPECT_EQ(read_file(p), bytes_of(kNumpyF32_0x4));
 
   const double half = 0.5;
   write_npy(p, std::vector<std::int64_t>(15, 1), std::span<const double>(&half, 1));
-  EXPECT_EQ(slurp(p), bytes_of(kNumpyF64Ones15));
+  EXPECT_EQ(read_file(p), bytes_of(kNumpyF64Ones15));
 }
 
 // The data must start on a 64-byte boundary whatever the header's length. The shapes below make the
@@ -342,7 +327,7 @@ TEST_F(NpyTest, DataOffsetIsAMultipleOf64ForEveryHeaderLength) {
       left -= chars;
     }
     write_npy(p, DType::f32, shape, nullptr);
-    const std::string file = slurp(p);
+    const std::string file = read_file(p);
     ASSERT_GE(file.size(), 10u);
     const std::size_t header_len = static_cast<unsigned char>(file[8]) |
                                    static_cast<std::size_t>(static_cast<unsigned char>(file[9]))
@@ -367,7 +352,7 @@ TEST_F(NpyTest, HeaderTooLongForVersion1IsWrittenAsVersion2) {
   const std::vector<std::int64_t> shape(30000, 1);
   const float one = 1.0f;
   write_npy(p, shape, std::span<const float>(&one, 1));
-  const std::string file = slurp(p);
+  const std::string file = read_file(p);
   ASSERT_GE(file.size(), 12u);
   EXPECT_EQ(file[6], '\x02');
   EXPECT_EQ((file.size() - 4) % 64, 0u);

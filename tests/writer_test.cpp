@@ -19,6 +19,7 @@
 #include "src/error.hpp"
 #include "src/local_comm.hpp"
 #include "src/writer.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
@@ -27,14 +28,8 @@ namespace fs = std::filesystem;
 
 class Writer : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dpcheck_writer_test_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  const ScratchDir scratch_;
+  const fs::path dir_ = scratch_.path();
 };
 
 TrainConfig small_config(OptimizerKind kind) {
@@ -169,7 +164,9 @@ TEST_F(Writer, KilledWhileCheckpointingLeavesOnlyWholeCheckpoints) {
   const std::string dpcheck = DPCHECK_BINARY;
   const std::string flags = "train --model 64,128,64 --batch 16 --steps 30 --optimizer adam --seed 5 --checkpoint-every 1";
   const fs::path truth = dir_ / "truth";
-  ASSERT_EQ(std::system((dpcheck + " " + flags + " --keep 100 --checkpoint-dir " + truth.string() + " > /dev/null").c_str()), 0);
+  const CommandResult uninterrupted =
+      run_command(dpcheck + " " + flags + " --keep 100 --checkpoint-dir " + truth.string());
+  ASSERT_EQ(uninterrupted.status, 0) << uninterrupted.output;
   const ModelConfig model{{64, 128, 64}, Activation::relu, Loss::mse};
   std::map<std::int64_t, Checkpoint> expected;
   for (int s = 1; s <= 30; ++s) {

@@ -1,0 +1,95 @@
+// Helpers that several test files share: the first examples of a synthetic data set as one batch, a
+// shell command run with its output and exit status, a fresh directory per test, and a whole file read
+// into a string. Header-only; every test executable includes what it uses.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "src/data.hpp"
+
+namespace dpcheck {
+
+// Examples 0 .. n-1 of the synthetic data set of n examples for `model` drawn with `seed`.
+inline Batch first_examples(const ModelConfig& model, std::int64_t n, std::uint64_t seed) {
+  const SyntheticDataset data(n, model, seed);
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = i;
+  return data.gather(idx);
+}
+
+struct CommandResult {
+  int status = -1;     // the exit status; -1 when the shell could not be started or was killed by a signal
+  std::string output;  // stdout and stderr together
+  double seconds = 0;  // wall time
+};
+
+// Runs `cmd` through the shell. With a limit, `timeout -s KILL` ends it after `limit_s` seconds (status
+// 137), so that a hang fails the test instead of stalling the suite.
+inline CommandResult run_command(const std::string& cmd, int limit_s = 0) {
+  CommandResult r;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string guard = limit_s > 0 ? "timeout -s KILL " + std::to_string(limit_s) + " " : std::string();
+  const std::string full = guard + cmd + " 2>&1";
+  FILE* p = ::popen(full.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+// The whole file, byte for byte; empty if it cannot be opened.
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A fresh, empty directory <tmp>/dpcheck_<suite>_<test>_<pid> for the running test, removed with
+// everything in it (write permission restored first) when it goes out of scope. Create it while a test
+// runs: in the test body, a fixture's constructor or SetUp. The path is canonical, since the kernel
+// reports paths without symbolic links.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const testing::TestInfo* t = testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = "dpcheck_";
+    name += t != nullptr ? std::string(t->test_suite_name()) + "_" + t->name() : std::string("no_test");
+    name += "_" + std::to_string(::getpid());
+    for (char& c : name)
+      if (c == '/') c = '_';  // parameterized suites and tests carry a '/'
+    path_ = std::filesystem::temp_directory_path() / name;
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+    path_ = std::filesystem::canonical(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::permissions(path_, std::filesystem::perms::owner_all, std::filesystem::perm_options::add, ec);
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace dpcheck
