@@ -13,7 +13,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 11> kMutants{{
+constexpr std::array<MutantInfo, 13> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -35,6 +35,11 @@ constexpr std::array<MutantInfo, 11> kMutants{{
      "every rank but 0 fopen()s a log file of its own, bypassing the writer"},
     {"resume-skips-optimizer-state", "checkpoint_resume_bitwise",
      "resuming restores the parameters and the step but starts the optimizer state afresh"},
+    {"bias-grad-atomic", "checkpoint_resume_bitwise",
+     "the bias-gradient kernel adds with atomicAdd, so the order -- and the last bits -- change from run to run",
+     "cuda"},
+    {"bias-grad-skip-tail", "gradient_average_matches_whole_batch",
+     "the bias-gradient kernel never writes the last column when the width is not a multiple of its tile", "cuda"},
 }};
 
 // Forwards every call; mutants override the one they break.
@@ -56,6 +61,10 @@ class ForwardingCommunicator : public Communicator {
   }
   void barrier() override { inner_.barrier(); }
   Communicator& host() override { return inner_.host(); }
+  bool shares_address_space() const override { return inner_.shares_address_space(); }
+  void set_stream(void* stream) override { inner_.set_stream(stream); }
+  void to_host(const void* src, void* dst, std::size_t bytes) override { inner_.to_host(src, dst, bytes); }
+  void from_host(const void* src, void* dst, std::size_t bytes) override { inner_.from_host(src, dst, bytes); }
   void set_timeout(std::chrono::milliseconds t) override {
     Communicator::set_timeout(t);
     inner_.set_timeout(t);
@@ -86,16 +95,20 @@ class RankOrderSum final : public ForwardingCommunicator {
   }
 
  private:
+  // Works on host copies (staged from and back to the device for GPU backends), gathered through the
+  // host communicator.
   template <class T>
   void reduce_from_own_rank(T* buf, std::size_t count, ReduceOp op) {
     const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
-    std::vector<T> all(count * n);
-    inner_.allgather(buf, all.data(), count, dtype_of<T>());
+    std::vector<T> mine(count), all(count * n);
+    inner_.to_host(buf, mine.data(), count * sizeof(T));
+    inner_.host().allgather(mine.data(), all.data(), count, dtype_of<T>());
     for (std::size_t i = 0; i < count; ++i) {
       T acc = all[me * count + i];
       for (std::size_t k = 1; k < n; ++k) acc += all[((me + k) % n) * count + i];
-      buf[i] = op == ReduceOp::avg ? acc / static_cast<T>(n) : acc;
+      mine[i] = op == ReduceOp::avg ? acc / static_cast<T>(n) : acc;
     }
+    inner_.from_host(mine.data(), buf, count * sizeof(T));
   }
 };
 

@@ -20,6 +20,7 @@ struct MutantInfo {
   std::string_view name;
   std::string_view caught_by;  // the property aimed at it
   std::string_view bug;        // what is broken
+  std::string_view engine = {};  // the engine whose part it breaks, when only one has it ("cuda")
 };
 
 std::span<const MutantInfo> mutants();

@@ -230,12 +230,13 @@ GradientOutcome check_sharded_gradient(const Scenario& s, const Target& target) 
 
   const Batch whole = data.gather(whole_indices);
   const std::vector<float> params = init_params(c.model, c.seed);
-  const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole);
+  const reference::BoundOptions options = bound_options(target);
+  const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
   const ParamLayout layout(c.model);
   GradientOutcome o;
   o.uncertain_units = bound.uncertain_units;
 
-  const std::int64_t m_sharded = reference::sharded_roundings(largest_micro, c.accumulate, s.world_size);
+  const std::int64_t m_sharded = reference::sharded_roundings(largest_micro, c.accumulate, s.world_size, options);
   const reference::Comparison sharded = reference::compare(averaged, bound, m_sharded);
   o.sharded_ratio = sharded.max_ratio;
 
@@ -246,7 +247,7 @@ GradientOutcome check_sharded_gradient(const Scenario& s, const Target& target) 
   std::vector<float> g(engine->param_count());
   engine->forward_backward(whole, 1.0f, false);
   engine->store_grads(g);
-  const std::int64_t m_whole = reference::whole_batch_roundings(whole.size);
+  const std::int64_t m_whole = reference::whole_batch_roundings(whole.size, options);
   const reference::Comparison whole_cmp = reference::compare(g, bound, m_whole);
   o.whole_ratio = whole_cmp.max_ratio;
   if (share0 > 0) {

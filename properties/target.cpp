@@ -4,19 +4,42 @@
 #include "src/error.hpp"
 #include "src/local_comm.hpp"
 
+#include "src/cuda_plugin.hpp"
+
+#include <cstdlib>
+
+#include <algorithm>
+#include <vector>
+
 namespace dpcheck {
 
 std::string Target::describe() const {
-  return "engine " + engine + ", comm " + comm + ", mutant " + (mutant.empty() ? "none" : mutant);
+  return "engine " + engine + (tf32 ? " (tf32)" : "") + ", comm " + comm + ", mutant " + (mutant.empty() ? "none" : mutant);
 }
 
 void validate_target(const Target& target) {
-  if (target.engine != "cpu")
-    throw UsageError("unknown engine '" + target.engine + "' (this build has: cpu)");
-  if (target.comm != "local" && !(target.comm == "mpi" && target.process_world))
-    throw UsageError("unknown communicator '" + target.comm + "' (this build has: local)");
+  const bool cpu = target.engine == "cpu", gpu = target.engine == "cuda";
+  if (!cpu && !gpu) throw UsageError("unknown engine '" + target.engine + "' (choose cpu or cuda)");
+  const std::vector<std::string> comms = cpu ? std::vector<std::string>{"local", "mpi"}
+                                             : std::vector<std::string>{"cuda-local", "nccl"};
+  if (std::find(comms.begin(), comms.end(), target.comm) == comms.end())
+    throw UsageError("engine " + target.engine + " runs with --comm " + comms[0] + " or " + comms[1] + ", not '" +
+                     target.comm + "'");
+  if (target.comm == "mpi" && !target.process_world)
+    throw UsageError("--comm mpi runs one process per rank: start it with a launcher, e.g. mpirun -np 4 dpcheck ...");
+  if (target.tf32 && !gpu) throw UsageError("--tf32 is for the cuda engine's matrix products");
   require_known_mutant(target.mutant);
+  if (const MutantInfo* m = find_mutant(target.mutant); m && !m->engine.empty() && m->engine != target.engine)
+    throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m->engine) + " engine: add --engine " +
+                     std::string(m->engine));
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
+  if (gpu) require_cuda();
+}
+
+reference::BoundOptions bound_options(const Target& target) {
+  reference::BoundOptions o;
+  if (target.tf32) o.unit_roundoff = 0x1p-11;  // TF32 keeps 10 explicit mantissa bits
+  return o;
 }
 
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
@@ -29,21 +52,42 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
       throw Error("a scenario asked for " + std::to_string(world_size) + " ranks but the launcher started " +
                   std::to_string(target.process_world->size()));
     target.process_world->set_timeout(target.timeout);
+    if (target.comm == "nccl") {
+      // One GPU per process: the launcher's local rank picks it.
+      const cuda::Plugin& gpu = require_cuda();
+      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+      const int devices = gpu.device_count();
+      const int device = (local ? std::atoi(local) : target.process_world->rank()) % (devices > 0 ? devices : 1);
+      const std::unique_ptr<Communicator> nccl = gpu.make_nccl_communicator(*target.process_world, device);
+      with_mutant(*nccl);
+      return;
+    }
     with_mutant(*target.process_world);
     return;
   }
+  if (target.comm == "cuda-local") return require_cuda().run_cuda_local(world_size, with_mutant, target.timeout);
+  if (target.comm == "nccl") return require_cuda().run_nccl_threads(world_size, with_mutant, target.timeout);
   run_local(world_size, with_mutant, target.timeout);
 }
 
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model) {
   if (target.engine == "cpu") return make_cpu_engine(model);
+  if (target.engine == "cuda") {
+    cuda::EngineOptions options;
+    options.tf32 = target.tf32;
+    // The GPU mutants swap in a broken bias-gradient kernel (kernels/bias_grad.cu).
+    if (target.mutant == "bias-grad-atomic") options.bias_grad = cuda::BiasGradKernel::atomic;
+    if (target.mutant == "bias-grad-skip-tail") options.bias_grad = cuda::BiasGradKernel::skip_tail;
+    return require_cuda().make_engine(model, options);
+  }
   throw UsageError("unknown engine '" + target.engine + "'");
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
-                                          int rank, int world_size) {
+                                          int rank, int world_size, void* stream) {
   const OptimizerConfig c = mutant_optimizer_config(target.mutant, config, rank, world_size);
   if (target.engine == "cpu") return make_cpu_optimizer(c, size);
+  if (target.engine == "cuda") return require_cuda().make_optimizer(c, size, stream);
   throw UsageError("unknown engine '" + target.engine + "'");
 }
 
@@ -66,7 +110,9 @@ RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, C
   config.validate(world);
   r.engine = make_engine(target, config.model);
   r.engine->load_params(init_params(config.model, config.seed));
-  r.optimizer = make_optimizer(target, config.optimizer_for(world), r.engine->param_count(), comm.rank(), world);
+  comm.set_stream(r.engine->stream());
+  r.optimizer = make_optimizer(target, config.optimizer_for(world), r.engine->param_count(), comm.rank(), world,
+                               r.engine->stream());
   r.sampler = make_sampler(target, config.sampler(world));
   r.trainer = mutant_trainer(target.mutant, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
   if (!r.trainer) r.trainer = std::make_unique<Trainer>(config, comm, *r.engine, *r.optimizer, *r.sampler, data);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "reference/bound.hpp"
 #include "src/comm.hpp"
 #include "src/engine.hpp"
 #include "src/optimizer.hpp"
@@ -22,6 +23,7 @@ struct Target {
   std::string comm = "local";  // local | mpi | cuda-local | nccl
   std::string mutant;          // empty: the correct implementation
   int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
+  bool tf32 = false;           // cuda engine: TF32 matrix products
   std::chrono::milliseconds timeout = Communicator::default_timeout;
   // Process backends: this process's communicator over all ranks; each case runs on every process.
   Communicator* process_world = nullptr;
@@ -29,8 +31,12 @@ struct Target {
   std::string describe() const;  // "engine cpu, comm local, mutant none"
 };
 
-// Checks that the engine, backend and mutant names are known; UsageError otherwise.
+// Checks that the engine, backend and mutant names are known and go together, and that a GPU engine
+// has a device; UsageError otherwise ("no CUDA device: <the runtime's reason>").
 void validate_target(const Target& target);
+
+// The unit roundoff and error model of the target's float path, for the derived bound.
+reference::BoundOptions bound_options(const Target& target);
 
 // Runs fn once for every rank of a world of world_size ranks: as threads for "local", or on this
 // process's rank alone for a process backend (whose size must equal world_size). The communicator fn
@@ -38,8 +44,9 @@ void validate_target(const Target& target);
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn);
 
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model);
+// The optimizer queues its work on the engine's stream (nullptr on the CPU).
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
-                                          int rank, int world_size);
+                                          int rank, int world_size, void* stream = nullptr);
 std::unique_ptr<DistributedSampler> make_sampler(const Target& target, const SamplerConfig& config);
 
 // The parts of one rank's trainer, owned together.

@@ -49,7 +49,8 @@ void save_params_dir(const std::string& dir, const ModelConfig& model, std::span
 
 int resolve_world(Target& target, int requested, bool given) {
   Communicator* world = process_world();
-  if (target.comm == "mpi") {
+  // nccl runs one process per GPU under a launcher, or ranks as threads of one process without one.
+  if (target.comm == "mpi" || (target.comm == "nccl" && world)) {
     if (!world)
       throw UsageError("--comm mpi runs one process per rank: start it with a launcher, e.g. mpirun -np 4 dpcheck ...");
     if (given && requested != world->size())

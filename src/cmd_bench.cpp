@@ -13,10 +13,15 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "src/bench.hpp"
+#include "src/files.hpp"
+#include "src/model.hpp"
+#include "src/cuda_plugin.hpp"
+#include "src/gpu_report.hpp"
 #include "src/commands.hpp"
 #include "src/error.hpp"
 #include "src/mpi_comm.hpp"
@@ -182,6 +187,76 @@ int run_allreduce_worker(const WorkerArgs& args) {
   return exit_ok;
 }
 
+struct StepArgs {
+  std::string models = "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1";
+  int warmup = 10;
+  int repeats = 50;
+  std::string python = "python3";
+  std::string torch_script = "ci/torch_baseline.py";
+  bool no_torch = false;
+  std::string json;
+};
+
+struct HashArgs {
+  std::string bytes = "4G";
+  int repeats = 20;
+  std::string json;
+};
+
+// "1024,4096,1024@8192:0.95;784,256,10@256" -> models with batch and goal.
+std::vector<cuda::StepModel> parse_models(const std::string& text) {
+  std::vector<cuda::StepModel> models;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ';');) {
+    const std::size_t at = item.find('@');
+    if (at == std::string::npos) throw UsageError("bad --models item '" + item + "': expected DIMS@BATCH[:GOAL]");
+    cuda::StepModel m;
+    m.dims = parse_dims(item.substr(0, at));
+    const std::string rest = item.substr(at + 1);
+    const std::size_t colon = rest.find(':');
+    try {
+      std::size_t used = 0;
+      const std::string batch = rest.substr(0, colon);
+      m.batch = std::stoi(batch, &used);
+      if (used != batch.size() || m.batch < 1) throw std::invalid_argument("batch");
+      if (colon != std::string::npos) m.goal = std::stod(rest.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw UsageError("bad --models item '" + item + "': expected DIMS@BATCH[:GOAL] with a positive batch");
+    }
+    models.push_back(m);
+  }
+  if (models.empty()) throw UsageError("--models is empty");
+  return models;
+}
+
+int run_step(const StepArgs& a) {
+  if (a.repeats < 1 || a.warmup < 0) throw UsageError("--repeats must be at least 1 and --warmup at least 0");
+  cuda::StepBenchOptions o;
+  o.models = parse_models(a.models);
+  o.warmup = a.warmup;
+  o.repeats = a.repeats;
+  o.python = a.python;
+  o.torch_script = a.torch_script;
+  o.torch = !a.no_torch;
+  if (!a.json.empty()) check_writable(a.json);
+  const std::vector<cuda::StepBenchRow> rows = require_cuda().bench_step(o);
+  cuda::print_step_table(std::cout, rows);
+  if (!a.json.empty()) write_file_atomic(a.json, cuda::step_json(rows).dump(2) + "\n");
+  bool ok = true;
+  for (const cuda::StepBenchRow& r : rows) ok &= r.same_bits;
+  return ok ? exit_ok : exit_check_failed;
+}
+
+int run_hash(const HashArgs& a) {
+  if (a.repeats < 1) throw UsageError("--repeats must be at least 1");
+  const std::size_t bytes = bench::parse_size(a.bytes);
+  if (!a.json.empty()) check_writable(a.json);
+  const cuda::HashBenchRow row = require_cuda().bench_hash(bytes, a.repeats);
+  cuda::print_hash_table(std::cout, row);
+  if (!a.json.empty()) write_file_atomic(a.json, cuda::hash_json(row).dump(2) + "\n");
+  return row.matches_reference ? exit_ok : exit_check_failed;
+}
+
 }  // namespace
 
 Runner add_bench(CLI::App& app) {
@@ -213,17 +288,36 @@ Runner add_bench(CLI::App& app) {
   worker->add_option("--sizes", wargs->sizes)->required();
   worker->add_option("--iters", wargs->iters);
   worker->add_option("--warmup", wargs->warmup);
+  CLI::App* step = bench->add_subcommand(
+      "step", "The CUDA trainer's step (forward, MSE, backward, SGD) against PyTorch's on the same GPU in the same run");
+  auto sargs = std::make_shared<StepArgs>();
+  step->add_option("--models", sargs->models, "Models as DIMS@BATCH[:GOAL], ';'-separated")->capture_default_str();
+  step->add_option("--warmup", sargs->warmup, "Untimed steps first")->capture_default_str();
+  step->add_option("--repeats", sargs->repeats, "Timed steps; the median is reported")->capture_default_str();
+  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline")->capture_default_str();
+  step->add_option("--torch-script", sargs->torch_script, "The PyTorch baseline script")->capture_default_str();
+  step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline");
+  step->add_option("--json", sargs->json, "Also write the table as JSON to this file");
+
+  CLI::App* hash = bench->add_subcommand("hash", "The replica hash's read bandwidth against a device-to-device copy's");
+  auto hargs = std::make_shared<HashArgs>();
+  hash->add_option("--bytes", hargs->bytes, "Buffer size; K, M and G are binary")->capture_default_str();
+  hash->add_option("--repeats", hargs->repeats, "Timed runs; the median is reported")->capture_default_str();
+  hash->add_option("--json", hargs->json, "Also write the table as JSON to this file");
+
   // A name that is not a benchmark is kept aside and reported as a usage error below, with the list
   // of benchmarks, instead of a generic parse error.
   bench->allow_extras();
   allreduce->allow_extras(false);
 
-  return [bench, allreduce, args, worker, wargs]() -> int {
+  return [bench, allreduce, args, worker, wargs, step, sargs, hash, hargs]() -> int {
     if (allreduce->parsed()) return run_allreduce(*args);
+    if (step->parsed()) return run_step(*sargs);
+    if (hash->parsed()) return run_hash(*hargs);
     if (worker->parsed()) return run_allreduce_worker(*wargs);
     const std::vector<std::string> extra = bench->remaining();
     if (!extra.empty())
-      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce)");
+      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce, step, hash)");
     std::cerr << bench->help();
     return exit_usage;
   };

@@ -28,6 +28,7 @@ struct TrainOptions {
   int checkpoint_every = 0;
   int keep = 2;
   bool no_shuffle = false;
+  bool tf32 = false;
   int world_size = 1;
   bool world_size_given = false;
   double timeout_s = 60;
@@ -56,6 +57,7 @@ int run_train(TrainOptions& o) {
   target.engine = o.engine;
   target.comm = o.comm;
   target.mutant = o.mutant;
+  target.tf32 = o.tf32;
   target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
   const int world = resolve_world(target, o.world_size, o.world_size_given);
   target.world_size = world;
@@ -164,8 +166,11 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--resume", o->resume, "Continue from the newest complete checkpoint in this directory");
   sub->add_option("--log", o->log, "Append one JSON line a step to this file (rank 0 only)");
   sub->add_option("--mutant", o->mutant, "Train with a deliberately broken part (see dpcheck verify --list-mutants)");
-  sub->add_option("--engine", o->engine, "Engine: cpu (default)");
-  sub->add_option("--comm", o->comm, "Communicator: local (threads, default) or mpi (under mpirun)");
+  sub->add_option("--engine", o->engine, "Engine: cpu (default) or cuda");
+  sub->add_option("--comm", o->comm,
+                  "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local or nccl "
+                  "for the cuda engine");
+  sub->add_flag("--tf32", o->tf32, "cuda engine: TF32 matrix products");
   sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
   sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");
   sub->add_option("--fault-rank", o->fault_rank, "")->group("");

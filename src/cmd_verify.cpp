@@ -222,8 +222,11 @@ Runner add_verify(CLI::App& app) {
   sub->add_option("--mutant", o->target.mutant, "Run against a deliberately broken part (see --list-mutants)");
   sub->add_option("--property", o->only, "Run only this property (repeatable)");
   sub->add_option("--reproduce", o->reproduce, "Replay the minimal case of an earlier failure (printed with it)");
-  sub->add_option("--engine", o->target.engine, "Engine: cpu (default)");
-  sub->add_option("--comm", o->target.comm, "Communicator: local (threads, default) or mpi (under mpirun)");
+  sub->add_option("--engine", o->target.engine, "Engine: cpu (default) or cuda");
+  sub->add_option("--comm", o->target.comm,
+                  "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local (replicas "
+                  "on one GPU) or nccl for the cuda engine");
+  sub->add_flag("--tf32", o->target.tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
   sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");

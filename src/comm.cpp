@@ -1,6 +1,7 @@
 #include "src/comm.hpp"
 
 #include <cstdint>
+#include <cstring>
 
 namespace dpcheck {
 
@@ -12,6 +13,14 @@ std::string_view reduce_op_name(ReduceOp op) {
     case ReduceOp::max: return "max";
   }
   return "?";
+}
+
+void Communicator::to_host(const void* src, void* dst, std::size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void Communicator::from_host(const void* src, void* dst, std::size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
 }
 
 bool Communicator::all(bool verdict) {

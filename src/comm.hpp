@@ -45,6 +45,17 @@ class Communicator {
   // (hashes, verdicts, counts) that the trainer and checks exchange. Host backends return themselves.
   virtual Communicator& host() { return *this; }
 
+  // Whether every rank's buffers are addressable from every other rank (ranks as threads of one
+  // process), so that a check may compare replicas in place instead of gathering copies.
+  virtual bool shares_address_space() const { return false; }
+
+  // Device backends queue their work on this stream (a cudaStream_t), after the engine's work.
+  virtual void set_stream(void* /*stream*/) {}
+
+  // Copies between memory_space() and the host: memcpy for host backends.
+  virtual void to_host(const void* src, void* dst, std::size_t bytes);
+  virtual void from_host(const void* src, void* dst, std::size_t bytes);
+
   std::chrono::milliseconds timeout() const { return timeout_; }
   virtual void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 

@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "src/engine.hpp"
 #include "src/error.hpp"
@@ -45,6 +46,14 @@ class CpuEngine final : public Engine {
 
   std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override {
     return hash_host(data, n, seed);
+  }
+
+  void copy_to_host(const float* src, float* dst, std::size_t n) const override { std::copy_n(src, n, dst); }
+
+  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override {
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return i;
+    return n;
   }
 
   double forward_backward(const Batch& batch, float scale, bool accumulate) override {

@@ -41,6 +41,16 @@ class Engine {
   // A 64-bit hash of n floats in memory_space(), chained from seed; equal bits give equal hashes.
   virtual std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const = 0;
 
+  // The smallest i < n whose bits differ between a and b (both in memory_space()), or n if none.
+  virtual std::size_t first_difference(const float* a, const float* b, std::size_t n) const = 0;
+
+  // Copies n floats from memory_space() to the host.
+  virtual void copy_to_host(const float* src, float* dst, std::size_t n) const = 0;
+
+  // The stream the engine's work is queued on (a cudaStream_t for GPU engines), so that communicators
+  // and optimizers order their work after it; nullptr on the CPU.
+  virtual void* stream() { return nullptr; }
+
   // Waits for queued device work; a no-op on the CPU.
   virtual void synchronize() {}
 };

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -56,6 +57,36 @@ std::string ReplicaReport::describe() const {
   return os.str();
 }
 
+namespace {
+
+// The first index of the concatenated parameters and optimizer state where some rank's bits differ from
+// rank 0's (parameters, then state), or the total size when none does. Ranks that share an address space
+// compare in place against rank 0's buffers, on the engine's device; others gather copies to the host.
+std::size_t first_differing_element(Communicator& host, Engine& engine, Optimizer& optimizer) {
+  const std::size_t n = engine.param_count(), state = optimizer.state_size(), total = n + state;
+  if (host.shares_address_space()) {
+    const std::vector<std::uint64_t> params = host.allgather_value(reinterpret_cast<std::uint64_t>(engine.params()));
+    const std::vector<std::uint64_t> states = host.allgather_value(reinterpret_cast<std::uint64_t>(optimizer.state()));
+    std::size_t mine = engine.first_difference(engine.params(), reinterpret_cast<const float*>(params[0]), n);
+    if (mine == n) mine = n + engine.first_difference(optimizer.state(), reinterpret_cast<const float*>(states[0]), state);
+    // No rank may change its buffers before every rank has compared: the gather below is that barrier.
+    const std::vector<std::uint64_t> firsts = host.allgather_value<std::uint64_t>(mine);
+    return static_cast<std::size_t>(*std::min_element(firsts.begin(), firsts.end()));
+  }
+  std::vector<float> mine(total);
+  engine.store_params(std::span<float>(mine.data(), n));
+  optimizer.store_state(std::span<float>(mine.data() + n, state));
+  const auto world = static_cast<std::size_t>(host.size());
+  std::vector<float> all(total * world);
+  host.allgather(mine.data(), all.data(), total, DType::f32);
+  for (std::size_t i = 0; i < total; ++i)
+    for (std::size_t r = 1; r < world; ++r)
+      if (std::bit_cast<std::uint32_t>(all[r * total + i]) != std::bit_cast<std::uint32_t>(all[i])) return i;
+  return total;
+}
+
+}  // namespace
+
 ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step) {
   Communicator& host = comm.host();
   ReplicaReport report;
@@ -70,49 +101,41 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
   for (std::int64_t s : report.optimizer_steps) report.synchronized &= s == report.optimizer_steps.front();
   if (report.synchronized) return report;
 
-  // Locate: gather everyone's parameters and state and scan for the first element whose bits differ.
+  // Locate the first element whose bits differ on any rank, then fetch just that element everywhere.
   const std::size_t total = n + optimizer.state_size();
-  std::vector<float> mine(total);
-  engine.store_params(std::span<float>(mine.data(), n));
-  optimizer.store_state(std::span<float>(mine.data() + n, optimizer.state_size()));
-  const auto world = static_cast<std::size_t>(host.size());
-  std::vector<float> all(total * world);
-  host.allgather(mine.data(), all.data(), total, DType::f32);
-
-  const ParamLayout layout(engine.model());
-  const auto bits = [&](std::size_t r, std::size_t i) { return std::bit_cast<std::uint32_t>(all[r * total + i]); };
-  for (std::size_t i = 0; i < total; ++i) {
-    bool same = true;
-    for (std::size_t r = 1; r < world; ++r) same &= bits(r, i) == bits(0, i);
-    if (same) continue;
-    report.flat_index = i;
-    if (i < n) {
-      report.buffer = "parameters";
-      report.element = layout.describe_element(i);
-    } else {
-      const std::size_t block = (i - n) / n, in_block = (i - n) % n;
-      report.buffer = "optimizer state " + optimizer.state_names()[block];
-      report.element = layout.describe_element(in_block);
-    }
-    std::map<std::uint32_t, int> votes;
-    for (std::size_t r = 0; r < world; ++r) {
-      report.values.push_back(all[r * total + i]);
-      ++votes[bits(r, i)];
-    }
-    // The majority value; on a tie, the value of the lowest rank among the tied.
-    std::uint32_t majority = bits(0, i);
-    for (std::size_t r = 0; r < world; ++r)
-      if (votes[bits(r, i)] > votes[majority]) majority = bits(r, i);
-    for (std::size_t r = 0; r < world; ++r)
-      if (bits(r, i) != majority) {
-        report.minority.push_back(static_cast<int>(r));
-        report.max_ulp = std::max(report.max_ulp, ulp_distance(all[r * total + i], std::bit_cast<float>(majority)));
-      }
+  const std::size_t first = first_differing_element(host, engine, optimizer);
+  if (first == total) {
+    // Hashes differed but no element did: only the step counts can differ.
+    report.buffer = "optimizer step count";
+    report.element = "steps";
     return report;
   }
-  // Hashes differed but no element did: only the step counts can differ.
-  report.buffer = "optimizer step count";
-  report.element = "steps";
+  report.flat_index = first;
+  const ParamLayout layout(engine.model());
+  if (first < n) {
+    report.buffer = "parameters";
+    report.element = layout.describe_element(first);
+  } else {
+    const std::size_t block = (first - n) / n, in_block = (first - n) % n;
+    report.buffer = "optimizer state " + optimizer.state_names()[block];
+    report.element = layout.describe_element(in_block);
+  }
+  float mine = 0.0f;
+  engine.copy_to_host(first < n ? engine.params() + first : optimizer.state() + (first - n), &mine, 1);
+  report.values = host.allgather_value<float>(mine);
+
+  const auto bits = [&](std::size_t r) { return std::bit_cast<std::uint32_t>(report.values[r]); };
+  std::map<std::uint32_t, int> votes;
+  for (std::size_t r = 0; r < report.values.size(); ++r) ++votes[bits(r)];
+  // The majority value; on a tie, the value of the lowest rank among the tied.
+  std::uint32_t majority = bits(0);
+  for (std::size_t r = 0; r < report.values.size(); ++r)
+    if (votes[bits(r)] > votes[majority]) majority = bits(r);
+  for (std::size_t r = 0; r < report.values.size(); ++r)
+    if (bits(r) != majority) {
+      report.minority.push_back(static_cast<int>(r));
+      report.max_ulp = std::max(report.max_ulp, ulp_distance(report.values[r], std::bit_cast<float>(majority)));
+    }
   return report;
 }
 

@@ -1,7 +1,7 @@
 // ReplicaCheck: after every step, every replica's parameters and optimizer state must be bitwise
 // identical. Each rank hashes its own state (XXH3-64 on the CPU, a device hash on the GPU) and the
-// hashes are all-gathered; only when they differ are the full buffers gathered, to locate the first
-// differing element: its tensor and index, every rank's value (decimal and bits), the ULP distance
+// hashes are all-gathered; only when they differ is the first differing element located (in place when
+// the ranks share an address space -- threads, or replicas on one GPU -- else on gathered copies): its tensor and index, every rank's value (decimal and bits), the ULP distance
 // from the majority, and which ranks are in the minority.
 #pragma once
 

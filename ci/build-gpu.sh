@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds what ci/gpu.sh runs and gathers it in gpu-bin/ (git-ignored): the dpcheck command, the audit
+# library and every test binary, for CUDA architecture 90 (Hopper) unless DPCHECK_CUDA_ARCH says
+# otherwise. Built without MPI, so that a GPU runner needs only the CUDA runtime, cuBLAS and NCCL;
+# GoogleTest and RapidCheck are linked statically and xxHash is header-only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh
+arch=${DPCHECK_CUDA_ARCH:-90}
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+[ -f build-gpu/CMakeCache.txt ] && generator=()
+cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDPCHECK_WERROR=ON \
+  -DDPCHECK_CUDA=ON -DDPCHECK_MPI=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch"
+cmake --build build-gpu --parallel "$(nproc)"
+
+rm -rf gpu-bin
+mkdir -p gpu-bin/tests
+cp build-gpu/dpcheck build-gpu/libdpcheck_audit.so gpu-bin/
+find build-gpu/tests -maxdepth 1 -type f -perm -u+x -name '*_test' -exec cp {} gpu-bin/tests/ \;
+strip --strip-unneeded gpu-bin/dpcheck gpu-bin/tests/* 2>/dev/null || true
+echo "gpu-bin: $(du -sh gpu-bin | cut -f1) in $(find gpu-bin -type f | wc -l) files"
+echo "libraries the GPU runner must provide:"
+ldd gpu-bin/dpcheck | grep -E "cuda|cublas|nccl|not found" || true

@@ -1,0 +1,68 @@
+// Fixed-order reduction across replicas on one GPU (kernels/allreduce.hpp). Test:
+// tests/cuda_local_comm_test.cpp, against the local backend's bits.
+#include <cstdint>
+
+#include "kernels/allreduce.hpp"
+#include "kernels/cuda_check.hpp"
+#include "kernels/launch.hpp"
+#include "src/error.hpp"
+
+namespace dpcheck::cuda {
+
+namespace {
+
+// Pointers travel in the kernel's parameters: no device array to copy for every call.
+template <class T>
+struct Buffers {
+  T* p[kMaxLocalReplicas];
+};
+
+template <class T>
+__device__ T apply(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::min: return b < a ? b : a;
+    case ReduceOp::max: return b > a ? b : a;
+    default: return a + b;
+  }
+}
+
+template <class T>
+__global__ void reduce_kernel(Buffers<T> bufs, int n, long long lo, long long hi, ReduceOp op) {
+  for (long long i = lo + blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < hi;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    T acc = bufs.p[0][i];
+    for (int r = 1; r < n; ++r) acc = apply(op, acc, bufs.p[r][i]);
+    if (op == ReduceOp::avg) acc = acc / static_cast<T>(n);
+    for (int r = 0; r < n; ++r) bufs.p[r][i] = acc;
+  }
+}
+
+template <class T>
+void launch(void* const* buffers, int n, std::size_t lo, std::size_t hi, ReduceOp op, cudaStream_t stream) {
+  Buffers<T> b{};
+  for (int r = 0; r < n; ++r) b.p[r] = static_cast<T*>(buffers[r]);
+  const auto count = static_cast<long long>(hi - lo);
+  reduce_kernel<T><<<grid_for(count), kBlock, 0, stream>>>(b, n, static_cast<long long>(lo),
+                                                           static_cast<long long>(hi), op);
+  DPCHECK_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void reduce_rank_order(void* const* buffers, int n, std::size_t lo, std::size_t hi, DType dtype, ReduceOp op,
+                       cudaStream_t stream) {
+  if (n > kMaxLocalReplicas) throw Error("cuda-local supports at most 64 replicas");
+  if (hi <= lo) return;
+  if (op == ReduceOp::avg && dtype != DType::f32 && dtype != DType::f64)
+    throw Error("allreduce avg needs a floating-point type");
+  switch (dtype) {
+    case DType::f32: return launch<float>(buffers, n, lo, hi, op, stream);
+    case DType::f64: return launch<double>(buffers, n, lo, hi, op, stream);
+    case DType::i32: return launch<std::int32_t>(buffers, n, lo, hi, op, stream);
+    case DType::i64: return launch<long long>(buffers, n, lo, hi, op, stream);
+    case DType::u64: return launch<unsigned long long>(buffers, n, lo, hi, op, stream);
+    case DType::u8: throw Error("allreduce does not support uint8");
+  }
+}
+
+}  // namespace dpcheck::cuda

@@ -1,0 +1,20 @@
+// The fixed-order reduction of the cuda-local communicator on the device: N replicas' buffers on one
+// GPU, element i reduced as ((b0[i] + b1[i]) + b2[i]) + ..., the same order as the CPU backends.
+// Reference: the local backend (src/collective.hpp); test: tests/cuda_local_comm_test.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "src/comm.hpp"
+
+namespace dpcheck::cuda {
+
+inline constexpr int kMaxLocalReplicas = 64;
+
+// Reduces elements [lo, hi) of the n buffers in rank order and writes the result into all n of them.
+void reduce_rank_order(void* const* buffers, int n, std::size_t lo, std::size_t hi, DType dtype, ReduceOp op,
+                       cudaStream_t stream);
+
+}  // namespace dpcheck::cuda

@@ -1,0 +1,91 @@
+// What the rest of dpcheck sees of the CUDA code: plain types and one table of functions. The CUDA code
+// is built as a plugin (libdpcheck_cuda.so) that dpcheck loads only when a GPU target is asked for, so
+// the command starts in milliseconds on CPU work and runs on machines without CUDA libraries at all
+// (loading cudart, cuBLAS and NCCL at start-up costs about 0.4 s). This header includes no CUDA header.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/comm.hpp"
+#include "src/engine.hpp"
+#include "src/optimizer.hpp"
+
+namespace dpcheck::cuda {
+
+enum class BiasGradKernel {
+  ordered,    // the kernel dpcheck trains with
+  atomic,     // mutant: every element added with atomicAdd, in whatever order the scheduler picks
+  skip_tail,  // mutant: the tail tile's bound is off by one, so the last column is never written when
+              // the width is not a multiple of the tile
+};
+
+struct EngineOptions {
+  bool tf32 = false;  // TF32 tensor cores for the matrix products (u = 2^-11 in the bound)
+  BiasGradKernel bias_grad = BiasGradKernel::ordered;  // the mutants swap in a broken kernel
+};
+
+struct StepModel {
+  std::vector<int> dims;
+  int batch = 0;
+  double goal = 0;  // the step time over PyTorch's that counts as met (<=), 0 for none
+};
+
+struct StepBenchOptions {
+  std::vector<StepModel> models;
+  int warmup = 10;
+  int repeats = 50;
+  std::string python = "python3";
+  std::string torch_script = "ci/torch_baseline.py";  // relative to the working directory
+  bool torch = true;
+};
+
+struct StepBenchRow {
+  StepModel model;
+  double eager_ms = 0;     // median, kernels launched one by one
+  double graph_ms = 0;     // median, the step replayed as one CUDA graph
+  double torch_ms = -1;    // PyTorch's median, -1 when unavailable
+  std::string torch_note;
+  double tflops = 0;       // of the graph step
+  bool same_bits = false;  // a graph step and an eager step from the same state end in the same bits
+  double ratio() const { return torch_ms > 0 ? graph_ms / torch_ms : -1; }
+};
+
+struct HashBenchRow {
+  std::size_t bytes = 0;
+  double hash_ms = 0, hash_gbs = 0;  // bytes read / time
+  double copy_ms = 0, copy_gbs = 0;  // (bytes read + written) / time
+  bool matches_reference = false;    // the GPU hash of a small odd-sized buffer equals the host restatement
+  double ratio() const { return copy_gbs > 0 ? hash_gbs / copy_gbs : 0; }
+};
+
+using RankFunction = std::function<void(Communicator&)>;
+
+// The plugin's table. `abi` and `size` guard against a plugin from another build.
+struct Plugin {
+  int abi = 0;
+  std::size_t size = 0;
+  bool (*device_available)(std::string* why);
+  int (*device_count)();
+  std::unique_ptr<Engine> (*make_engine)(const ModelConfig& model, const EngineOptions& options);
+  std::unique_ptr<Optimizer> (*make_optimizer)(const OptimizerConfig& config, std::size_t size, void* stream);
+  void (*run_cuda_local)(int n, const RankFunction& fn, std::chrono::milliseconds timeout);
+  void (*run_nccl_threads)(int n, const RankFunction& fn, std::chrono::milliseconds timeout);
+  std::unique_ptr<Communicator> (*make_nccl_communicator)(Communicator& host, int device);
+  std::vector<StepBenchRow> (*bench_step)(const StepBenchOptions& options);
+  HashBenchRow (*bench_hash)(std::size_t bytes, int repeats);
+};
+
+inline constexpr int kPluginAbi = 1;
+
+}  // namespace dpcheck::cuda
+
+// The plugin's one exported symbol.
+extern "C" const dpcheck::cuda::Plugin* dpcheck_cuda_plugin();

@@ -1,0 +1,177 @@
+#include "kernels/cuda_engine.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "kernels/activation.hpp"
+#include "kernels/first_difference.hpp"
+#include "kernels/linear.hpp"
+#include "kernels/loss.hpp"
+#include "src/error.hpp"
+
+namespace dpcheck::cuda {
+
+CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
+    : model_(model), layout_(model), options_(options), blas_(stream_.get(), options.tf32),
+      params_(layout_.size()), grads_(layout_.size()), z_(static_cast<std::size_t>(model.layers())),
+      a_(static_cast<std::size_t>(model.layers())) {
+  widest_ = *std::max_element(model.dims.begin(), model.dims.end());
+  DPCHECK_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.size() * sizeof(float), stream_.get()));
+  DPCHECK_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.size() * sizeof(float), stream_.get()));
+  stream_.synchronize();
+}
+
+CudaEngine::~CudaEngine() { cudaStreamSynchronize(stream_.get()); }
+
+void CudaEngine::load_params(std::span<const float> host) {
+  DPCHECK_ASSERT(host.size() == params_.size());
+  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(params_.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                     stream_.get()));
+  stream_.synchronize();
+}
+
+void CudaEngine::store_params(std::span<float> host) const {
+  DPCHECK_ASSERT(host.size() == params_.size());
+  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), params_.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_.get()));
+  stream_.synchronize();
+}
+
+void CudaEngine::store_grads(std::span<float> host) const {
+  DPCHECK_ASSERT(host.size() == grads_.size());
+  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), grads_.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_.get()));
+  stream_.synchronize();
+}
+
+void CudaEngine::copy_to_host(const float* src, float* dst, std::size_t n) const {
+  if (n == 0) return;
+  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_.get()));
+  stream_.synchronize();
+}
+
+void CudaEngine::zero_grads() {
+  DPCHECK_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.size() * sizeof(float), stream_.get()));
+}
+
+std::uint64_t CudaEngine::hash(const float* data, std::size_t n, std::uint64_t seed) const {
+  return hasher_.hash(data, n * sizeof(float), seed, stream_.get());
+}
+
+std::size_t CudaEngine::first_difference(const float* a, const float* b, std::size_t n) const {
+  return cuda::first_difference(a, b, n, stream_.get());
+}
+
+void CudaEngine::ensure_rows(int rows) {
+  if (rows <= capacity_rows_) return;
+  const auto r = static_cast<std::size_t>(rows);
+  for (int l = 0; l < model_.layers(); ++l) {
+    const auto width = static_cast<std::size_t>(model_.dims[static_cast<std::size_t>(l) + 1]);
+    z_[static_cast<std::size_t>(l)].resize(r * width);
+    if (l + 1 < model_.layers()) a_[static_cast<std::size_t>(l)].resize(r * width);
+  }
+  const std::size_t widest = r * static_cast<std::size_t>(widest_);
+  delta_.resize(widest);
+  next_.resize(widest);
+  h_.resize(widest);
+  x_.resize(r * static_cast<std::size_t>(model_.in_dim()));
+  if (model_.loss == Loss::mse)
+    y_.resize(r * static_cast<std::size_t>(model_.out_dim()));
+  else
+    labels_.resize(r);
+  row_loss_.resize(r);
+  bias_workspace_.resize(bias_grad_workspace(rows, widest_));
+  capacity_rows_ = rows;
+}
+
+void CudaEngine::upload(const Batch& batch) {
+  DPCHECK_ASSERT(batch.in_dim == model_.in_dim() && batch.out_dim == model_.out_dim() && batch.loss == model_.loss);
+  const int rows = static_cast<int>(batch.size);
+  ensure_rows(rows);
+  cudaStream_t s = stream_.get();
+  if (rows > 0) {
+    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(x_.get(), batch.x.data(), batch.x.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+    if (model_.loss == Loss::mse)
+      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(y_.get(), batch.y.data(), batch.y.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+    else
+      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), batch.labels.data(), batch.labels.size() * sizeof(std::int64_t),
+                                         cudaMemcpyHostToDevice, s));
+  }
+  // The host batch may go away when the caller returns: the copies must be done first.
+  stream_.synchronize();
+  uploaded_rows_ = rows;
+}
+
+void CudaEngine::enqueue_forward_backward(float scale, bool accumulate) {
+  enqueue(uploaded_rows_, scale, accumulate, false);
+}
+
+double CudaEngine::forward_backward(const Batch& batch, float scale, bool accumulate) {
+  upload(batch);
+  const int rows = uploaded_rows_;
+  if (rows == 0) {
+    if (!accumulate) zero_grads();
+    return 0.0;
+  }
+  enqueue(rows, scale, accumulate, true);
+  std::vector<double> losses(static_cast<std::size_t>(rows));
+  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(losses.data(), row_loss_.get(), losses.size() * sizeof(double),
+                                     cudaMemcpyDeviceToHost, stream_.get()));
+  stream_.synchronize();
+  const double sum = std::accumulate(losses.begin(), losses.end(), 0.0);
+  const double per = model_.loss == Loss::mse ? static_cast<double>(rows) * model_.out_dim() : static_cast<double>(rows);
+  return sum / per;
+}
+
+void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss) {
+  if (rows == 0) {
+    if (!accumulate) zero_grads();
+    return;
+  }
+  cudaStream_t s = stream_.get();
+  cublasHandle_t h = blas_.get();
+  const int layers = model_.layers();
+  const auto dim = [&](int i) { return model_.dims[static_cast<std::size_t>(i)]; };
+  const auto input_of = [&](int l) { return l == 0 ? x_.get() : a_[static_cast<std::size_t>(l) - 1].get(); };
+
+  for (int l = 0; l < layers; ++l) {
+    float* z = z_[static_cast<std::size_t>(l)].get();
+    linear_forward(h, input_of(l), params_.get() + layout_.weight(l).offset, z, rows, dim(l), dim(l + 1));
+    bias_activation_forward(z, l + 1 < layers ? a_[static_cast<std::size_t>(l)].get() : nullptr,
+                            params_.get() + layout_.bias(l).offset, rows, dim(l + 1), model_.activation, s);
+  }
+
+  const int out = model_.out_dim();
+  const float* z_out = z_.back().get();
+  double* losses = want_loss ? row_loss_.get() : nullptr;
+  if (model_.loss == Loss::mse) {
+    const auto c = static_cast<float>(2.0 * scale / (static_cast<double>(rows) * out));
+    mse_delta(z_out, y_.get(), delta_.get(), rows, out, c, losses, s);
+  } else {
+    const auto c = static_cast<float>(scale / static_cast<double>(rows));
+    softmax_xent_delta(z_out, labels_.get(), delta_.get(), rows, out, c, losses, s);
+  }
+
+  float* delta = delta_.get();
+  float* next = next_.get();
+  for (int l = layers - 1; l >= 0; --l) {
+    linear_weight_grad(h, delta, input_of(l), grads_.get() + layout_.weight(l).offset, rows, dim(l), dim(l + 1),
+                       accumulate);
+    bias_grad(delta, grads_.get() + layout_.bias(l).offset, rows, dim(l + 1), accumulate, bias_workspace_.get(), s,
+              options_.bias_grad);
+    if (l > 0) {
+      linear_input_grad(h, delta, params_.get() + layout_.weight(l).offset, h_.get(), rows, dim(l), dim(l + 1));
+      activation_backward(h_.get(), z_[static_cast<std::size_t>(l) - 1].get(), a_[static_cast<std::size_t>(l) - 1].get(),
+                          next, rows, dim(l), model_.activation, s);
+      std::swap(delta, next);
+    }
+  }
+}
+
+std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineOptions& options) {
+  require_device();
+  model.validate();
+  return std::make_unique<CudaEngine>(model, options);
+}
+
+}  // namespace dpcheck::cuda

@@ -1,0 +1,69 @@
+// The "cuda" engine: the MLP's forward and backward on one GPU, through cuBLAS SGEMM (pedantic FP32 by
+// default, TF32 as an option) and the kernels in this folder, into a flat gradient buffer on the device
+// laid out like the CPU engine's. Its float64 counterpart is reference/mlp.cpp, as for the CPU engine.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kernels/api.hpp"
+#include "kernels/bias_grad.hpp"
+#include "kernels/device.hpp"
+#include "kernels/hash.hpp"
+#include "src/engine.hpp"
+
+namespace dpcheck::cuda {
+
+class CudaEngine final : public Engine {
+ public:
+  CudaEngine(const ModelConfig& model, const EngineOptions& options);
+  ~CudaEngine() override;
+
+  std::string_view name() const override { return "cuda"; }
+  MemorySpace memory_space() const override { return MemorySpace::device; }
+  const ModelConfig& model() const override { return model_; }
+  std::size_t param_count() const override { return layout_.size(); }
+  float* params() override { return params_.get(); }
+  float* grads() override { return grads_.get(); }
+  void* stream() override { return stream_.get(); }
+
+  void load_params(std::span<const float> host) override;
+  void store_params(std::span<float> host) const override;
+  void store_grads(std::span<float> host) const override;
+  double forward_backward(const Batch& batch, float scale, bool accumulate) override;
+  void zero_grads() override;
+  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override;
+  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override;
+  void copy_to_host(const float* src, float* dst, std::size_t n) const override;
+  void synchronize() override { stream_.synchronize(); }
+
+  // For the benchmark: the batch stays on the device, and a step can be captured in a CUDA graph.
+  void upload(const Batch& batch);
+  // forward_backward over the uploaded batch, enqueued only: no host synchronization, no loss.
+  void enqueue_forward_backward(float scale, bool accumulate);
+
+ private:
+  void ensure_rows(int rows);
+  void enqueue(int rows, float scale, bool accumulate, bool want_loss);
+
+  ModelConfig model_;
+  ParamLayout layout_;
+  EngineOptions options_;
+  Stream stream_;
+  Blas blas_;
+  mutable DeviceHasher hasher_;
+  DeviceBuffer<float> params_, grads_;
+  std::vector<DeviceBuffer<float>> z_, a_;  // per layer, rows x width
+  DeviceBuffer<float> delta_, next_, h_;     // rows x widest
+  DeviceBuffer<float> x_, y_;
+  DeviceBuffer<std::int64_t> labels_;
+  DeviceBuffer<double> row_loss_;
+  DeviceBuffer<float> bias_workspace_;
+  int capacity_rows_ = 0;
+  int uploaded_rows_ = 0;
+  int widest_ = 0;
+};
+
+std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineOptions& options);
+
+}  // namespace dpcheck::cuda

@@ -1,0 +1,37 @@
+// The CUDA plugin's entry: the table of functions dpcheck calls through (kernels/api.hpp).
+#include "kernels/api.hpp"
+#include "kernels/cuda_engine.hpp"
+#include "kernels/device.hpp"
+#include "kernels/gpu_bench.hpp"
+#include "kernels/gpu_comm.hpp"
+#include "kernels/optimizer.hpp"
+
+namespace dpcheck::cuda {
+
+namespace {
+
+bool available(std::string* why) { return device_available(why); }
+
+std::unique_ptr<Optimizer> optimizer(const OptimizerConfig& config, std::size_t size, void* stream) {
+  return make_optimizer(config, size, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace
+
+}  // namespace dpcheck::cuda
+
+extern "C" __attribute__((visibility("default"))) const dpcheck::cuda::Plugin* dpcheck_cuda_plugin() {
+  using namespace dpcheck::cuda;
+  static const Plugin plugin{kPluginAbi,
+                             sizeof(Plugin),
+                             available,
+                             device_count,
+                             make_engine,
+                             optimizer,
+                             run_cuda_local,
+                             run_nccl_threads,
+                             make_nccl_communicator,
+                             bench_step,
+                             bench_hash};
+  return &plugin;
+}
