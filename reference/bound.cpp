@@ -241,14 +241,12 @@ Comparison compare(std::span<const float> grad, const GradientBound& bound, std:
       ratio = bnd > 0 ? err / bnd : std::numeric_limits<double>::infinity();
     if (std::isfinite(err)) c.max_error = std::max(c.max_error, err);
     else c.max_error = std::numeric_limits<double>::infinity();
-    if (ratio > c.max_ratio || i == 0) {
-      if (ratio >= c.max_ratio) {
-        c.max_ratio = ratio;
-        c.worst = i;
-        c.worst_value = value;
-        c.worst_reference = ref;
-        c.worst_bound = bnd;
-      }
+    if (i == 0 || ratio > c.max_ratio) {
+      c.max_ratio = ratio;
+      c.worst = i;
+      c.worst_value = value;
+      c.worst_reference = ref;
+      c.worst_bound = bnd;
     }
   }
   return c;

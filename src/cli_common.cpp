@@ -40,13 +40,6 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
   return params;
 }
 
-void save_params_dir(const std::string& dir, const ModelConfig& model, std::span<const float> params) {
-  std::filesystem::create_directories(dir);
-  const ParamLayout layout(model);
-  for (const Slice& s : layout.slices())
-    write_npy(std::filesystem::path(dir) / (s.name + ".npy"), s.shape, params.subspan(s.offset, s.size()));
-}
-
 int resolve_world(Target& target, int requested, bool given) {
   Communicator* world = process_world();
   // nccl runs one process per GPU under a launcher, or ranks as threads of one process without one.

@@ -29,9 +29,6 @@ struct ModelOptions {
 // shape of its slice; UsageError naming the file on any mismatch.
 std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& model);
 
-// Writes parameters as such a directory (atomically, file by file).
-void save_params_dir(const std::string& dir, const ModelConfig& model, std::span<const float> params);
-
 // Fills target.comm-related fields from --comm and the launcher: with --comm mpi the world is this
 // process's MPI world (UsageError without a launcher, or when --world-size disagrees with it);
 // under a launcher with more than one process, --comm local is refused (every process would run a

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "src/choice.hpp"
 #include "src/error.hpp"
 #include "src/rng.hpp"
 
@@ -27,15 +28,11 @@ std::string_view loss_name(Loss l) {
 }
 
 Activation parse_activation(std::string_view name) {
-  for (Activation a : {Activation::relu, Activation::tanh, Activation::identity})
-    if (name == activation_name(a)) return a;
-  throw UsageError("unknown activation '" + std::string(name) + "' (choose relu, tanh or identity)");
+  return parse_choice(name, {Activation::relu, Activation::tanh, Activation::identity}, activation_name, "activation");
 }
 
 Loss parse_loss(std::string_view name) {
-  for (Loss l : {Loss::mse, Loss::cross_entropy})
-    if (name == loss_name(l)) return l;
-  throw UsageError("unknown loss '" + std::string(name) + "' (choose mse or cross-entropy)");
+  return parse_choice(name, {Loss::mse, Loss::cross_entropy}, loss_name, "loss");
 }
 
 void ModelConfig::validate() const {

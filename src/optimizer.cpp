@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/choice.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck {
@@ -17,9 +18,8 @@ std::string_view optimizer_name(OptimizerKind k) {
 }
 
 OptimizerKind parse_optimizer(std::string_view name) {
-  for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam})
-    if (name == optimizer_name(k)) return k;
-  throw UsageError("unknown optimizer '" + std::string(name) + "' (choose sgd, momentum or adam)");
+  return parse_choice(name, {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam}, optimizer_name,
+                      "optimizer");
 }
 
 void OptimizerConfig::validate() const {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/choice.hpp"
 #include "src/error.hpp"
 #include "src/rng.hpp"
 
@@ -33,18 +34,11 @@ std::string_view policy_name(Policy p) {
 }
 
 Split parse_split(std::string_view name) {
-  for (Split s : {Split::strided, Split::contiguous}) {
-    if (name == split_name(s)) return s;
-  }
-  throw UsageError("unknown split '" + std::string(name) + "' (choose strided or contiguous)");
+  return parse_choice(name, {Split::strided, Split::contiguous}, split_name, "split");
 }
 
 Policy parse_policy(std::string_view name) {
-  for (Policy p : {Policy::pad, Policy::drop_last, Policy::uneven}) {
-    if (name == policy_name(p)) return p;
-  }
-  throw UsageError("unknown sampler policy '" + std::string(name) +
-                   "' (choose pad, drop-last or uneven)");
+  return parse_choice(name, {Policy::pad, Policy::drop_last, Policy::uneven}, policy_name, "sampler policy");
 }
 
 DistributedSampler::DistributedSampler(const SamplerConfig& config) : config_(config) {

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "properties/mutants.hpp"
+#include "src/model.hpp"
 #include "src/npy.hpp"
 #include "tests/test_support.hpp"
 
@@ -131,6 +133,27 @@ TEST_F(Cli, GradRejectsNpyOfTheWrongDtypeOrShape) {
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find(x), std::string::npos) << r.output;  // names the file
   }
+}
+
+// Parameters saved as PyTorch names them (layers.<i>.weight out x in, layers.<i>.bias) load as they are:
+// the seed's own initial parameters written out and read back give the same experiment, and a tensor of
+// the wrong shape is refused, naming its file.
+TEST_F(Cli, GradLoadsParametersFromADirectoryOfNpyFiles) {
+  const ModelConfig model{{4, 3, 1}, Activation::relu, Loss::mse};
+  const std::vector<float> params = init_params(model, 0);
+  const std::string dir = path("params");
+  fs::create_directories(dir);
+  for (const Slice& s : ParamLayout(model).slices())
+    write_npy(fs::path(dir) / (s.name + ".npy"), s.shape, std::span<const float>(params).subspan(s.offset, s.size()));
+  const auto plain = run("grad --model 4,3,1 --batch 32 --world-size 2 --json");
+  const auto loaded = run("grad --model 4,3,1 --batch 32 --world-size 2 --json --init " + dir);
+  ASSERT_EQ(loaded.status, 0) << loaded.output;
+  EXPECT_EQ(nlohmann::json::parse(loaded.output)["average"], nlohmann::json::parse(plain.output)["average"]);
+  const std::vector<std::int64_t> wrong{3, 3};
+  write_npy(fs::path(dir) / "layers.0.weight.npy", wrong, std::vector<float>(9, 0.5f));
+  const auto bad = run("grad --model 4,3,1 --batch 32 --json --init " + dir);
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("layers.0.weight.npy"), std::string::npos) << bad.output;
 }
 
 TEST_F(Cli, GradJsonHoldsTheExperiment) {
