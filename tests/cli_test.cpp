@@ -143,7 +143,8 @@ TEST_F(Cli, GradLoadsParametersFromADirectoryOfNpyFiles) {
   const std::vector<float> params = init_params(model, 0);
   const std::string dir = path("params");
   fs::create_directories(dir);
-  for (const Slice& s : ParamLayout(model).slices())
+  const ParamLayout layout(model);
+  for (const Slice& s : layout.slices())
     write_npy(fs::path(dir) / (s.name + ".npy"), s.shape, std::span<const float>(params).subspan(s.offset, s.size()));
   const auto plain = run("grad --model 4,3,1 --batch 32 --world-size 2 --json");
   const auto loaded = run("grad --model 4,3,1 --batch 32 --world-size 2 --json --init " + dir);
