@@ -16,7 +16,7 @@ cmake --build build-gpu --parallel "$(nproc)"
 
 rm -rf gpu-bin
 mkdir -p gpu-bin/tests
-cp build-gpu/dpcheck build-gpu/libdpcheck_audit.so gpu-bin/
+cp build-gpu/dpcheck build-gpu/libdpcheck_audit.so build-gpu/libdpcheck_cuda.so gpu-bin/
 find build-gpu/tests -maxdepth 1 -type f -perm -u+x -name '*_test' -exec cp {} gpu-bin/tests/ \;
 strip --strip-unneeded gpu-bin/dpcheck gpu-bin/tests/* 2>/dev/null || true
 echo "gpu-bin: $(du -sh gpu-bin | cut -f1) in $(find gpu-bin -type f | wc -l) files"

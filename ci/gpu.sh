@@ -11,6 +11,8 @@ out=${OUT:-gpu-out}
 cases=${DPCHECK_GPU_CASES:-100}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The plugin beside the binaries, whatever path the build machine compiled in.
+export DPCHECK_CUDA_PLUGIN="$(cd "$bin" && pwd)/libdpcheck_cuda.so"
 summary=()
 failed=0
 
@@ -52,14 +54,16 @@ for m in bias-grad-skip-tail:gradient_average_matches_whole_batch bias-grad-atom
     --property "${m#*:}" --cases "$cases"
 done
 
-# 4. compute-sanitizer over the kernel tests (small shapes keep it quick).
+# 4. compute-sanitizer over the kernel tests (few cases keep it quick: it slows kernels many times).
 if command -v compute-sanitizer > /dev/null; then
+  export RC_PARAMS="max_success=10"
   for tool in memcheck racecheck; do
     run "sanitizer-$tool" 0 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "$bin/tests/bias_grad_test" --gtest_filter='*Gpu*'
     run "sanitizer-$tool-engine" 0 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "$bin/tests/cuda_engine_test" --gtest_filter='*Gpu*'
   done
+  unset RC_PARAMS
 else
   summary+=("$(printf '%-44s %-28s' sanitizer 'skipped: no compute-sanitizer')")
 fi

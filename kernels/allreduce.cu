@@ -1,6 +1,8 @@
-// Fixed-order reduction across replicas on one GPU (kernels/allreduce.hpp). Test:
-// tests/cuda_local_comm_test.cpp, against the local backend's bits.
+// Fixed-order reduction across replicas on one GPU, and the division that makes NCCL's sum an average
+// (kernels/allreduce.hpp). Test: tests/cuda_local_comm_test.cpp, against the local backend's bits.
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "kernels/allreduce.hpp"
 #include "kernels/cuda_check.hpp"
@@ -22,7 +24,14 @@ __device__ T apply(ReduceOp op, T a, T b) {
   switch (op) {
     case ReduceOp::min: return b < a ? b : a;
     case ReduceOp::max: return b > a ? b : a;
-    default: return a + b;
+    default:
+      if constexpr (std::is_integral_v<T>) {
+        // Integer sums wrap like the host backends' (src/collective.cpp), without signed overflow.
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      } else {
+        return a + b;
+      }
   }
 }
 
@@ -47,14 +56,39 @@ void launch(void* const* buffers, int n, std::size_t lo, std::size_t hi, ReduceO
   DPCHECK_LAUNCH_CHECK();
 }
 
+template <class T>
+__global__ void divide_kernel(T* p, long long n, T d) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    p[i] = p[i] / d;
+}
+
+template <class T>
+void launch_divide(void* buf, std::size_t count, int n, cudaStream_t stream) {
+  const auto c = static_cast<long long>(count);
+  divide_kernel<T><<<grid_for(c), kBlock, 0, stream>>>(static_cast<T*>(buf), c, static_cast<T>(n));
+  DPCHECK_LAUNCH_CHECK();
+}
+
 }  // namespace
+
+void divide_elements(void* buf, std::size_t count, DType dtype, int n, cudaStream_t stream) {
+  if (count == 0) return;
+  switch (dtype) {
+    case DType::f32: return launch_divide<float>(buf, count, n, stream);
+    case DType::f64: return launch_divide<double>(buf, count, n, stream);
+    default: throw Error("avg is for float32 and float64, not " + std::string(dtype_name(dtype)));
+  }
+}
 
 void reduce_rank_order(void* const* buffers, int n, std::size_t lo, std::size_t hi, DType dtype, ReduceOp op,
                        cudaStream_t stream) {
+  // Checked before the early return, so that a rank with an empty slice refuses what its peers refuse.
   if (n > kMaxLocalReplicas) throw Error("cuda-local supports at most 64 replicas");
-  if (hi <= lo) return;
   if (op == ReduceOp::avg && dtype != DType::f32 && dtype != DType::f64)
-    throw Error("allreduce avg needs a floating-point type");
+    throw Error("avg is for float32 and float64, not " + std::string(dtype_name(dtype)));
+  if (dtype == DType::u8) throw Error("allreduce does not support uint8");
+  if (hi <= lo) return;
   switch (dtype) {
     case DType::f32: return launch<float>(buffers, n, lo, hi, op, stream);
     case DType::f64: return launch<double>(buffers, n, lo, hi, op, stream);

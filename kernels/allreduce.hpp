@@ -17,4 +17,8 @@ inline constexpr int kMaxLocalReplicas = 64;
 void reduce_rank_order(void* const* buffers, int n, std::size_t lo, std::size_t hi, DType dtype, ReduceOp op,
                        cudaStream_t stream);
 
+// buf[i] = buf[i] / n for count float32 or float64 elements: avg as the sum divided by n, for the nccl
+// backend, whose own ncclAvg multiplies every input by 1/n before summing.
+void divide_elements(void* buf, std::size_t count, DType dtype, int n, cudaStream_t stream);
+
 }  // namespace dpcheck::cuda

@@ -3,12 +3,15 @@
 #include <nccl.h>
 
 #include <array>
+#include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "kernels/allreduce.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
+#include "src/collective.hpp"
 #include "src/error.hpp"
 #include "src/local_comm.hpp"
 
@@ -24,7 +27,8 @@ namespace dpcheck::cuda {
 
 namespace {
 
-// Shared by both GPU backends: the host side, the stream, and the staging copies.
+// Shared by both GPU backends: the host side, the stream, the staging copies, and the agreement every
+// collective starts with.
 class DeviceCommunicator : public Communicator {
  public:
   explicit DeviceCommunicator(Communicator& host) : host_(host) { Communicator::set_timeout(host.timeout()); }
@@ -50,7 +54,50 @@ class DeviceCommunicator : public Communicator {
   }
 
  protected:
+  struct Peer {
+    void* buf = nullptr;         // allreduce, broadcast: the buffer; allgather: recv
+    const void* send = nullptr;  // allgather only
+  };
+
   void sync() { DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // Every rank's call and buffers, gathered on the host and judged on every rank by the host backends'
+  // own rules (src/collective.hpp): calls that disagree (count, dtype, op, root, kind) or that no
+  // backend supports (uint8 sums, avg of integers, a root outside the world, a null buffer) throw on
+  // every rank, with the same words as the local and mpi backends, before any rank reads a peer's
+  // buffer or enters NCCL. The gather is also the rendezvous that a missing rank times out in.
+  std::vector<Peer> agree(const CallDesc& desc, void* buf, const void* send) {
+    constexpr std::size_t kWords = 5;
+    const std::array<std::uint64_t, kWords> mine{
+        static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(buf)),
+        static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(send)), desc.count,
+        static_cast<std::uint64_t>(desc.kind) | static_cast<std::uint64_t>(desc.dtype) << 8 |
+            static_cast<std::uint64_t>(desc.op) << 16,
+        static_cast<std::uint64_t>(static_cast<std::int64_t>(desc.root))};
+    const auto n = static_cast<std::size_t>(size());
+    std::vector<std::uint64_t> all(kWords * n);
+    host_.allgather(mine.data(), all.data(), kWords, DType::u64);
+    std::vector<CallDesc> descs(n);
+    std::vector<std::uint8_t> null_buffer(n);
+    std::vector<Peer> peers(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::uint64_t* w = all.data() + kWords * r;
+      CallDesc& d = descs[r];
+      d.kind = static_cast<CallKind>(w[3] & 0xff);
+      d.dtype = static_cast<DType>((w[3] >> 8) & 0xff);
+      d.op = static_cast<ReduceOp>((w[3] >> 16) & 0xff);
+      d.count = static_cast<std::size_t>(w[2]);
+      d.root = static_cast<int>(static_cast<std::int64_t>(w[4]));
+      peers[r].buf = reinterpret_cast<void*>(static_cast<std::uintptr_t>(w[0]));
+      peers[r].send = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(w[1]));
+      const bool some_null = !peers[r].buf || (d.kind == CallKind::allgather && !peers[r].send);
+      null_buffer[r] = passes_null_buffer(d, some_null) ? 1 : 0;
+    }
+    const std::string verdict = check_calls(descs, null_buffer);
+    if (!verdict.empty()) throw Error(call_on_rank(desc.kind, rank()) + ": " + verdict);
+    return peers;
+  }
+
   Communicator& host_;
   cudaStream_t stream_ = nullptr;
 };
@@ -60,60 +107,49 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   using DeviceCommunicator::DeviceCommunicator;
   std::string_view backend() const override { return "cuda-local"; }
 
+  // Every collective: this replica's stream is synchronized first (its writes into the buffers are done
+  // before any other replica reads them), and ends with a host barrier after its own stream is
+  // synchronized again (no replica uses, or changes, a buffer that a peer still reads or writes).
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    // This replica's writes into buf must be done before any other replica reads it.
     sync();
-    const std::vector<void*> bufs = exchange("allreduce", buf, nullptr, count, dtype, static_cast<int>(op));
-    const std::size_t n = bufs.size(), r = static_cast<std::size_t>(rank());
+    const std::vector<Peer> peers = agree(CallDesc{CallKind::allreduce, count, dtype, op, 0}, buf, nullptr);
+    const std::size_t n = peers.size(), r = static_cast<std::size_t>(rank());
     const std::size_t lo = count * r / n, hi = count * (r + 1) / n;
+    std::vector<void*> bufs(n);
+    for (std::size_t k = 0; k < n; ++k) bufs[k] = peers[k].buf;
     reduce_rank_order(bufs.data(), static_cast<int>(n), lo, hi, dtype, op, stream_);
     sync();
-    host_.barrier();  // every slice is reduced before anyone uses the result
+    host_.barrier();
   }
 
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     sync();
-    const std::vector<void*> bufs = exchange("broadcast", buf, nullptr, count, dtype, 1000 + root);
+    const std::vector<Peer> peers = agree(CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, buf, nullptr);
     if (rank() != root && count > 0)
-      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(buf, bufs[static_cast<std::size_t>(root)], count * dtype_size(dtype),
+      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(buf, peers[static_cast<std::size_t>(root)].buf, count * dtype_size(dtype),
                                          cudaMemcpyDeviceToDevice, stream_));
     sync();
-    host_.barrier();  // the root may not change its buffer before everyone copied it
+    host_.barrier();
   }
 
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     sync();
-    const std::vector<void*> sends = exchange("allgather", const_cast<void*>(send), recv, count, dtype, 2000);
+    const std::vector<Peer> peers =
+        agree(CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, recv, send);
     const std::size_t bytes = count * dtype_size(dtype);
-    for (std::size_t r = 0; r < sends.size() && bytes > 0; ++r)
-      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(recv) + r * bytes, sends[r], bytes,
-                                         cudaMemcpyDeviceToDevice, stream_));
+    for (std::size_t r = 0; r < peers.size() && bytes > 0; ++r) {
+      char* dst = static_cast<char*>(recv) + r * bytes;
+      // In place, this rank's send is already its own block: a copy onto itself would overlap.
+      if (dst != peers[r].send)
+        DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, peers[r].send, bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
     sync();
     host_.barrier();
   }
 
   void barrier() override {
     sync();
-    host_.barrier();
-  }
-
- private:
-  // Every rank's buffer pointer, after checking that all ranks called the same collective alike.
-  std::vector<void*> exchange(const char* call, void* buf, void* /*recv*/, std::size_t count, DType dtype, int tag) {
-    const std::array<std::uint64_t, 3> mine{reinterpret_cast<std::uint64_t>(buf), count,
-                                            static_cast<std::uint64_t>(dtype) | static_cast<std::uint64_t>(tag) << 8};
-    std::vector<std::uint64_t> all(3 * static_cast<std::size_t>(size()));
-    host_.allgather(mine.data(), all.data(), 3, DType::u64);
-    std::vector<void*> bufs;
-    for (int r = 0; r < size(); ++r) {
-      const auto k = 3 * static_cast<std::size_t>(r);
-      if (all[k + 1] != count || all[k + 2] != mine[2])
-        throw Error(std::string(call) + " on rank " + std::to_string(rank()) + ": rank " + std::to_string(r) +
-                    " called a different collective or count (" + std::to_string(all[k + 1]) + " elements against " +
-                    std::to_string(count) + ")");
-      bufs.push_back(reinterpret_cast<void*>(all[k]));
-    }
-    return bufs;
+    agree(CallDesc{}, nullptr, nullptr);
   }
 };
 
@@ -162,30 +198,39 @@ class NcclCommunicator final : public DeviceCommunicator {
   std::string_view backend() const override { return "nccl"; }
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    if (dtype == DType::u8) throw Error("allreduce does not support uint8");
-    run("allreduce", [&] {
-      DPCHECK_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, stream_));
+    run(CallDesc{CallKind::allreduce, count, dtype, op, 0}, buf, nullptr, [&] {
+      // avg is the sum divided by size() (src/comm.hpp). NCCL's own ncclAvg multiplies every input by
+      // 1/size() before summing, which rounds differently whenever size() is not a power of two.
+      DPCHECK_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), op == ReduceOp::avg ? ncclSum : nccl_op(op),
+                                       comm_, stream_));
+      if (op == ReduceOp::avg) divide_elements(buf, count, dtype, size(), stream_);
     });
   }
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
-    run("broadcast", [&] { DPCHECK_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_)); });
+    run(CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, buf, nullptr,
+        [&] { DPCHECK_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_)); });
   }
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
-    run("allgather", [&] { DPCHECK_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_)); });
+    run(CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, recv, send,
+        [&] { DPCHECK_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_)); });
   }
   void barrier() override {
     sync();
-    host_.barrier();
+    agree(CallDesc{}, nullptr, nullptr);
   }
 
  private:
-  // Meets the peers on the host first (a missing one is named there), then waits for NCCL within the
-  // timeout, watching for asynchronous errors; on expiry the communicator is aborted.
+  // Meets the peers on the host first, agreeing on the call (a missing rank is named there, a mismatch
+  // throws on every rank instead of hanging inside NCCL), then waits for NCCL within the timeout,
+  // watching for asynchronous errors; on expiry the communicator is aborted. Nothing is enqueued for
+  // zero elements, whose buffers may be null.
   template <class Enqueue>
-  void run(const char* call, Enqueue&& enqueue) {
-    if (aborted_) throw Error(std::string(call) + " on rank " + std::to_string(rank()) + ": the NCCL communicator was aborted");
+  void run(const CallDesc& desc, void* buf, const void* send, Enqueue&& enqueue) {
+    const std::string call(kind_name(desc.kind));
+    if (aborted_) throw Error(call + " on rank " + std::to_string(rank()) + ": the NCCL communicator was aborted");
     DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
-    host_.barrier();
+    agree(desc, buf, send);
+    if (desc.count == 0) return;
     enqueue();
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (;;) {
@@ -196,13 +241,13 @@ class NcclCommunicator final : public DeviceCommunicator {
       DPCHECK_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
       if (async != ncclSuccess && async != ncclInProgress) {
         aborted_ = true;
-        throw Error(std::string(call) + " on rank " + std::to_string(rank()) + " failed in NCCL: " + ncclGetErrorString(async));
+        throw Error(call + " on rank " + std::to_string(rank()) + " failed in NCCL: " + ncclGetErrorString(async));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         aborted_ = true;
         ncclCommAbort(comm_);
         comm_ = nullptr;
-        throw TimeoutError(std::string(call) + " timed out on rank " + std::to_string(rank()) + " after " +
+        throw TimeoutError(call + " timed out on rank " + std::to_string(rank()) + " after " +
                            std::to_string(timeout().count() / 1000.0) + " s inside NCCL");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -226,8 +271,10 @@ int device_count() {
 }
 
 void run_cuda_local(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
+  // A size outside 1..64 is wrong with or without a GPU: say so before asking for one.
+  if (n < 1 || n > kMaxLocalReplicas)
+    throw UsageError("cuda-local runs 1 to " + std::to_string(kMaxLocalReplicas) + " replicas, not " + std::to_string(n));
   require_device();
-  if (n > kMaxLocalReplicas) throw UsageError("cuda-local runs at most 64 replicas");
   run_local(n, [&](Communicator& host) {
     DPCHECK_CUDA_CHECK(cudaSetDevice(0));
     CudaLocalCommunicator comm(host);
@@ -237,6 +284,7 @@ void run_cuda_local(int n, const std::function<void(Communicator&)>& fn, std::ch
 
 void run_nccl_threads(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
   require_device();
+  if (n < 1) throw UsageError("nccl runs at least 1 rank, not " + std::to_string(n));
   if (n > device_count())
     throw UsageError("nccl needs one GPU per rank: " + std::to_string(n) + " ranks, " + std::to_string(device_count()) +
                      " GPUs (use cuda-local for several replicas on one GPU)");

@@ -38,7 +38,10 @@ void validate_target(const Target& target) {
 
 reference::BoundOptions bound_options(const Target& target) {
   reference::BoundOptions o;
-  if (target.tf32) o.unit_roundoff = 0x1p-11;  // TF32 keeps 10 explicit mantissa bits
+  if (target.tf32) {
+    o.unit_roundoff = 0x1p-11;  // TF32 keeps 10 explicit mantissa bits
+    o.product_input_roundings = 4;
+  }
   return o;
 }
 

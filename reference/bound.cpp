@@ -30,12 +30,12 @@ double gamma(std::int64_t n, double u) {
 }
 
 std::int64_t whole_batch_roundings(std::int64_t batch, const BoundOptions& options) {
-  return batch + options.slack_roundings;
+  return batch + options.slack_roundings + options.product_input_roundings;
 }
 
 std::int64_t sharded_roundings(std::int64_t largest_micro_batch, std::int64_t micro_batches, int world_size,
                                const BoundOptions& options) {
-  return largest_micro_batch + micro_batches + world_size + options.slack_roundings;
+  return largest_micro_batch + micro_batches + world_size + options.slack_roundings + options.product_input_roundings;
 }
 
 double GradientBound::bound(std::size_t i, std::int64_t m) const {
@@ -74,7 +74,7 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
     M terms = (a_in.cwiseAbs() + ea_in) * absW.transpose();
     terms.rowwise() += b[l].cwiseAbs();
     const auto fan_in = static_cast<std::int64_t>(W[l].cols());
-    st.ez = ea_in * absW.transpose() + gamma(fan_in + 1, u) * terms;
+    st.ez = ea_in * absW.transpose() + gamma(fan_in + 1 + options.product_input_roundings, u) * terms;
     if (static_cast<int>(l) + 1 == L) break;
 
     st.a.resize(st.z.rows(), st.z.cols());
@@ -176,7 +176,7 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
     // h = delta W, a dot product over this layer's outputs; then the activation's derivative below.
     const M absW = W[l].cwiseAbs();
     const M h = delta * W[l];
-    const M eh = edelta * absW + gamma(W[l].rows(), u) * (vdelta * absW);
+    const M eh = edelta * absW + gamma(W[l].rows() + options.product_input_roundings, u) * (vdelta * absW);
     const LayerState& below = s[l - 1];
     M next(h.rows(), h.cols()), enext(h.rows(), h.cols());
     for (Eigen::Index i = 0; i < h.size(); ++i) {

@@ -32,6 +32,10 @@ struct BoundOptions {
   double exp_error = 8;            // relative error of the engine's exp, in units of u (4 ulp; CUDA's expf: 2)
   double tanh_error = 8;           // relative error of the engine's tanh, in units of u (4 ulp)
   std::int64_t slack_roundings = 4;  // scale factors applied somewhere on the path
+  // Extra relative error of every term of a matrix product, in units of u: 0 when the product's inputs
+  // are used as they are; 4 for TF32, whose inputs lose their low mantissa bits (up to 2u each when
+  // truncated rather than rounded).
+  std::int64_t product_input_roundings = 0;
 };
 
 double gamma(std::int64_t n, double u);  // n u / (1 - n u); +infinity once n u >= 1

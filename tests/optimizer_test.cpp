@@ -1,7 +1,9 @@
 // Tests for src/optimizer (the float32 CPU optimizers) against PyTorch's formulas: closed forms worked
 // by hand for the first steps, several steps against the float64 reference (reference/optimizer)
 // within a rounding bound carried element by element beside it, the state's names and blocks, and a
-// stored-and-reloaded optimizer that continues bit for bit like one that was never interrupted.
+// stored-and-reloaded optimizer that continues bit for bit like one that was never interrupted. With
+// CUDA, the GPU optimizers (kernels/optimizer.cu) face the same reference with the same bound, and
+// must repeat themselves bit for bit.
 #include "src/optimizer.hpp"
 
 #include <gtest/gtest.h>
@@ -9,13 +11,21 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "reference/optimizer.hpp"
 #include "src/error.hpp"
 #include "src/rng.hpp"
+
+#if DPCHECK_HAVE_CUDA
+#include "kernels/device.hpp"
+#include "kernels/optimizer.hpp"
+#endif
 
 namespace dpcheck {
 namespace {
@@ -220,6 +230,8 @@ TEST(OptimizerClosedForm, ZeroLearningRateLeavesParamsButAdvancesState) {
 // (the scalars bc1, bc2 and w = 1 - beta are the same in both paths: the betas are float32 and
 // 1 - beta is exact in float32 for the defaults). The check allows twice the bound, which covers
 // the second-order terms and the float64 reference's own rounding (2^-53 relative) many times over.
+// A fused multiply-add (nvcc contracts p + (-lr) g and the like into one) only drops a rounding, so
+// the same bound holds for the GPU kernels; their sqrt and division are IEEE (no fast math).
 struct ErrorBound {
   std::vector<double> p, m, v;
 };
@@ -262,26 +274,53 @@ struct RunResult {
   ErrorBound bound;
 };
 
+// A float32 optimizer with its buffers wherever it keeps them: steps on host vectors, however it gets
+// them there and back.
+class Stepper {
+ public:
+  virtual ~Stepper() = default;
+  virtual void step(std::vector<float>& params, const std::vector<float>& grads) = 0;
+  virtual std::vector<float> state() const = 0;
+};
+using MakeStepper = std::function<std::unique_ptr<Stepper>(const OptimizerConfig&, std::size_t)>;
+
+class CpuStepper final : public Stepper {
+ public:
+  CpuStepper(const OptimizerConfig& config, std::size_t n) : opt_(make_cpu_optimizer(config, n)) {}
+  void step(std::vector<float>& params, const std::vector<float>& grads) override { opt_->step(params.data(), grads.data()); }
+  std::vector<float> state() const override {
+    std::vector<float> s(opt_->state_size());
+    opt_->store_state(s);
+    return s;
+  }
+
+ private:
+  std::unique_ptr<Optimizer> opt_;
+};
+
+std::unique_ptr<Stepper> cpu_stepper(const OptimizerConfig& config, std::size_t n) {
+  return std::make_unique<CpuStepper>(config, n);
+}
+
 // `steps` steps of the float32 optimizer and of the float64 reference (run with `ref_config`) from
 // the same float32 parameters and gradients.
 RunResult run_against_reference(const OptimizerConfig& config, const OptimizerConfig& ref_config, std::size_t n,
-                                int steps) {
+                                int steps, const MakeStepper& make = cpu_stepper) {
   RunResult r;
   r.params = unit_values(n, 3, 100);
   r.ref_params.assign(r.params.begin(), r.params.end());
   r.bound = {std::vector<double>(n, 0.0), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
-  const auto opt = make_cpu_optimizer(config, n);
+  const auto opt = make(config, n);
   reference::OptimizerState<double> state;
   for (int t = 1; t <= steps; ++t) {
     const std::vector<float> g = spread_values(n, 3, static_cast<std::uint64_t>(t));
     const std::vector<double> g64(g.begin(), g.end());
-    opt->step(r.params.data(), g.data());
+    opt->step(r.params, g);
     const reference::OptimizerState<double> before = state;
     reference::optimizer_step<double>(ref_config, r.ref_params, g64, state);
     advance_bound(config, t, g, r.ref_params, before, state, r.bound);
   }
-  r.state.resize(opt->state_size());
-  opt->store_state(r.state);
+  r.state = opt->state();
   r.ref_state.insert(r.ref_state.end(), state.momentum_buffer.begin(), state.momentum_buffer.end());
   r.ref_state.insert(r.ref_state.end(), state.exp_avg.begin(), state.exp_avg.end());
   r.ref_state.insert(r.ref_state.end(), state.exp_avg_sq.begin(), state.exp_avg_sq.end());
@@ -408,6 +447,128 @@ TEST(OptimizerState, StateIsWhereTheStepReadsIt) {
   opt->step(p.data(), g.data());  // buf = 0.5 buf + 1
   EXPECT_EQ(p, (std::vector<float>{-1.25f, -1.25f, -1.75f, -1.25f}));
 }
+
+#if DPCHECK_HAVE_CUDA
+
+// ---- the GPU optimizers (kernels/optimizer.cu) ----------------------------------------------------
+
+#define DPCHECK_REQUIRE_GPU()                                                        \
+  do {                                                                               \
+    std::string why_;                                                                \
+    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
+  } while (0)
+
+// The CUDA optimizer on device copies of the parameters and gradients, on its own stream.
+class GpuStepper final : public Stepper {
+ public:
+  GpuStepper(const OptimizerConfig& config, std::size_t n)
+      : n_(n), params_(n), grads_(n), opt_(cuda::make_optimizer(config, n, stream_.get())) {}
+  void step(std::vector<float>& params, const std::vector<float>& grads) override {
+    const cudaStream_t s = stream_.get();
+    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(params_.get(), params.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, s));
+    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(grads_.get(), grads.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, s));
+    opt_->step(params_.get(), grads_.get());
+    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(params.data(), params_.get(), n_ * sizeof(float), cudaMemcpyDeviceToHost, s));
+    stream_.synchronize();
+  }
+  std::vector<float> state() const override {
+    std::vector<float> s(opt_->state_size());
+    opt_->store_state(s);
+    return s;
+  }
+  Optimizer& optimizer() { return *opt_; }
+
+ private:
+  std::size_t n_;
+  cuda::Stream stream_;
+  cuda::DeviceBuffer<float> params_, grads_;
+  std::unique_ptr<Optimizer> opt_;
+};
+
+std::unique_ptr<Stepper> gpu_stepper(const OptimizerConfig& config, std::size_t n) {
+  return std::make_unique<GpuStepper>(config, n);
+}
+
+TEST(OptimizerGpu, StateStartsAtZeroOnTheDevice) {
+  DPCHECK_REQUIRE_GPU();
+  for (OptimizerKind k : kKinds) {
+    GpuStepper g(config_of(k, 0.1f), 7);
+    EXPECT_EQ(g.optimizer().memory_space(), MemorySpace::device);
+    EXPECT_EQ(g.optimizer().steps(), 0);
+    EXPECT_EQ(g.state(), std::vector<float>(g.optimizer().state_size(), 0.0f)) << optimizer_name(k);
+  }
+}
+
+TEST(OptimizerGpu, SeveralStepsWithinDerivedRoundingBound) {
+  DPCHECK_REQUIRE_GPU();
+  const std::size_t n = 280;
+  for (OptimizerKind k : kKinds) {
+    SCOPED_TRACE(std::string(optimizer_name(k)));
+    const OptimizerConfig c = config_of(k, k == OptimizerKind::adam ? 0.01f : 0.1f);
+    const RunResult r = run_against_reference(c, c, n, 6, gpu_stepper);
+    ASSERT_EQ(r.state.size(), r.ref_state.size());
+    const double ratio = worst_ratio(r, k);
+    EXPECT_LE(ratio, 1.0);
+    RecordProperty("error_ratio_" + std::string(optimizer_name(k)), std::to_string(ratio));
+    std::size_t moved = 0;
+    const std::vector<float> start = unit_values(n, 3, 100);
+    for (std::size_t i = 0; i < n; ++i) moved += r.params[i] != start[i];
+    EXPECT_GT(moved, n / 2);
+  }
+}
+
+TEST(OptimizerGpu, BoundCatchesLearningRateOffByOnePartInTenThousand) {
+  DPCHECK_REQUIRE_GPU();
+  for (OptimizerKind k : kKinds) {
+    SCOPED_TRACE(std::string(optimizer_name(k)));
+    const OptimizerConfig c = config_of(k, k == OptimizerKind::adam ? 0.01f : 0.1f);
+    OptimizerConfig off = c;
+    off.lr = static_cast<float>(static_cast<double>(c.lr) * (1 + 1e-4));
+    EXPECT_GT(worst_ratio(run_against_reference(c, off, 280, 6, gpu_stepper), k), 1.0);
+  }
+}
+
+TEST(OptimizerGpu, MomentumAndBetasOtherThanDefaults) {
+  DPCHECK_REQUIRE_GPU();
+  OptimizerConfig mom = config_of(OptimizerKind::momentum, 0.03f);
+  mom.momentum = 0.5f;
+  EXPECT_LE(worst_ratio(run_against_reference(mom, mom, 140, 5, gpu_stepper), mom.kind), 1.0);
+  OptimizerConfig adam = config_of(OptimizerKind::adam, 0.002f);
+  adam.beta1 = 0.5f;
+  adam.beta2 = 0.75f;
+  adam.eps = 1e-6f;
+  EXPECT_LE(worst_ratio(run_against_reference(adam, adam, 140, 5, gpu_stepper), adam.kind), 1.0);
+}
+
+// Replicas step their own copies of the optimizer: the same inputs must give the same bits, every time,
+// and a stored and reloaded state must continue exactly like the uninterrupted run.
+TEST(OptimizerGpu, RepeatsItselfBitForBitAndResumesFromItsState) {
+  DPCHECK_REQUIRE_GPU();
+  const std::size_t n = 1000;
+  for (OptimizerKind k : kKinds) {
+    SCOPED_TRACE(std::string(optimizer_name(k)));
+    const OptimizerConfig c = config_of(k, 0.05f);
+    std::vector<std::vector<float>> grads;
+    for (std::uint64_t t = 0; t < 4; ++t) grads.push_back(spread_values(n, 12, t));
+    std::vector<float> first = unit_values(n, 12, 50), second = first;
+    GpuStepper a(c, n), b(c, n);
+    for (const auto& g : grads) a.step(first, g);
+    for (const auto& g : grads) b.step(second, g);
+    EXPECT_EQ(std::memcmp(first.data(), second.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(a.state(), b.state());
+
+    std::vector<float> resumed = unit_values(n, 12, 50);
+    GpuStepper head(c, n), tail(c, n);
+    head.step(resumed, grads[0]);
+    tail.optimizer().load_state(head.state(), head.optimizer().steps());
+    for (std::size_t t = 1; t < grads.size(); ++t) tail.step(resumed, grads[t]);
+    EXPECT_EQ(std::memcmp(resumed.data(), first.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(tail.state(), a.state());
+    EXPECT_EQ(tail.optimizer().steps(), a.optimizer().steps());
+  }
+}
+
+#endif  // DPCHECK_HAVE_CUDA
 
 }  // namespace
 }  // namespace dpcheck

@@ -1,0 +1,213 @@
+// The "cuda-local" communicator (kernels/gpu_comm.cpp: N replicas on one GPU, reduced in rank order by
+// kernels/allreduce.cu). The backend-independent checks are the conformance suite
+// (tests/comm_conformance.hpp), run here for N = 1..8 through a staging wrapper that moves each call's
+// host buffers to device buffers and back; this file adds that cuda-local gives exactly the local
+// backend's bits, and what it refuses.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/device.hpp"
+#include "kernels/gpu_comm.hpp"
+#include "src/error.hpp"
+#include "src/local_comm.hpp"
+#include "tests/comm_conformance.hpp"
+
+namespace dpcheck {
+namespace {
+
+using namespace std::chrono_literals;
+
+#define DPCHECK_REQUIRE_GPU()                                                        \
+  do {                                                                               \
+    std::string why_;                                                                \
+    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
+  } while (0)
+
+// Host buffers in, device buffers underneath: each call's host buffers are copied to fresh device
+// buffers, the device communicator's collective runs on them, and the results are copied back, so that
+// the suite (written for host buffers) runs against a device backend. Zero-element calls pass null
+// device pointers, as the suite passes null host ones; an allgather whose send block lies inside its
+// recv stays in place on the device too.
+class Staged final : public Communicator {
+ public:
+  explicit Staged(Communicator& device) : dev_(device) {
+    dev_.set_stream(stream_.get());
+    Communicator::set_timeout(device.timeout());
+  }
+  using Communicator::allgather;  // the typed span forms, beside the overrides below
+  using Communicator::allreduce;
+  using Communicator::broadcast;
+  int rank() const override { return dev_.rank(); }
+  int size() const override { return dev_.size(); }
+  std::string_view backend() const override { return dev_.backend(); }
+  void set_timeout(std::chrono::milliseconds t) override {
+    Communicator::set_timeout(t);
+    dev_.set_timeout(t);
+  }
+
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    const std::size_t bytes = count * dtype_size(dtype);
+    const cuda::DeviceBuffer<unsigned char> d(bytes);
+    copy(d.get(), buf, bytes, cudaMemcpyHostToDevice);
+    dev_.allreduce(device_ptr(d, buf), count, dtype, op);
+    copy(buf, d.get(), bytes, cudaMemcpyDeviceToHost);
+  }
+
+  void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    const std::size_t bytes = count * dtype_size(dtype);
+    const cuda::DeviceBuffer<unsigned char> d(bytes);
+    copy(d.get(), buf, bytes, cudaMemcpyHostToDevice);
+    dev_.broadcast(device_ptr(d, buf), count, dtype, root);
+    copy(buf, d.get(), bytes, cudaMemcpyDeviceToHost);
+  }
+
+  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    const std::size_t bytes = count * dtype_size(dtype), total = bytes * static_cast<std::size_t>(size());
+    const cuda::DeviceBuffer<unsigned char> drecv(total);
+    const auto s = reinterpret_cast<std::uintptr_t>(send), r = reinterpret_cast<std::uintptr_t>(recv);
+    if (bytes > 0 && recv && s >= r && s < r + total) {  // in place: the send block is part of recv
+      copy(drecv.get(), recv, total, cudaMemcpyHostToDevice);
+      dev_.allgather(drecv.get() + (s - r), drecv.get(), count, dtype);
+    } else {
+      const cuda::DeviceBuffer<unsigned char> dsend(bytes);
+      copy(dsend.get(), send, bytes, cudaMemcpyHostToDevice);
+      dev_.allgather(send ? dsend.get() : nullptr, recv ? drecv.get() : nullptr, count, dtype);
+    }
+    copy(recv, drecv.get(), total, cudaMemcpyDeviceToHost);
+  }
+
+  void barrier() override { dev_.barrier(); }
+
+ private:
+  static void* device_ptr(const cuda::DeviceBuffer<unsigned char>& d, const void* host) {
+    return host ? d.get() : nullptr;
+  }
+  void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    if (bytes == 0 || !dst || !src) return;
+    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_.get()));
+    stream_.synchronize();
+  }
+
+  Communicator& dev_;
+  cuda::Stream stream_;
+};
+
+// ---- the conformance suite ----------------------------------------------------------------------------
+
+constexpr int kMaxRanks = 8;
+
+class Conformance : public testing::TestWithParam<conformance::ConformanceCheck> {};
+
+TEST_P(Conformance, OnWorldSizes1To8) {
+  DPCHECK_REQUIRE_GPU();
+  for (int n = 1; n <= kMaxRanks; ++n)
+    cuda::run_cuda_local(n, [&](Communicator& c) {
+      Staged staged(c);
+      GetParam().run(staged);
+    }, 30s);
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaLocalCommGpu, Conformance, testing::ValuesIn(conformance::conformance_checks()),
+                         conformance::check_name);
+
+// ---- beyond the suite -------------------------------------------------------------------------------
+
+TEST(CudaLocalCommGpu, ReportsItselfAsADeviceBackendSharingOneAddressSpace) {
+  DPCHECK_REQUIRE_GPU();
+  cuda::run_cuda_local(3, [](Communicator& c) {
+    EXPECT_EQ(c.backend(), "cuda-local");
+    EXPECT_EQ(c.memory_space(), MemorySpace::device);
+    EXPECT_EQ(c.size(), 3);
+    EXPECT_NE(&c.host(), &c);
+    EXPECT_EQ(c.host().memory_space(), MemorySpace::host);
+    EXPECT_EQ(c.host().rank(), c.rank());
+    EXPECT_TRUE(c.shares_address_space());
+  }, 30s);
+}
+
+// The same inputs through cuda-local and through the local backend give the same bits, on every rank,
+// for every world size: a model trained on either agrees with the other to the last bit.
+TEST(CudaLocalCommGpu, FloatSumsAndAveragesHaveTheLocalBackendsBits) {
+  DPCHECK_REQUIRE_GPU();
+  constexpr std::size_t len = 100'003;
+  for (int n = 1; n <= kMaxRanks; ++n) {
+    for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      const auto run = [&](bool gpu, auto zero) {
+        using T = decltype(zero);
+        std::vector<std::vector<T>> out(static_cast<std::size_t>(n));
+        std::mutex mu;
+        const auto body = [&](Communicator& c) {
+          std::vector<T> buf = conformance::awkward_values<T>(c.rank(), len);
+          c.allreduce(std::span<T>(buf), op);
+          const std::lock_guard<std::mutex> lock(mu);
+          out[static_cast<std::size_t>(c.rank())] = std::move(buf);
+        };
+        if (gpu)
+          cuda::run_cuda_local(n, [&](Communicator& c) {
+            Staged staged(c);
+            body(staged);
+          }, 30s);
+        else
+          run_local(n, body, 30s);
+        return out;
+      };
+      const auto check = [&](auto zero, const char* type) {
+        using T = decltype(zero);
+        const auto local = run(false, zero), gpu = run(true, zero);
+        for (int r = 0; r < n; ++r)
+          EXPECT_EQ(std::memcmp(gpu[static_cast<std::size_t>(r)].data(), local[0].data(), len * sizeof(T)), 0)
+              << "N=" << n << " rank " << r << " " << type << " " << reduce_op_name(op);
+      };
+      check(0.0f, "float32");
+      check(0.0, "float64");
+    }
+  }
+}
+
+// A collective whose buffers are null on some rank is refused on every rank, before any replica reads
+// through the null pointer.
+TEST(CudaLocalCommGpu, NullDeviceBufferIsRefusedOnEveryRank) {
+  DPCHECK_REQUIRE_GPU();
+  cuda::run_cuda_local(3, [](Communicator& c) {
+    cuda::DeviceBuffer<float> buf(4);
+    try {
+      c.allreduce(c.rank() == 1 ? nullptr : buf.get(), 4, DType::f32, ReduceOp::sum);
+      ADD_FAILURE() << "rank " << c.rank() << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 passed a null buffer"), std::string::npos) << e.what();
+    }
+    c.barrier();
+  }, 30s);
+}
+
+TEST(CudaLocalComm, WorldSizeOutsideOneTo64IsAUsageError) {
+  // Whether or not there is a device: the size is wrong either way.
+  for (int n : {0, -1, 65, 1000}) {
+    try {
+      cuda::run_cuda_local(n, [](Communicator&) {}, 1s);
+      ADD_FAILURE() << n << " replicas accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("1 to 64 replicas"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(CudaLocalComm, WithoutADeviceIsAUsageErrorWithTheRuntimesReason) {
+  std::string why;
+  if (cuda::device_available(&why)) GTEST_SKIP() << "a CUDA device is present";
+  try {
+    cuda::run_cuda_local(2, [](Communicator&) {}, 1s);
+    FAIL() << "ran without a device";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device: " + why), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dpcheck
