@@ -17,6 +17,8 @@ std::string Target::describe() const {
   return "engine " + engine + (tf32 ? " (tf32)" : "") + ", comm " + comm + ", mutant " + (mutant.empty() ? "none" : mutant);
 }
 
+std::string default_comm(const std::string& engine) { return engine == "cuda" ? "cuda-local" : "local"; }
+
 void validate_target(const Target& target) {
   const bool cpu = target.engine == "cpu", gpu = target.engine == "cuda";
   if (!cpu && !gpu) throw UsageError("unknown engine '" + target.engine + "' (choose cpu or cuda)");

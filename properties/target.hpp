@@ -31,6 +31,9 @@ struct Target {
   std::string describe() const;  // "engine cpu, comm local, mutant none"
 };
 
+// The communicator an engine runs with when --comm is not given: local for cpu, cuda-local for cuda.
+std::string default_comm(const std::string& engine);
+
 // Checks that the engine, backend and mutant names are known and go together, and that a GPU engine
 // has a device; UsageError otherwise ("no CUDA device: <the runtime's reason>").
 void validate_target(const Target& target);

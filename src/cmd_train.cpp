@@ -168,8 +168,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--mutant", o->mutant, "Train with a deliberately broken part (see dpcheck verify --list-mutants)");
   sub->add_option("--engine", o->engine, "Engine: cpu (default) or cuda");
   sub->add_option("--comm", o->comm,
-                  "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local or nccl "
-                  "for the cuda engine");
+                  "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local "
+                  "(default) or nccl for the cuda engine");
   sub->add_flag("--tf32", o->tf32, "cuda engine: TF32 matrix products");
   sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
   sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");
@@ -177,6 +177,7 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--fault-step", o->fault_step, "")->group("");
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
+    if (sub->count("--comm") == 0) o->comm = default_comm(o->engine);
     return run_train(*o);
   };
 }

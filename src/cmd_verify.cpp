@@ -225,7 +225,7 @@ Runner add_verify(CLI::App& app) {
   sub->add_option("--engine", o->target.engine, "Engine: cpu (default) or cuda");
   sub->add_option("--comm", o->target.comm,
                   "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local (replicas "
-                  "on one GPU) or nccl for the cuda engine");
+                  "on one GPU, default) or nccl for the cuda engine");
   sub->add_flag("--tf32", o->target.tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
   sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
   sub->add_option("--report", o->report, "Write a JSON report to this file");
@@ -233,6 +233,7 @@ Runner add_verify(CLI::App& app) {
   sub->add_flag("--list-mutants", o->list_mutants, "Print the mutants' names, one a line, and exit");
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
+    if (sub->count("--comm") == 0) o->target.comm = default_comm(o->target.engine);
     return run_verify(*o);
   };
 }

@@ -12,6 +12,7 @@
 #include "properties/mutants.hpp"
 #include "src/model.hpp"
 #include "src/npy.hpp"
+#include "src/cuda_plugin.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {
@@ -119,6 +120,28 @@ TEST_F(Cli, BadInputIsOneLineAndExitTwoAndWritesNothing) {
     EXPECT_FALSE(fs::exists(report)) << args;
   }
   EXPECT_FALSE(fs::exists(path("missing")));
+}
+
+// Where no GPU can be used, every GPU command ends with one line naming why, and exit 2; --engine cuda
+// alone picks the cuda-local communicator.
+TEST_F(Cli, GpuCommandsWithoutADeviceExitTwoNamingTheReason) {
+  std::string why;
+  const cuda::Plugin* plugin = cuda_plugin(&why);
+  if (plugin && plugin->device_available(&why)) GTEST_SKIP() << "this machine has a CUDA device";
+  const std::string report = path("never.json");
+  for (const std::string& args : {"verify --engine cuda --report " + report,
+                                 "verify --engine cuda --comm nccl --report " + report,
+                                 "verify --engine cuda --mutant bias-grad-atomic --report " + report,
+                                 "train --engine cuda --model 4,1 --batch 8 --steps 1 --log " + report}) {
+    const CommandResult o = run(args);
+    EXPECT_EQ(o.status, 2) << args << "\n" << o.output;
+    EXPECT_EQ(lines(o.output), 1) << args << "\n" << o.output;
+    // Either the runtime's reason for no device, or why the plugin could not be loaded.
+    EXPECT_NE(o.output.find(plugin ? "no CUDA device: " + why : why), std::string::npos) << args << "\n" << o.output;
+    EXPECT_FALSE(fs::exists(report)) << args;
+  }
+  // The cuda engine with a CPU communicator is refused whether or not there is a device.
+  EXPECT_EQ(run("verify --engine cuda --comm local").status, 2);
 }
 
 TEST_F(Cli, GradRejectsNpyOfTheWrongDtypeOrShape) {
