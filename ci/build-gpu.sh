@@ -7,12 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 arch=${DPCHECK_CUDA_ARCH:-90}
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-[ -f build-gpu/CMakeCache.txt ] && generator=()
-cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDPCHECK_WERROR=ON \
-  -DDPCHECK_CUDA=ON -DDPCHECK_MPI=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch"
-cmake --build build-gpu --parallel "$(nproc)"
+# The "gpu" preset (CMakePresets.json): build-gpu/, Release, CUDA on, MPI off, warnings as errors.
+cmake --preset gpu -DCMAKE_CUDA_ARCHITECTURES="$arch"
+cmake --build --preset gpu --parallel "$(nproc)"
 
 rm -rf gpu-bin
 mkdir -p gpu-bin/tests

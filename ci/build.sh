@@ -3,8 +3,6 @@
 # Extra arguments go to CMake's configure step, e.g. -DDPCHECK_CUDA=OFF.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-[ -f build/CMakeCache.txt ] && generator=()  # keep whatever generator the build folder already uses
-cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPCHECK_WERROR=ON "$@"
-cmake --build build --parallel "$(nproc)"
+# The "ci" preset (CMakePresets.json): Ninja, build/, RelWithDebInfo, warnings as errors.
+cmake --preset ci "$@"
+cmake --build --preset ci --parallel "$(nproc)"

@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 bash ci/build.sh "$@"
-cd build
-ctest --output-on-failure --parallel "$(nproc)" --output-junit junit.xml --timeout 600
+# The "ci" test preset: output on failure, JUnit XML in build/junit.xml, 600 s a test at most.
+ctest --preset ci --parallel "$(nproc)"
