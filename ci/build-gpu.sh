@@ -17,5 +17,5 @@ cp build-gpu/dpcheck build-gpu/libdpcheck_audit.so build-gpu/libdpcheck_cuda.so 
 find build-gpu/tests -maxdepth 1 -type f -perm -u+x -name '*_test' -exec cp {} gpu-bin/tests/ \;
 strip --strip-unneeded gpu-bin/dpcheck gpu-bin/tests/* 2>/dev/null || true
 echo "gpu-bin: $(du -sh gpu-bin | cut -f1) in $(find gpu-bin -type f | wc -l) files"
-echo "libraries the GPU runner must provide:"
-ldd gpu-bin/dpcheck | grep -E "cuda|cublas|nccl|not found" || true
+echo "libraries the GPU runner must provide (the plugin's; dpcheck itself loads it on first GPU use):"
+ldd gpu-bin/libdpcheck_cuda.so | grep -E "cuda|cublas|nccl|not found" || true

@@ -16,6 +16,13 @@ export DPCHECK_CUDA_PLUGIN="$(cd "$bin" && pwd)/libdpcheck_cuda.so"
 summary=()
 failed=0
 
+# record NAME VERDICT START: one line of the summary table; any verdict but "pass..." fails the run.
+record() {
+  [[ $2 == pass* ]] || failed=1
+  summary+=("$(printf '%-44s %-36s %5ds' "$1" "$2" $((SECONDS - $3)))")
+  echo "[$2] $1 ($((SECONDS - $3)) s)"
+}
+
 # run NAME EXPECTED_STATUS COMMAND...: runs, logs to $out/NAME.log, records pass/fail and seconds.
 run() {
   local name=$1 expect=$2
@@ -23,20 +30,40 @@ run() {
   local start=$SECONDS
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
-  local verdict=pass
-  [ "$rc" -eq "$expect" ] || { verdict="FAIL (exit $rc, expected $expect)"; failed=1; }
-  summary+=("$(printf '%-44s %-28s %5ds' "$name" "$verdict" $((SECONDS - start)))")
-  echo "[$verdict] $name ($((SECONDS - start)) s)"
+  if [ "$rc" -eq "$expect" ]; then record "$name" pass "$start"; else record "$name" "FAIL (exit $rc, expected $expect)" "$start"; fi
 }
 
-nvidia-smi -L > "$out/device.txt" 2>&1 || true
+# run_test NAME: one GPU test binary, JUnit XML out. Here a test that skips for want of a device is a
+# failure (the runner has one); other skips (a test for machines without a GPU, one that needs MPI,
+# which these binaries are built without) are counted in the verdict and listed in $out/skipped.txt.
+run_test() {
+  local name=$1 start=$SECONDS
+  local xml="$out/junit-$name.xml" log="$out/test-$name.log"
+  "$bin/tests/${name}_test" --gtest_output=xml:"$xml" > "$log" 2>&1
+  local rc=$?
+  local skipped
+  skipped=$(grep -c '<skipped' "$xml" 2> /dev/null) || skipped=0
+  grep -A1 -E ': Skipped$' "$log" | grep -v -E ': Skipped$|^--$' | sed "s/^/$name: /" >> "$out/skipped.txt"
+  if [ "$rc" -ne 0 ]; then
+    record "test-$name" "FAIL (exit $rc)" "$start"
+  elif grep -q 'no CUDA device' "$log"; then
+    record "test-$name" "FAIL (skipped: no CUDA device)" "$start"
+  elif [ "$skipped" -gt 0 ]; then
+    record "test-$name" "pass ($skipped skipped)" "$start"
+  else
+    record "test-$name" pass "$start"
+  fi
+}
+
+{ nvidia-smi -L 2> /dev/null || echo "no nvidia-smi"; } > "$out/device.txt"
+rm -f "$out/skipped.txt"
 head -3 "$out/device.txt"
 
 # 1. GPU test binaries (their CPU tests run too; GPU tests skip only where there is no device).
 for t in linear activation loss bias_grad hash first_difference optimizer cuda_engine cuda_local_comm nccl_comm \
          gpu_properties; do
-  [ -x "$bin/tests/${t}_test" ] || { summary+=("$(printf '%-44s %-28s' "test $t" 'MISSING')"); failed=1; continue; }
-  run "test-$t" 0 "$bin/tests/${t}_test" --gtest_output=xml:"$out/junit-$t.xml"
+  [ -x "$bin/tests/${t}_test" ] || { record "test-$t" MISSING $SECONDS; continue; }
+  run_test "$t"
 done
 
 # 2. The properties on the GPU target.
@@ -55,17 +82,22 @@ for m in bias-grad-skip-tail:gradient_average_matches_whole_batch bias-grad-atom
 done
 
 # 4. compute-sanitizer over the kernel tests (few cases keep it quick: it slows kernels many times).
-if command -v compute-sanitizer > /dev/null; then
+# The toolkit does not always put it on PATH.
+sanitizer=$(command -v compute-sanitizer || true)
+for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  [ -n "$sanitizer" ] || { [ -x "$c" ] && sanitizer=$c; }
+done
+if [ -n "$sanitizer" ]; then
   export RC_PARAMS="max_success=10"
   for tool in memcheck racecheck; do
-    run "sanitizer-$tool" 0 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    run "sanitizer-$tool" 0 "$sanitizer" --tool "$tool" --error-exitcode 9 \
       "$bin/tests/bias_grad_test" --gtest_filter='*Gpu*'
-    run "sanitizer-$tool-engine" 0 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    run "sanitizer-$tool-engine" 0 "$sanitizer" --tool "$tool" --error-exitcode 9 \
       "$bin/tests/cuda_engine_test" --gtest_filter='*Gpu*'
   done
   unset RC_PARAMS
 else
-  summary+=("$(printf '%-44s %-28s' sanitizer 'skipped: no compute-sanitizer')")
+  record sanitizer "FAIL (no compute-sanitizer found)" $SECONDS
 fi
 
 # 5. Benchmarks: the step against PyTorch in the same run, the hash against the copy.
