@@ -52,7 +52,8 @@ __global__ void bias_grad_join(const float* __restrict__ chunks, float* __restri
 }
 
 // Mutant: every element is added into gb with atomicAdd (after a zeroing kernel), so the order of the
-// additions -- and the last bits -- follow the scheduler.
+// additions -- and the last bits -- follow the scheduler. One block of 32 columns per row (grid-striding
+// past the grid's limit), so that even a few rows spread over many SMs and the order varies run to run.
 __global__ void zero_kernel(float* gb, int cols) {
   const int col = blockIdx.x * blockDim.x + threadIdx.x;
   if (col < cols) gb[col] = 0.0f;
@@ -60,8 +61,9 @@ __global__ void zero_kernel(float* gb, int cols) {
 
 __global__ void bias_grad_atomic(const float* __restrict__ delta, float* gb, int rows, int cols) {
   const int col = blockIdx.x * kCols + threadIdx.x;
-  const int row = blockIdx.y * kRowThreads + threadIdx.y;
-  if (col < cols && row < rows) atomicAdd(&gb[col], delta[static_cast<long long>(row) * cols + col]);
+  if (col >= cols) return;
+  for (int row = blockIdx.y; row < rows; row += gridDim.y)
+    atomicAdd(&gb[col], delta[static_cast<long long>(row) * cols + col]);
 }
 
 }  // namespace
@@ -82,7 +84,7 @@ void bias_grad(const float* delta, float* gb, int rows, int cols, bool accumulat
       DPCHECK_LAUNCH_CHECK();
     }
     if (rows == 0) return;
-    bias_grad_atomic<<<dim3(col_blocks, (rows + kRowThreads - 1) / kRowThreads), block, 0, stream>>>(delta, gb, rows, cols);
+    bias_grad_atomic<<<dim3(col_blocks, rows < 65535 ? rows : 65535), kCols, 0, stream>>>(delta, gb, rows, cols);
     DPCHECK_LAUNCH_CHECK();
     return;
   }

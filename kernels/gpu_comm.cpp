@@ -95,6 +95,9 @@ class DeviceCommunicator : public Communicator {
     }
     const std::string verdict = check_calls(descs, null_buffer);
     if (!verdict.empty()) throw Error(call_on_rank(desc.kind, rank()) + ": " + verdict);
+    // Without the engine's stream the work would go to the legacy default stream, which is not ordered
+    // with the engine's non-blocking one: a peer could read a half-written buffer.
+    if (!stream_ && desc.count > 0) throw Error(call_on_rank(desc.kind, rank()) + ": set_stream() was never called");
     return peers;
   }
 
@@ -113,43 +116,63 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     sync();
     const std::vector<Peer> peers = agree(CallDesc{CallKind::allreduce, count, dtype, op, 0}, buf, nullptr);
-    const std::size_t n = peers.size(), r = static_cast<std::size_t>(rank());
-    const std::size_t lo = count * r / n, hi = count * (r + 1) / n;
-    std::vector<void*> bufs(n);
-    for (std::size_t k = 0; k < n; ++k) bufs[k] = peers[k].buf;
-    reduce_rank_order(bufs.data(), static_cast<int>(n), lo, hi, dtype, op, stream_);
-    sync();
-    host_.barrier();
+    finish([&] {
+      const std::size_t n = peers.size(), r = static_cast<std::size_t>(rank());
+      const std::size_t lo = count * r / n, hi = count * (r + 1) / n;
+      std::vector<void*> bufs(n);
+      for (std::size_t k = 0; k < n; ++k) bufs[k] = peers[k].buf;
+      reduce_rank_order(bufs.data(), static_cast<int>(n), lo, hi, dtype, op, stream_);
+    });
   }
 
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     sync();
     const std::vector<Peer> peers = agree(CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, buf, nullptr);
-    if (rank() != root && count > 0)
-      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(buf, peers[static_cast<std::size_t>(root)].buf, count * dtype_size(dtype),
-                                         cudaMemcpyDeviceToDevice, stream_));
-    sync();
-    host_.barrier();
+    finish([&] {
+      if (rank() != root && count > 0)
+        DPCHECK_CUDA_CHECK(cudaMemcpyAsync(buf, peers[static_cast<std::size_t>(root)].buf, count * dtype_size(dtype),
+                                           cudaMemcpyDeviceToDevice, stream_));
+    });
   }
 
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     sync();
     const std::vector<Peer> peers =
         agree(CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, recv, send);
-    const std::size_t bytes = count * dtype_size(dtype);
-    for (std::size_t r = 0; r < peers.size() && bytes > 0; ++r) {
-      char* dst = static_cast<char*>(recv) + r * bytes;
-      // In place, this rank's send is already its own block: a copy onto itself would overlap.
-      if (dst != peers[r].send)
-        DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, peers[r].send, bytes, cudaMemcpyDeviceToDevice, stream_));
-    }
-    sync();
-    host_.barrier();
+    finish([&] {
+      const std::size_t bytes = count * dtype_size(dtype);
+      for (std::size_t r = 0; r < peers.size() && bytes > 0; ++r) {
+        char* dst = static_cast<char*>(recv) + r * bytes;
+        // In place, this rank's send is already its own block: a copy onto itself would overlap.
+        if (dst != peers[r].send)
+          DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, peers[r].send, bytes, cudaMemcpyDeviceToDevice, stream_));
+      }
+    });
   }
 
   void barrier() override {
     sync();
     agree(CallDesc{}, nullptr, nullptr);
+  }
+
+ private:
+  // The part of a collective after the agreement, then this replica's stream, then the barrier. If it
+  // throws, the replica still waits for its stream and meets its peers at the barrier before the error
+  // leaves: its caller may free the buffers, and the peers' kernels may still be using them.
+  template <class Body>
+  void finish(Body&& body) {
+    try {
+      body();
+      sync();
+    } catch (...) {
+      cudaStreamSynchronize(stream_);
+      try {
+        host_.barrier();
+      } catch (...) {  // the error already on its way says more than a peer that is also gone
+      }
+      throw;
+    }
+    host_.barrier();
   }
 };
 
@@ -175,44 +198,85 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Whether an NCCL call was accepted: a nonblocking communicator answers ncclInProgress while it works.
+void check_enqueued(ncclResult_t r, const char* call, const char* file, int line) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw_call_error(call, static_cast<long>(r), ncclGetErrorString(r), file, line);
+}
+#define DPCHECK_NCCL_ENQUEUE(call) check_enqueued((call), #call, __FILE__, __LINE__)
+
 class NcclCommunicator final : public DeviceCommunicator {
  public:
-  // Joins (or, with `owned` false, adopts) an NCCL communicator for this rank.
-  NcclCommunicator(Communicator& host, int device, ncclComm_t adopt = nullptr)
-      : DeviceCommunicator(host), device_(device), comm_(adopt) {
+  // Joins an NCCL communicator for this rank (one process per GPU): rank 0's ncclUniqueId is broadcast
+  // over the host communicator, and the communicator is made nonblocking, so that a peer that never
+  // joins ends in a timeout instead of a hang.
+  NcclCommunicator(Communicator& host, int device) : DeviceCommunicator(host), device_(device) {
     DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
-    if (comm_) return;
     ncclUniqueId id{};
     if (host.rank() == 0) DPCHECK_NCCL_CHECK(ncclGetUniqueId(&id));
     host.broadcast(&id, sizeof id, DType::u8, 0);
-    DPCHECK_NCCL_CHECK(ncclCommInitRank(&comm_, host.size(), id, host.rank()));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    DPCHECK_NCCL_ENQUEUE(ncclCommInitRankConfig(&comm_, host.size(), id, host.rank(), &config));
+    nonblocking_ = true;
+    wait_ready("NCCL communicator set-up", deadline_after(timeout()));
+  }
+  // Takes over a communicator made by ncclCommInitAll (blocking) for GPU `device`.
+  NcclCommunicator(Communicator& host, int device, ncclComm_t adopt)
+      : DeviceCommunicator(host), device_(device), comm_(adopt) {
+    DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
   }
   ~NcclCommunicator() override {
-    if (comm_) {
-      if (aborted_)
-        ncclCommAbort(comm_);
-      else
-        ncclCommDestroy(comm_);
+    if (!comm_) return;
+    cudaSetDevice(device_);
+    if (aborted_) {
+      ncclCommAbort(comm_);
+      return;
     }
+    // A nonblocking communicator is finalized first, within the timeout (a dead peer would keep it from
+    // ever becoming quiescent), then destroyed; ncclCommDestroy of a blocking one does not wait for peers.
+    if (nonblocking_) {
+      const ncclResult_t finalize = ncclCommFinalize(comm_);
+      bool quiet = finalize == ncclSuccess || finalize == ncclInProgress;
+      const auto deadline = deadline_after(timeout());
+      ncclResult_t state = ncclInProgress;
+      while (quiet && ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress) {
+        if (std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      quiet = quiet && state == ncclSuccess;
+      if (!quiet) {
+        ncclCommAbort(comm_);
+        return;
+      }
+    }
+    ncclCommDestroy(comm_);
   }
   std::string_view backend() const override { return "nccl"; }
+  // Each rank's buffers live on its own GPU: even as threads of one process, no rank may read another's
+  // without peer access, so checks gather copies instead.
+  bool shares_address_space() const override { return false; }
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    run(CallDesc{CallKind::allreduce, count, dtype, op, 0}, buf, nullptr, [&] {
+    run(CallDesc{CallKind::allreduce, count, dtype, op, 0}, buf, nullptr, [&](auto deadline) {
       // avg is the sum divided by size() (src/comm.hpp). NCCL's own ncclAvg multiplies every input by
       // 1/size() before summing, which rounds differently whenever size() is not a power of two.
-      DPCHECK_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), op == ReduceOp::avg ? ncclSum : nccl_op(op),
-                                       comm_, stream_));
-      if (op == ReduceOp::avg) divide_elements(buf, count, dtype, size(), stream_);
+      DPCHECK_NCCL_ENQUEUE(ncclAllReduce(buf, buf, count, nccl_type(dtype), op == ReduceOp::avg ? ncclSum : nccl_op(op),
+                                         comm_, stream_));
+      if (op == ReduceOp::avg) {
+        // The division must be queued after the sum, which a nonblocking communicator may not have queued yet.
+        wait_ready("allreduce", deadline);
+        divide_elements(buf, count, dtype, size(), stream_);
+      }
     });
   }
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     run(CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, buf, nullptr,
-        [&] { DPCHECK_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_)); });
+        [&](auto) { DPCHECK_NCCL_ENQUEUE(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_)); });
   }
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     run(CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, recv, send,
-        [&] { DPCHECK_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_)); });
+        [&](auto) { DPCHECK_NCCL_ENQUEUE(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_)); });
   }
   void barrier() override {
     sync();
@@ -220,6 +284,36 @@ class NcclCommunicator final : public DeviceCommunicator {
   }
 
  private:
+  // Waits until NCCL has finished what it was doing on the host (a nonblocking communicator's set-up, or
+  // the queueing of a call it answered with ncclInProgress), watching for asynchronous errors; on an
+  // error or at `deadline` the communicator is aborted and the error names `what` and this rank.
+  void wait_ready(const std::string& what, std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      DPCHECK_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(what + " on rank " + std::to_string(rank()) + " failed in NCCL: " +
+                                        ncclGetErrorString(state));
+      if (std::chrono::steady_clock::now() > deadline) time_out(what);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& message) {
+    abort_now();
+    throw Error(message);
+  }
+  [[noreturn]] void time_out(const std::string& what) {
+    abort_now();
+    throw TimeoutError(what + " timed out on rank " + std::to_string(rank()) + " after " +
+                       std::to_string(timeout().count() / 1000.0) + " s inside NCCL");
+  }
+  void abort_now() {
+    aborted_ = true;
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
   // Meets the peers on the host first, agreeing on the call (a missing rank is named there, a mismatch
   // throws on every rank instead of hanging inside NCCL), then waits for NCCL within the timeout,
   // watching for asynchronous errors; on expiry the communicator is aborted. Nothing is enqueued for
@@ -231,31 +325,26 @@ class NcclCommunicator final : public DeviceCommunicator {
     DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
     agree(desc, buf, send);
     if (desc.count == 0) return;
-    enqueue();
-    const auto deadline = std::chrono::steady_clock::now() + timeout();
+    const auto deadline = deadline_after(timeout());
+    enqueue(deadline);
+    // Until NCCL has queued the call, the stream can look idle.
+    wait_ready(call, deadline);
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) DPCHECK_CUDA_CHECK(q);
       ncclResult_t async = ncclSuccess;
       DPCHECK_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess && async != ncclInProgress) {
-        aborted_ = true;
-        throw Error(call + " on rank " + std::to_string(rank()) + " failed in NCCL: " + ncclGetErrorString(async));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        aborted_ = true;
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw TimeoutError(call + " timed out on rank " + std::to_string(rank()) + " after " +
-                           std::to_string(timeout().count() / 1000.0) + " s inside NCCL");
-      }
+      if (async != ncclSuccess && async != ncclInProgress)
+        fail(call + " on rank " + std::to_string(rank()) + " failed in NCCL: " + ncclGetErrorString(async));
+      if (std::chrono::steady_clock::now() > deadline) time_out(call);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
   int device_;
   ncclComm_t comm_ = nullptr;
+  bool nonblocking_ = false;
   bool aborted_ = false;
 };
 
@@ -292,8 +381,19 @@ void run_nccl_threads(int n, const std::function<void(Communicator&)>& fn, std::
   std::vector<int> devices(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) devices[static_cast<std::size_t>(i)] = i;
   DPCHECK_NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
+  // Each rank's NcclCommunicator takes its communicator over (and destroys it); any that no rank took
+  // over, because a thread failed first, are destroyed here.
+  struct Leftovers {
+    std::vector<ncclComm_t>& comms;
+    ~Leftovers() {
+      for (ncclComm_t c : comms)
+        if (c) ncclCommDestroy(c);
+    }
+  } leftovers{comms};
   run_local(n, [&](Communicator& host) {
-    NcclCommunicator comm(host, host.rank(), comms[static_cast<std::size_t>(host.rank())]);
+    const auto r = static_cast<std::size_t>(host.rank());
+    NcclCommunicator comm(host, host.rank(), comms[r]);
+    comms[r] = nullptr;
     fn(comm);
   }, timeout);
 }

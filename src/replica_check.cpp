@@ -60,11 +60,13 @@ std::string ReplicaReport::describe() const {
 namespace {
 
 // The first index of the concatenated parameters and optimizer state where some rank's bits differ from
-// rank 0's (parameters, then state), or the total size when none does. Ranks that share an address space
-// compare in place against rank 0's buffers, on the engine's device; others gather copies to the host.
-std::size_t first_differing_element(Communicator& host, Engine& engine, Optimizer& optimizer) {
+// rank 0's (parameters, then state), or the total size when none does. Ranks whose buffers share an
+// address space (threads on the CPU, replicas on one GPU) compare in place against rank 0's buffers, on
+// the engine's device; others (processes, or GPUs of their own) gather copies to the host.
+std::size_t first_differing_element(Communicator& comm, Engine& engine, Optimizer& optimizer) {
+  Communicator& host = comm.host();
   const std::size_t n = engine.param_count(), state = optimizer.state_size(), total = n + state;
-  if (host.shares_address_space()) {
+  if (comm.shares_address_space()) {
     const std::vector<std::uint64_t> params = host.allgather_value(reinterpret_cast<std::uint64_t>(engine.params()));
     const std::vector<std::uint64_t> states = host.allgather_value(reinterpret_cast<std::uint64_t>(optimizer.state()));
     std::size_t mine = engine.first_difference(engine.params(), reinterpret_cast<const float*>(params[0]), n);
@@ -103,7 +105,7 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
 
   // Locate the first element whose bits differ on any rank, then fetch just that element everywhere.
   const std::size_t total = n + optimizer.state_size();
-  const std::size_t first = first_differing_element(host, engine, optimizer);
+  const std::size_t first = first_differing_element(comm, engine, optimizer);
   if (first == total) {
     // Hashes differed but no element did: only the step counts can differ.
     report.buffer = "optimizer step count";

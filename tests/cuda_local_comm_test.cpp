@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/device.hpp"
@@ -183,6 +184,51 @@ TEST(CudaLocalCommGpu, NullDeviceBufferIsRefusedOnEveryRank) {
       EXPECT_NE(std::string(e.what()).find("rank 1 passed a null buffer"), std::string::npos) << e.what();
     }
     c.barrier();
+  }, 30s);
+}
+
+// A collective waits for the work already queued on the replica's stream before any peer reads its
+// buffer: here each replica's input arrives by a copy queued behind a 20 ms host callback, and the call
+// comes at once, without a synchronization of its own. Were the communicator to skip its leading
+// synchronization, the peers would sum the NaN poison instead.
+TEST(CudaLocalCommGpu, ACollectiveWaitsForWorkQueuedBeforeIt) {
+  DPCHECK_REQUIRE_GPU();
+  constexpr std::size_t kCount = 1 << 16;
+  cuda::run_cuda_local(4, [&](Communicator& c) {
+    const cuda::Stream stream;
+    c.set_stream(stream.get());
+    cuda::DeviceBuffer<float> buf(kCount);
+    float* input = nullptr;  // pinned, so that the copy really waits in the stream
+    ASSERT_EQ(cudaMallocHost(&input, kCount * sizeof(float)), cudaSuccess);
+    for (std::size_t i = 0; i < kCount; ++i) input[i] = static_cast<float>(c.rank() + 1);
+    ASSERT_EQ(cudaMemset(buf.get(), 0xff, kCount * sizeof(float)), cudaSuccess);  // NaN everywhere
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto nap = [](void*) { std::this_thread::sleep_for(20ms); };
+    ASSERT_EQ(cudaLaunchHostFunc(stream.get(), nap, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(buf.get(), input, kCount * sizeof(float), cudaMemcpyHostToDevice, stream.get()),
+              cudaSuccess);
+    c.allreduce(buf.get(), kCount, DType::f32, ReduceOp::sum);
+    std::vector<float> out(kCount);
+    c.to_host(buf.get(), out.data(), kCount * sizeof(float));
+    std::size_t wrong = 0;
+    for (float x : out) wrong += x != 10.0f;  // 1 + 2 + 3 + 4
+    EXPECT_EQ(wrong, 0u) << "rank " << c.rank();
+    cudaFreeHost(input);
+  }, 30s);
+}
+
+// Work queued on the legacy default stream is not ordered with the engine's: a device collective
+// without a stream is refused, on every rank.
+TEST(CudaLocalCommGpu, ACollectiveWithoutAStreamIsRefused) {
+  DPCHECK_REQUIRE_GPU();
+  cuda::run_cuda_local(2, [](Communicator& c) {
+    cuda::DeviceBuffer<float> buf(4);
+    try {
+      c.allreduce(buf.get(), 4, DType::f32, ReduceOp::sum);
+      ADD_FAILURE() << "rank " << c.rank() << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("set_stream() was never called"), std::string::npos) << e.what();
+    }
   }, 30s);
 }
 

@@ -146,6 +146,8 @@ TEST(NcclCommGpu, ReportsItselfAsADeviceBackend) {
     EXPECT_EQ(c.size(), 1);
     EXPECT_NE(&c.host(), &c);
     EXPECT_EQ(c.host().memory_space(), MemorySpace::host);
+    // Each rank's buffers are on its own GPU: checks must gather copies, not read a peer's memory.
+    EXPECT_FALSE(c.shares_address_space());
   }, 30s);
 }
 
