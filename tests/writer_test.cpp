@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -164,9 +165,14 @@ TEST_F(Writer, KilledWhileCheckpointingLeavesOnlyWholeCheckpoints) {
   const std::string dpcheck = DPCHECK_BINARY;
   const std::string flags = "train --model 64,128,64 --batch 16 --steps 30 --optimizer adam --seed 5 --checkpoint-every 1";
   const fs::path truth = dir_ / "truth";
+  const auto started = std::chrono::steady_clock::now();
   const CommandResult uninterrupted =
       run_command(dpcheck + " " + flags + " --keep 100 --checkpoint-dir " + truth.string());
   ASSERT_EQ(uninterrupted.status, 0) << uninterrupted.output;
+  // The kills are spread over the uninterrupted run's length, so that they land throughout the run on a
+  // fast machine and a slow one (or a sanitizer build) alike.
+  const auto run_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started);
+  const int kill_window_us = static_cast<int>(std::max<std::int64_t>(run_us.count(), 50'000));
   const ModelConfig model{{64, 128, 64}, Activation::relu, Loss::mse};
   std::map<std::int64_t, Checkpoint> expected;
   for (int s = 1; s <= 30; ++s) {
@@ -187,7 +193,7 @@ TEST_F(Writer, KilledWhileCheckpointingLeavesOnlyWholeCheckpoints) {
       ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 400'000)(rng)));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, kill_window_us)(rng)));
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     if (!fs::exists(dir)) {
@@ -216,8 +222,8 @@ TEST_F(Writer, KilledWhileCheckpointingLeavesOnlyWholeCheckpoints) {
       ++none;  // killed before the first checkpoint was complete
     }
   }
-  std::printf("50 kills: %d in the middle of writing a checkpoint; %d left a loadable checkpoint, %d were "
-              "killed before the first one\n", mid_write, loaded, none);
+  std::printf("50 kills within %.0f ms: %d in the middle of writing a checkpoint; %d left a loadable checkpoint, "
+              "%d were killed before the first one\n", kill_window_us / 1000.0, mid_write, loaded, none);
   EXPECT_GT(mid_write, 5);  // the kills did land while checkpoints were being written
   EXPECT_GT(loaded, 10);
 }
