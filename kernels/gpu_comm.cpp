@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,7 +73,7 @@ class DeviceCommunicator : public Communicator {
         static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(buf)),
         static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(send)), desc.count,
         static_cast<std::uint64_t>(desc.kind) | static_cast<std::uint64_t>(desc.dtype) << 8 |
-            static_cast<std::uint64_t>(desc.op) << 16,
+            static_cast<std::uint64_t>(desc.op) << 16 | static_cast<std::uint64_t>(stream_ ? 0 : 1) << 24,
         static_cast<std::uint64_t>(static_cast<std::int64_t>(desc.root))};
     const auto n = static_cast<std::size_t>(size());
     std::vector<std::uint64_t> all(kWords * n);
@@ -80,6 +81,7 @@ class DeviceCommunicator : public Communicator {
     std::vector<CallDesc> descs(n);
     std::vector<std::uint8_t> null_buffer(n);
     std::vector<Peer> peers(n);
+    std::string without_stream;
     for (std::size_t r = 0; r < n; ++r) {
       const std::uint64_t* w = all.data() + kWords * r;
       CallDesc& d = descs[r];
@@ -92,12 +94,14 @@ class DeviceCommunicator : public Communicator {
       peers[r].send = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(w[1]));
       const bool some_null = !peers[r].buf || (d.kind == CallKind::allgather && !peers[r].send);
       null_buffer[r] = passes_null_buffer(d, some_null) ? 1 : 0;
+      if ((w[3] >> 24) & 1) without_stream += (without_stream.empty() ? "" : ", ") + std::to_string(r);
     }
     const std::string verdict = check_calls(descs, null_buffer);
     if (!verdict.empty()) throw Error(call_on_rank(desc.kind, rank()) + ": " + verdict);
     // Without the engine's stream the work would go to the legacy default stream, which is not ordered
-    // with the engine's non-blocking one: a peer could read a half-written buffer.
-    if (!stream_ && desc.count > 0) throw Error(call_on_rank(desc.kind, rank()) + ": set_stream() was never called");
+    // with the engine's non-blocking one: a peer could read a half-written buffer. Judged on every rank.
+    if (!without_stream.empty() && desc.count > 0)
+      throw Error(call_on_rank(desc.kind, rank()) + ": set_stream() was never called on rank(s) " + without_stream);
     return peers;
   }
 
@@ -116,7 +120,7 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     sync();
     const std::vector<Peer> peers = agree(CallDesc{CallKind::allreduce, count, dtype, op, 0}, buf, nullptr);
-    finish([&] {
+    finish(CallKind::allreduce, [&] {
       const std::size_t n = peers.size(), r = static_cast<std::size_t>(rank());
       const std::size_t lo = count * r / n, hi = count * (r + 1) / n;
       std::vector<void*> bufs(n);
@@ -128,7 +132,7 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     sync();
     const std::vector<Peer> peers = agree(CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, buf, nullptr);
-    finish([&] {
+    finish(CallKind::broadcast, [&] {
       if (rank() != root && count > 0)
         DPCHECK_CUDA_CHECK(cudaMemcpyAsync(buf, peers[static_cast<std::size_t>(root)].buf, count * dtype_size(dtype),
                                            cudaMemcpyDeviceToDevice, stream_));
@@ -139,7 +143,7 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
     sync();
     const std::vector<Peer> peers =
         agree(CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, recv, send);
-    finish([&] {
+    finish(CallKind::allgather, [&] {
       const std::size_t bytes = count * dtype_size(dtype);
       for (std::size_t r = 0; r < peers.size() && bytes > 0; ++r) {
         char* dst = static_cast<char*>(recv) + r * bytes;
@@ -156,23 +160,29 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   }
 
  private:
-  // The part of a collective after the agreement, then this replica's stream, then the barrier. If it
-  // throws, the replica still waits for its stream and meets its peers at the barrier before the error
-  // leaves: its caller may free the buffers, and the peers' kernels may still be using them.
+  // The part of a collective after the agreement, then this replica's stream, then a vote of every
+  // replica on whether its part succeeded (which is also the closing barrier): if any failed, every
+  // replica throws, since its buffer may hold a slice that was never reduced. The failing replica still
+  // waits for its stream and takes part in the vote before its error leaves: its caller may free the
+  // buffers, and the peers' kernels may still be using them.
   template <class Body>
-  void finish(Body&& body) {
+  void finish(CallKind kind, Body&& body) {
+    std::exception_ptr error;
     try {
       body();
       sync();
     } catch (...) {
+      error = std::current_exception();
       cudaStreamSynchronize(stream_);
-      try {
-        host_.barrier();
-      } catch (...) {  // the error already on its way says more than a peer that is also gone
-      }
-      throw;
     }
-    host_.barrier();
+    bool all_ok = false;
+    try {
+      all_ok = host_.all(!error);
+    } catch (...) {
+      if (!error) throw;  // the error already on its way says more than a peer that is also gone
+    }
+    if (error) std::rethrow_exception(error);
+    if (!all_ok) throw Error(call_on_rank(kind, rank()) + ": another replica failed in its part of the call");
   }
 };
 
@@ -207,50 +217,37 @@ void check_enqueued(ncclResult_t r, const char* call, const char* file, int line
 
 class NcclCommunicator final : public DeviceCommunicator {
  public:
-  // Joins an NCCL communicator for this rank (one process per GPU): rank 0's ncclUniqueId is broadcast
-  // over the host communicator, and the communicator is made nonblocking, so that a peer that never
-  // joins ends in a timeout instead of a hang.
-  NcclCommunicator(Communicator& host, int device) : DeviceCommunicator(host), device_(device) {
+  // Joins the NCCL communicator that `id` names as rank host.rank() of host.size(), on GPU `device`.
+  // The communicator is nonblocking, so that a peer that never joins, or never makes a call, ends in a
+  // timeout instead of a hang.
+  NcclCommunicator(Communicator& host, int device, const ncclUniqueId& id) : DeviceCommunicator(host), device_(device) {
     DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
-    ncclUniqueId id{};
-    if (host.rank() == 0) DPCHECK_NCCL_CHECK(ncclGetUniqueId(&id));
-    host.broadcast(&id, sizeof id, DType::u8, 0);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    DPCHECK_NCCL_ENQUEUE(ncclCommInitRankConfig(&comm_, host.size(), id, host.rank(), &config));
-    nonblocking_ = true;
-    wait_ready("NCCL communicator set-up", deadline_after(timeout()));
-  }
-  // Takes over a communicator made by ncclCommInitAll (blocking) for GPU `device`.
-  NcclCommunicator(Communicator& host, int device, ncclComm_t adopt)
-      : DeviceCommunicator(host), device_(device), comm_(adopt) {
-    DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
+    try {
+      DPCHECK_NCCL_ENQUEUE(ncclCommInitRankConfig(&comm_, host.size(), id, host.rank(), &config));
+      wait_ready("NCCL communicator set-up", deadline_after(timeout()));
+    } catch (...) {
+      abort_now();  // the destructor does not run for a constructor that throws
+      throw;
+    }
   }
   ~NcclCommunicator() override {
-    if (!comm_) return;
+    if (!comm_) return;  // never joined, or aborted
     cudaSetDevice(device_);
-    if (aborted_) {
+    // Finalized first, within the timeout (a dead peer would keep it from ever becoming quiescent), then
+    // destroyed; aborted if it does not get there.
+    const ncclResult_t finalize = ncclCommFinalize(comm_);
+    ncclResult_t state = finalize == ncclSuccess || finalize == ncclInProgress ? ncclInProgress : finalize;
+    const auto deadline = deadline_after(timeout());
+    while (state == ncclInProgress && std::chrono::steady_clock::now() <= deadline) {
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (state == ncclSuccess)
+      ncclCommDestroy(comm_);
+    else
       ncclCommAbort(comm_);
-      return;
-    }
-    // A nonblocking communicator is finalized first, within the timeout (a dead peer would keep it from
-    // ever becoming quiescent), then destroyed; ncclCommDestroy of a blocking one does not wait for peers.
-    if (nonblocking_) {
-      const ncclResult_t finalize = ncclCommFinalize(comm_);
-      bool quiet = finalize == ncclSuccess || finalize == ncclInProgress;
-      const auto deadline = deadline_after(timeout());
-      ncclResult_t state = ncclInProgress;
-      while (quiet && ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress) {
-        if (std::chrono::steady_clock::now() > deadline) break;
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-      quiet = quiet && state == ncclSuccess;
-      if (!quiet) {
-        ncclCommAbort(comm_);
-        return;
-      }
-    }
-    ncclCommDestroy(comm_);
   }
   std::string_view backend() const override { return "nccl"; }
   // Each rank's buffers live on its own GPU: even as threads of one process, no rank may read another's
@@ -308,7 +305,7 @@ class NcclCommunicator final : public DeviceCommunicator {
     throw TimeoutError(what + " timed out on rank " + std::to_string(rank()) + " after " +
                        std::to_string(timeout().count() / 1000.0) + " s inside NCCL");
   }
-  void abort_now() {
+  void abort_now() {  // idempotent
     aborted_ = true;
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -326,7 +323,12 @@ class NcclCommunicator final : public DeviceCommunicator {
     agree(desc, buf, send);
     if (desc.count == 0) return;
     const auto deadline = deadline_after(timeout());
-    enqueue(deadline);
+    try {
+      enqueue(deadline);
+    } catch (...) {
+      abort_now();  // peers that queued their part learn of it at their deadline, not never
+      throw;
+    }
     // Until NCCL has queued the call, the stream can look idle.
     wait_ready(call, deadline);
     for (;;) {
@@ -344,7 +346,6 @@ class NcclCommunicator final : public DeviceCommunicator {
 
   int device_;
   ncclComm_t comm_ = nullptr;
-  bool nonblocking_ = false;
   bool aborted_ = false;
 };
 
@@ -377,30 +378,23 @@ void run_nccl_threads(int n, const std::function<void(Communicator&)>& fn, std::
   if (n > device_count())
     throw UsageError("nccl needs one GPU per rank: " + std::to_string(n) + " ranks, " + std::to_string(device_count()) +
                      " GPUs (use cuda-local for several replicas on one GPU)");
-  std::vector<ncclComm_t> comms(static_cast<std::size_t>(n));
-  std::vector<int> devices(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) devices[static_cast<std::size_t>(i)] = i;
-  DPCHECK_NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
-  // Each rank's NcclCommunicator takes its communicator over (and destroys it); any that no rank took
-  // over, because a thread failed first, are destroyed here.
-  struct Leftovers {
-    std::vector<ncclComm_t>& comms;
-    ~Leftovers() {
-      for (ncclComm_t c : comms)
-        if (c) ncclCommDestroy(c);
-    }
-  } leftovers{comms};
+  // What ncclCommInitAll does (one ncclUniqueId, then every rank joins), with each rank joining from
+  // its own thread and nonblocking, so that set-up and every call end within the timeout.
+  ncclUniqueId id{};
+  DPCHECK_NCCL_CHECK(ncclGetUniqueId(&id));
   run_local(n, [&](Communicator& host) {
-    const auto r = static_cast<std::size_t>(host.rank());
-    NcclCommunicator comm(host, host.rank(), comms[r]);
-    comms[r] = nullptr;
+    NcclCommunicator comm(host, host.rank(), id);
     fn(comm);
   }, timeout);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, int device) {
   require_device();
-  return std::make_unique<NcclCommunicator>(host, device);
+  DPCHECK_CUDA_CHECK(cudaSetDevice(device));
+  ncclUniqueId id{};
+  if (host.rank() == 0) DPCHECK_NCCL_CHECK(ncclGetUniqueId(&id));
+  host.broadcast(&id, sizeof id, DType::u8, 0);
+  return std::make_unique<NcclCommunicator>(host, device, id);
 }
 
 }  // namespace dpcheck::cuda

@@ -217,17 +217,19 @@ TEST(CudaLocalCommGpu, ACollectiveWaitsForWorkQueuedBeforeIt) {
   }, 30s);
 }
 
-// Work queued on the legacy default stream is not ordered with the engine's: a device collective
-// without a stream is refused, on every rank.
-TEST(CudaLocalCommGpu, ACollectiveWithoutAStreamIsRefused) {
+// Work queued on the legacy default stream is not ordered with the engine's: a device collective on a
+// replica without a stream is refused on every replica, the ones with a stream included.
+TEST(CudaLocalCommGpu, ACollectiveWithoutAStreamIsRefusedOnEveryRank) {
   DPCHECK_REQUIRE_GPU();
-  cuda::run_cuda_local(2, [](Communicator& c) {
+  cuda::run_cuda_local(3, [](Communicator& c) {
+    const cuda::Stream stream;
+    if (c.rank() != 1) c.set_stream(stream.get());
     cuda::DeviceBuffer<float> buf(4);
     try {
       c.allreduce(buf.get(), 4, DType::f32, ReduceOp::sum);
       ADD_FAILURE() << "rank " << c.rank() << ": no error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("set_stream() was never called"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("set_stream() was never called on rank(s) 1"), std::string::npos) << e.what();
     }
   }, 30s);
 }
