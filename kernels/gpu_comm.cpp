@@ -115,8 +115,9 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   std::string_view backend() const override { return "cuda-local"; }
 
   // Every collective: this replica's stream is synchronized first (its writes into the buffers are done
-  // before any other replica reads them), and ends with a host barrier after its own stream is
-  // synchronized again (no replica uses, or changes, a buffer that a peer still reads or writes).
+  // before any other replica reads them), and ends, after its own stream is synchronized again, with a
+  // vote of every replica that is also a barrier (finish(): no replica uses, or changes, a buffer that
+  // a peer still reads or writes).
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     sync();
     const std::vector<Peer> peers = agree(CallDesc{CallKind::allreduce, count, dtype, op, 0}, buf, nullptr);
