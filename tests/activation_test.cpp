@@ -34,6 +34,7 @@
 #if DPCHECK_HAVE_CUDA
 #include "kernels/activation.hpp"
 #include "kernels/device.hpp"
+#include "tests/gpu_test_support.hpp"
 #endif
 
 namespace dpcheck {
@@ -152,40 +153,9 @@ rc::Gen<int> gen_dim() {
 double worst_ratio(std::span<const float> got, const Matrix<double>& want, const Matrix<double>& bound) {
   double worst = 0;
   for (Eigen::Index i = 0; i < want.size(); ++i) {
-    const double g = static_cast<double>(got[static_cast<std::size_t>(i)]);
-    const double err = std::abs(g - want.data()[i]);
-    const double q = !std::isfinite(g) ? std::numeric_limits<double>::infinity()
-                     : err == 0       ? 0.0
-                     : bound.data()[i] > 0 ? err / bound.data()[i]
-                                           : std::numeric_limits<double>::infinity();
-    worst = std::max(worst, q);
+    worst = std::max(worst, error_ratio(got[static_cast<std::size_t>(i)], want.data()[i], bound.data()[i]));
   }
   return worst;
-}
-
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-
-cuda::DeviceBuffer<float> upload(const std::vector<float>& host, cudaStream_t s) {
-  cuda::DeviceBuffer<float> d(std::max<std::size_t>(host.size(), 1));
-  if (!host.empty())
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return d;
-}
-
-std::vector<float> download(const cuda::DeviceBuffer<float>& d, std::size_t n, cudaStream_t s) {
-  std::vector<float> host(n);
-  if (n > 0) DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), d.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return host;
-}
-
-void poison(const cuda::DeviceBuffer<float>& d, std::size_t n, cudaStream_t s) {
-  DPCHECK_CUDA_CHECK(cudaMemsetAsync(d.get(), 0xff, n * sizeof(float), s));  // all bits set: NaN
 }
 
 TEST(ActivationGpu, BiasActivationForwardWithinDerivedBound) {

@@ -27,6 +27,8 @@
 #include "reference/bound.hpp"
 #include "reference/linear.hpp"
 #include "src/rng.hpp"
+#include "tests/gpu_test_support.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
@@ -34,12 +36,6 @@ namespace {
 using reference::Matrix;
 using reference::RowVector;
 constexpr double u32 = 0x1p-24;
-
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 // Values in [-1, 1) times 2^e, e in [-spread, spread]: with a wide spread the order of the additions
 // shows in the last bits.
@@ -91,21 +87,6 @@ TEST(BiasGrad, ReferenceColumnSumsAreTheLoops) {
 
 // ---- on the GPU -------------------------------------------------------------------------------------------
 
-cuda::DeviceBuffer<float> upload(const std::vector<float>& host, cudaStream_t s) {
-  cuda::DeviceBuffer<float> d(std::max<std::size_t>(host.size(), 1));
-  if (!host.empty())
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return d;
-}
-
-std::vector<float> download(const cuda::DeviceBuffer<float>& d, std::size_t n, cudaStream_t s) {
-  std::vector<float> host(n);
-  if (n > 0) DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), d.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return host;
-}
-
 // One run of the kernel on delta (rows x cols): gb starts as `old` when accumulating, else poisoned
 // (all bits set, a NaN) so that an unwritten column cannot pass.
 std::vector<float> run_kernel(const cuda::DeviceBuffer<float>& delta, int rows, int cols, bool accumulate,
@@ -134,12 +115,7 @@ Expected expected(const std::vector<float>& d, int rows, int cols, bool accumula
 }
 
 // Error / bound of column j; infinite for a NaN or an error where the bound is 0.
-double ratio(float got, const Expected& e, int j) {
-  const double g = got, err = std::abs(g - e.value(j)), b = e.bound(j);
-  if (!std::isfinite(g)) return std::numeric_limits<double>::infinity();
-  if (err == 0) return 0;
-  return b > 0 ? err / b : std::numeric_limits<double>::infinity();
-}
+double ratio(float got, const Expected& e, int j) { return error_ratio(got, e.value(j), e.bound(j)); }
 
 TEST(BiasGradGpu, OrderedSumsWithinDerivedBoundOfFloat64Reference) {
   DPCHECK_REQUIRE_GPU();

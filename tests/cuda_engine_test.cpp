@@ -26,15 +26,10 @@
 #include "reference/hash.hpp"
 #include "src/error.hpp"
 #include "tests/test_support.hpp"
+#include "tests/gpu_test_support.hpp"
 
 namespace dpcheck {
 namespace {
-
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 // All bits set in every gradient element (a NaN), on the engine's stream, so that an element the
 // engine does not write cannot pass.

@@ -18,86 +18,12 @@
 #include "src/error.hpp"
 #include "src/local_comm.hpp"
 #include "tests/comm_conformance.hpp"
+#include "tests/gpu_test_support.hpp"
 
 namespace dpcheck {
 namespace {
 
 using namespace std::chrono_literals;
-
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-
-// Host buffers in, device buffers underneath: each call's host buffers are copied to fresh device
-// buffers, the device communicator's collective runs on them, and the results are copied back, so that
-// the suite (written for host buffers) runs against a device backend. Zero-element calls pass null
-// device pointers, as the suite passes null host ones; an allgather whose send block lies inside its
-// recv stays in place on the device too.
-class Staged final : public Communicator {
- public:
-  explicit Staged(Communicator& device) : dev_(device) {
-    dev_.set_stream(stream_.get());
-    Communicator::set_timeout(device.timeout());
-  }
-  using Communicator::allgather;  // the typed span forms, beside the overrides below
-  using Communicator::allreduce;
-  using Communicator::broadcast;
-  int rank() const override { return dev_.rank(); }
-  int size() const override { return dev_.size(); }
-  std::string_view backend() const override { return dev_.backend(); }
-  void set_timeout(std::chrono::milliseconds t) override {
-    Communicator::set_timeout(t);
-    dev_.set_timeout(t);
-  }
-
-  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    const std::size_t bytes = count * dtype_size(dtype);
-    const cuda::DeviceBuffer<unsigned char> d(bytes);
-    copy(d.get(), buf, bytes, cudaMemcpyHostToDevice);
-    dev_.allreduce(device_ptr(d, buf), count, dtype, op);
-    copy(buf, d.get(), bytes, cudaMemcpyDeviceToHost);
-  }
-
-  void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
-    const std::size_t bytes = count * dtype_size(dtype);
-    const cuda::DeviceBuffer<unsigned char> d(bytes);
-    copy(d.get(), buf, bytes, cudaMemcpyHostToDevice);
-    dev_.broadcast(device_ptr(d, buf), count, dtype, root);
-    copy(buf, d.get(), bytes, cudaMemcpyDeviceToHost);
-  }
-
-  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
-    const std::size_t bytes = count * dtype_size(dtype), total = bytes * static_cast<std::size_t>(size());
-    const cuda::DeviceBuffer<unsigned char> drecv(total);
-    const auto s = reinterpret_cast<std::uintptr_t>(send), r = reinterpret_cast<std::uintptr_t>(recv);
-    if (bytes > 0 && recv && s >= r && s < r + total) {  // in place: the send block is part of recv
-      copy(drecv.get(), recv, total, cudaMemcpyHostToDevice);
-      dev_.allgather(drecv.get() + (s - r), drecv.get(), count, dtype);
-    } else {
-      const cuda::DeviceBuffer<unsigned char> dsend(bytes);
-      copy(dsend.get(), send, bytes, cudaMemcpyHostToDevice);
-      dev_.allgather(send ? dsend.get() : nullptr, recv ? drecv.get() : nullptr, count, dtype);
-    }
-    copy(recv, drecv.get(), total, cudaMemcpyDeviceToHost);
-  }
-
-  void barrier() override { dev_.barrier(); }
-
- private:
-  static void* device_ptr(const cuda::DeviceBuffer<unsigned char>& d, const void* host) {
-    return host ? d.get() : nullptr;
-  }
-  void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-    if (bytes == 0 || !dst || !src) return;
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_.get()));
-    stream_.synchronize();
-  }
-
-  Communicator& dev_;
-  cuda::Stream stream_;
-};
 
 // ---- the conformance suite ----------------------------------------------------------------------------
 

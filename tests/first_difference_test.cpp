@@ -17,6 +17,7 @@
 #if DPCHECK_HAVE_CUDA
 #include "kernels/device.hpp"
 #include "kernels/first_difference.hpp"
+#include "tests/gpu_test_support.hpp"
 #endif
 
 namespace dpcheck {
@@ -85,20 +86,6 @@ TEST(FirstDifference, CpuEngineComparesBitsNotValues) {
 
 // ---- the kernel on the GPU ------------------------------------------------------------------------
 
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-
-cuda::DeviceBuffer<float> upload(const std::vector<float>& host, cudaStream_t s) {
-  cuda::DeviceBuffer<float> d(std::max<std::size_t>(host.size(), 1));
-  if (!host.empty())
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return d;
-}
-
 TEST(FirstDifferenceGpu, FindsTheSmallestPlantedIndex) {
   DPCHECK_REQUIRE_GPU();
   cuda::Stream stream;
@@ -138,8 +125,8 @@ TEST(FirstDifferenceGpu, ComparesBitsNotValues) {
   const cudaStream_t s = stream.get();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float other_nan = std::bit_cast<float>(std::bit_cast<std::uint32_t>(nan) | 1u);
-  const auto a = upload({1.0f, 0.0f, nan, 2.0f}, s), b = upload({1.0f, -0.0f, nan, 2.0f}, s);
-  const auto c = upload({1.0f, 0.0f, other_nan, 2.0f}, s);
+  const auto a = upload<float>({1.0f, 0.0f, nan, 2.0f}, s), b = upload<float>({1.0f, -0.0f, nan, 2.0f}, s);
+  const auto c = upload<float>({1.0f, 0.0f, other_nan, 2.0f}, s);
   EXPECT_EQ(cuda::first_difference(a.get(), b.get(), 4, s), 1u);
   EXPECT_EQ(cuda::first_difference(a.get(), a.get(), 4, s), 4u);
   EXPECT_EQ(cuda::first_difference(a.get(), c.get(), 4, s), 2u);

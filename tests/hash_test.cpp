@@ -18,6 +18,7 @@
 #if DPCHECK_HAVE_CUDA
 #include "kernels/device.hpp"
 #include "kernels/hash.hpp"
+#include "tests/gpu_test_support.hpp"
 #endif
 
 namespace dpcheck {
@@ -113,13 +114,9 @@ TEST(ReplicaHash, TailBytesAndLengthMatter) {
 
 // ---- the kernel on the GPU ----------------------------------------------------------------------------
 
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-
-cuda::DeviceBuffer<unsigned char> upload(const std::vector<unsigned char>& host, cudaStream_t s) {
+// Exactly the input's size, unlike upload() (tests/gpu_test_support.hpp), which gives an empty input one
+// element: here an empty input stays unallocated (a null pointer), as the hasher must accept.
+cuda::DeviceBuffer<unsigned char> upload_exact(const std::vector<unsigned char>& host, cudaStream_t s) {
   cuda::DeviceBuffer<unsigned char> d(host.size());
   if (!host.empty())
     DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice, s));
@@ -144,7 +141,7 @@ TEST(HashGpu, EqualsTheHostRestatementOnEverySize) {
   cuda::DeviceHasher hasher;
   for (std::size_t n : kSizes) {
     const std::vector<unsigned char> a = random_bytes(n, 6 + n);
-    const auto d = upload(a, stream.get());
+    const auto d = upload_exact(a, stream.get());
     for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{12345}}) {
       const std::uint64_t gpu = hasher.hash(d.get(), n, seed, stream.get());
       EXPECT_EQ(gpu, host_hash(a, seed)) << n << " bytes, seed " << seed;
@@ -160,7 +157,7 @@ TEST(HashGpu, AnySingleFlippedBitChangesIt) {
   const cudaStream_t s = stream.get();
   for (std::size_t n : {std::size_t{17}, kMiB + 13, 4 * kLaneBytes + 16 * 100 + 9}) {
     std::vector<unsigned char> a = random_bytes(n, 7);
-    const auto d = upload(a, s);
+    const auto d = upload_exact(a, s);
     const std::uint64_t base = hasher.hash(d.get(), n, 3, s);
     std::vector<std::size_t> bits{0, 7, 8 * 15 + 7, 8 * 16, 8 * n - 1, 8 * (n - n % 16) - 1};
     const std::uint64_t key = mix_key(n, 0xf11b);
@@ -193,7 +190,7 @@ TEST(HashGpu, MisalignedStartIsRefused) {
   DPCHECK_REQUIRE_GPU();
   cuda::Stream stream;
   cuda::DeviceHasher hasher;
-  const auto d = upload(random_bytes(64, 8), stream.get());
+  const auto d = upload_exact(random_bytes(64, 8), stream.get());
   EXPECT_THROW(hasher.hash(d.get() + 4, 32, 0, stream.get()), Error);
   EXPECT_NO_THROW(hasher.hash(d.get() + 16, 33, 0, stream.get()));
   EXPECT_NO_THROW(hasher.hash(d.get() + 4, 0, 0, stream.get()));

@@ -33,6 +33,7 @@
 #if DPCHECK_HAVE_CUDA
 #include "kernels/device.hpp"
 #include "kernels/linear.hpp"
+#include "tests/gpu_test_support.hpp"
 #endif
 
 namespace dpcheck {
@@ -61,12 +62,7 @@ template <class Got>
 Ratio ratio_of(const Got& got, const Matrix<double>& want, const Matrix<double>& bound) {
   Ratio r;
   for (Eigen::Index i = 0; i < want.size(); ++i) {
-    const double g = static_cast<double>(got[static_cast<std::size_t>(i)]);
-    const double err = std::abs(g - want.data()[i]);
-    const double q = !std::isfinite(g) ? std::numeric_limits<double>::infinity()
-                     : err == 0       ? 0.0
-                     : bound.data()[i] > 0 ? err / bound.data()[i]
-                                           : std::numeric_limits<double>::infinity();
+    const double q = error_ratio(static_cast<double>(got[static_cast<std::size_t>(i)]), want.data()[i], bound.data()[i]);
     if (i == 0 || q > r.worst) r = {q, i};
   }
   return r;
@@ -181,32 +177,7 @@ rc::Gen<int> gen_dim() {
   return rc::gen::oneOf(rc::gen::element(1, 3, 17, 31, 32, 33, 127, 128, 129, 257), rc::gen::inRange(1, 301));
 }
 
-#define DPCHECK_REQUIRE_GPU()                                          \
-  do {                                                                 \
-    std::string why_;                                                  \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-
-cuda::DeviceBuffer<float> upload(const std::vector<float>& host, cudaStream_t s) {
-  cuda::DeviceBuffer<float> d(std::max<std::size_t>(host.size(), 1));
-  if (!host.empty())
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return d;
-}
-
-std::vector<float> download(const cuda::DeviceBuffer<float>& d, std::size_t n, cudaStream_t s) {
-  std::vector<float> host(n);
-  if (n > 0) DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), d.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return host;
-}
-
 // All bits set: a NaN, so an element the kernel does not write cannot pass.
-void poison(const cuda::DeviceBuffer<float>& d, std::size_t n, cudaStream_t s) {
-  DPCHECK_CUDA_CHECK(cudaMemsetAsync(d.get(), 0xff, n * sizeof(float), s));
-}
-
 // gamma for a k-term dot product on this path (see the top of the file).
 double gamma_for(std::int64_t k, bool tf32) { return tf32 ? reference::gamma(k + 4, u_tf32) : reference::gamma(k, u32); }
 

@@ -38,6 +38,7 @@
 #if DPCHECK_HAVE_CUDA
 #include "kernels/device.hpp"
 #include "kernels/loss.hpp"
+#include "tests/gpu_test_support.hpp"
 #endif
 
 namespace dpcheck {
@@ -132,45 +133,9 @@ template <class Got, class Want, class Bound>
 double worst_ratio(const Got& got, const Want& want, const Bound& bound, std::size_t n) {
   double worst = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double g = static_cast<double>(got[i]);
-    const double err = std::abs(g - want(i));
-    const double b = bound(i);
-    const double q = !std::isfinite(g) ? std::numeric_limits<double>::infinity()
-                     : err == 0       ? 0.0
-                     : b > 0          ? err / b
-                                      : std::numeric_limits<double>::infinity();
-    worst = std::max(worst, q);
+    worst = std::max(worst, error_ratio(static_cast<double>(got[i]), want(i), bound(i)));
   }
   return worst;
-}
-
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-
-template <class T>
-cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t s) {
-  cuda::DeviceBuffer<T> d(std::max<std::size_t>(host.size(), 1));
-  if (!host.empty())
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const cuda::DeviceBuffer<T>& d, std::size_t n, cudaStream_t s) {
-  std::vector<T> host(n);
-  if (n > 0) DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost, s));
-  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  return host;
-}
-
-// All bits set: a NaN in float32 and in float64, so an element the kernel does not write cannot pass.
-template <class T>
-void poison(const cuda::DeviceBuffer<T>& d, std::size_t n, cudaStream_t s) {
-  DPCHECK_CUDA_CHECK(cudaMemsetAsync(d.get(), 0xff, n * sizeof(T), s));
 }
 
 TEST(LossGpu, MseDeltaAndRowLossWithinDerivedBound) {

@@ -25,6 +25,7 @@
 #if DPCHECK_HAVE_CUDA
 #include "kernels/device.hpp"
 #include "kernels/optimizer.hpp"
+#include "tests/gpu_test_support.hpp"
 #endif
 
 namespace dpcheck {
@@ -451,12 +452,6 @@ TEST(OptimizerState, StateIsWhereTheStepReadsIt) {
 #if DPCHECK_HAVE_CUDA
 
 // ---- the GPU optimizers (kernels/optimizer.cu) ----------------------------------------------------
-
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
-    if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 // The CUDA optimizer on device copies of the parameters and gradients, on its own stream.
 class GpuStepper final : public Stepper {

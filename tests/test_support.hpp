@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -20,6 +22,15 @@
 #include "src/data.hpp"
 
 namespace dpcheck {
+
+// One element's error over its bound: 0 when exact, infinite for a value that is not finite (an
+// unwritten, poisoned element) or for an error where the bound is 0.
+inline double error_ratio(double got, double want, double bound) {
+  const double err = std::abs(got - want);
+  if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
+  if (err == 0) return 0;
+  return bound > 0 ? err / bound : std::numeric_limits<double>::infinity();
+}
 
 // Examples 0 .. n-1 of the synthetic data set of n examples for `model` drawn with `seed`.
 inline Batch first_examples(const ModelConfig& model, std::int64_t n, std::uint64_t seed) {
