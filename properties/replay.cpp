@@ -1,0 +1,93 @@
+#include "properties/replay.hpp"
+
+#include <array>
+#include <cstdio>
+#include <iterator>
+#include <vector>
+
+#include "src/error.hpp"
+#include "src/hash.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+std::string base64_encode(const std::vector<std::uint8_t>& bytes) {
+  std::string out;
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (std::uint8_t b : bytes) {
+    acc = (acc << 8) | b;
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      out += kAlphabet[(acc >> bits) & 63u];
+    }
+  }
+  if (bits > 0) out += kAlphabet[(acc << (6 - bits)) & 63u];
+  return out;
+}
+
+// false on a character outside the alphabet or stray bits at the end.
+bool base64_decode(std::string_view text, std::vector<std::uint8_t>& out) {
+  std::array<int, 256> value{};
+  value.fill(-1);
+  for (int i = 0; i < 64; ++i) value[static_cast<unsigned char>(kAlphabet[i])] = i;
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (char c : text) {
+    const int v = value[static_cast<unsigned char>(c)];
+    if (v < 0) return false;
+    acc = (acc << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<std::uint8_t>((acc >> bits) & 0xffu));
+    }
+  }
+  return (acc & ((1u << bits) - 1u)) == 0;
+}
+
+std::string check_of(std::string_view signed_part) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x",
+                static_cast<unsigned>(hash_bytes(signed_part.data(), signed_part.size(), 0x5eed) & 0xffffffffu));
+  return buf;
+}
+
+}  // namespace
+
+std::string encode_replay(const ReplayToken& token) {
+  std::vector<std::uint8_t> bytes;
+  rc::detail::serialize(token.reproduce, std::back_inserter(bytes));
+  const std::string signed_part = token.property + ":" + base64_encode(bytes);
+  return signed_part + ":" + check_of(signed_part);
+}
+
+ReplayToken decode_replay(std::string_view text) {
+  const auto bad = [&](const std::string& why) {
+    return UsageError("bad --reproduce string: " + why + " (copy the whole string printed after --reproduce)");
+  };
+  if (text.empty()) throw bad("it is empty");
+  const std::size_t first = text.find(':'), last = text.rfind(':');
+  if (first == std::string_view::npos || first == last)
+    throw bad("expected <property>:<case>:<check>");
+  const std::string_view signed_part = text.substr(0, last), check = text.substr(last + 1);
+  if (check != check_of(signed_part)) throw bad("its check digits do not match, so it was damaged or edited");
+  ReplayToken token;
+  token.property = std::string(text.substr(0, first));
+  std::vector<std::uint8_t> bytes;
+  if (!base64_decode(text.substr(first + 1, last - first - 1), bytes)) throw bad("the case is not valid base64");
+  try {
+    const auto end = rc::detail::deserialize(bytes.begin(), bytes.end(), token.reproduce);
+    if (end != bytes.end()) throw bad("the case has trailing bytes");
+  } catch (const rc::detail::SerializationException& e) {
+    throw bad("the case cannot be read: " + e.message());
+  }
+  if (token.reproduce.size < 0) throw bad("the case has a negative size");
+  return token;
+}
+
+}  // namespace dpcheck
