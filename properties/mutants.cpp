@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/error.hpp"
@@ -13,7 +18,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 13> kMutants{{
+constexpr std::array<MutantInfo, 23> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -40,6 +45,26 @@ constexpr std::array<MutantInfo, 13> kMutants{{
      "cuda"},
     {"bias-grad-skip-tail", "gradient_average_matches_whole_batch",
      "the bias-gradient kernel never writes the last column when the width is not a multiple of its tile", "cuda"},
+    {"sampler-epoch-frozen", "gradient_average_matches_whole_batch",
+     "the trainer never advances the sampler's epoch: every epoch visits the examples in the first epoch's order"},
+    {"short-last-step-dropped", "gradient_average_matches_whole_batch",
+     "an epoch has floor(share / slice) steps, so a short last step is never taken and its examples never trained"},
+    {"resume-restarts-epoch", "checkpoint_resume_bitwise",
+     "resuming from a checkpoint taken mid-epoch starts that epoch over instead of continuing it"},
+    {"loss-mean-of-rank-means", "reported_loss_is_global_mean",
+     "the reported loss averages the ranks' mean losses, whatever their shares' sizes"},
+    {"adam-step-count-stuck", "optimizer_update_matches_formula",
+     "Adam's step count never advances, so every step uses the first step's bias corrections", "cpu"},
+    {"momentum-dampened", "optimizer_update_matches_formula",
+     "SGD momentum keeps an average, buf = m buf + (1 - m) grad, instead of PyTorch's buf = m buf + grad", "cpu"},
+    {"allreduce-large-message-tail", "gradient_average_matches_whole_batch",
+     "an all-reduce larger than the backend's largest algorithm threshold leaves its last element unreduced", {}, true},
+    {"allreduce-arrival-order", "checkpoint_resume_bitwise",
+     "the all-reduce sums the ranks in the order they arrive, so every rank agrees but runs differ from each other"},
+    {"resume-cleanup-every-rank", "only_rank0_writes",
+     "every rank deletes the checkpoints that do not verify when training starts, not rank 0 alone"},
+    {"bound-without-kink-term", "bound_holds_for_any_summation_order",
+     "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
 }};
 
 // Forwards every call; mutants override the one they break.
@@ -60,6 +85,7 @@ class ForwardingCommunicator : public Communicator {
     inner_.allgather(send, recv, count, dtype);
   }
   void barrier() override { inner_.barrier(); }
+  std::vector<std::size_t> algorithm_thresholds(DType dtype) const override { return inner_.algorithm_thresholds(dtype); }
   Communicator& host() override { return inner_.host(); }
   bool shares_address_space() const override { return inner_.shares_address_space(); }
   void set_stream(void* stream) override { inner_.set_stream(stream); }
@@ -200,6 +226,170 @@ class SideChannelLogWriter final : public RankZeroWriter {
   }
 };
 
+// The trainer never moves the sampler on to the next epoch.
+class EpochFrozenTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+  Slot slot(int rank, std::int64_t step) const override {
+    Slot s = Trainer::slot(rank, step);
+    s.epoch = 0;
+    return s;
+  }
+};
+
+// Steps per epoch rounded down: a short last step is never taken.
+class ShortLastStepDroppedTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+  Slot slot(int rank, std::int64_t step) const override {
+    const std::int64_t slice = (config().batch + world_size() - 1) / world_size();
+    std::int64_t largest = 0;
+    for (int r = 0; r < world_size(); ++r) largest = std::max(largest, sampler().share_size(r));
+    const std::int64_t steps = std::max<std::int64_t>(1, largest / slice);
+    const std::int64_t share = sampler().share_size(rank);
+    Slot s;
+    s.epoch = step / steps;
+    s.begin = std::min(share, (step % steps) * slice);
+    s.end = std::min(share, s.begin + slice);
+    return s;
+  }
+};
+
+// Resuming goes back to the first step of the checkpoint's epoch.
+class ResumeRestartsEpochTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+  void restore(const Checkpoint& c) override {
+    Trainer::restore(c);
+    set_next_step(c.step / steps_per_epoch() * steps_per_epoch());
+  }
+};
+
+class LossMeanOfRankMeansTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  double global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t) override {
+    double mean = local_examples > 0 ? local_loss_sum / static_cast<double>(local_examples) : 0.0;
+    comm().host().allreduce(&mean, 1, DType::f64, ReduceOp::avg);
+    return mean;
+  }
+};
+
+// Wraps the correct optimizer and breaks its formula from the outside (host memory only).
+class FormulaMutantOptimizer final : public Optimizer {
+ public:
+  FormulaMutantOptimizer(std::string_view mutant, std::unique_ptr<Optimizer> inner)
+      : Optimizer(inner->config(), inner->size()), mutant_(mutant), inner_(std::move(inner)) {}
+  MemorySpace memory_space() const override { return inner_->memory_space(); }
+  float* state() override { return inner_->state(); }
+  void store_state(std::span<float> host) const override { inner_->store_state(host); }
+  void load_state(std::span<const float> host, std::int64_t steps) override {
+    inner_->load_state(host, steps);
+    steps_ = steps;
+  }
+  void step(float* params, const float* grads) override {
+    ++steps_;
+    if (mutant_ == "momentum-dampened") {
+      // buf = m buf + (1 - m) g is PyTorch's recurrence fed (1 - m) g.
+      scaled_.assign(grads, grads + size_);
+      for (float& v : scaled_) v *= static_cast<float>(1.0 - config_.momentum);
+      inner_->step(params, scaled_.data());
+      return;
+    }
+    // adam-step-count-stuck: the optimizer is told every step is its first.
+    state_.resize(inner_->state_size());
+    inner_->store_state(state_);
+    inner_->load_state(state_, 0);
+    inner_->step(params, grads);
+  }
+
+ private:
+  std::string mutant_;
+  std::unique_ptr<Optimizer> inner_;
+  std::vector<float> scaled_, state_;
+};
+
+// Large calls leave their last element as this rank had it, as a bug in a backend's path for large
+// messages would.
+class LargeMessageTailCommunicator final : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    const std::vector<std::size_t> t = inner_.algorithm_thresholds(dtype);
+    if (t.empty() || count <= *std::max_element(t.begin(), t.end()) || count == 0)
+      return inner_.allreduce(buf, count, dtype, op);
+    const std::size_t esize = dtype_size(dtype);
+    unsigned char* last = static_cast<unsigned char*>(buf) + (count - 1) * esize;
+    std::vector<unsigned char> kept(esize);
+    inner_.to_host(last, kept.data(), esize);
+    inner_.allreduce(buf, count, dtype, op);
+    inner_.from_host(kept.data(), last, esize);
+  }
+};
+
+// Sums float32 all-reduces in the order the ranks arrive (after a little jitter, as real arrival
+// times have): every rank receives the same bits, but two runs of the same training differ.
+class ArrivalOrderCommunicator final : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    if (dtype != DType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size() < 3)
+      return inner_.allreduce(buf, count, dtype, op);
+    static thread_local std::mt19937 jitter{std::random_device{}()};
+    std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 300));
+    const auto stamp = static_cast<std::int64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const std::vector<std::int64_t> stamps = inner_.host().allgather_value(stamp);
+    std::vector<std::size_t> order(stamps.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return stamps[a] != stamps[b] ? stamps[a] < stamps[b] : a < b;
+    });
+    const auto n = static_cast<std::size_t>(size());
+    std::vector<float> mine(count), all(count * n);
+    inner_.to_host(buf, mine.data(), count * sizeof(float));
+    inner_.host().allgather(mine.data(), all.data(), count, DType::f32);
+    for (std::size_t i = 0; i < count; ++i) {
+      float acc = all[order[0] * count + i];
+      for (std::size_t k = 1; k < n; ++k) acc += all[order[k] * count + i];
+      mine[i] = op == ReduceOp::avg ? acc / static_cast<float>(n) : acc;
+    }
+    inner_.from_host(mine.data(), buf, count * sizeof(float));
+  }
+};
+
+// On start, every rank removes the checkpoints that do not verify (the bug: not rank 0 alone).
+class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
+ public:
+  ResumeCleanupEveryRankWriter(Communicator& comm, const std::filesystem::path& checkpoint_dir,
+                               const std::filesystem::path& log_path, int keep)
+      : RankZeroWriter(comm, checkpoint_dir, log_path, keep) {
+    std::error_code ec;
+    if (checkpoint_dir.empty()) return;
+    for (const auto& e : std::filesystem::directory_iterator(checkpoint_dir, ec)) {
+      if (e.path().filename().string().rfind("step-", 0) != 0) continue;
+      if (!verifies(e.path())) std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+
+ private:
+  static bool verifies(const std::filesystem::path& dir) {
+    try {
+      std::ifstream f(dir / "manifest.json");
+      const nlohmann::json m = nlohmann::json::parse(f);
+      const nlohmann::json& c = m.at("config");
+      ModelConfig model;
+      model.dims = parse_dims(c.at("model").get<std::string>());
+      model.activation = parse_activation(c.at("activation").get<std::string>());
+      model.loss = parse_loss(c.at("loss").get<std::string>());
+      return read_checkpoint(dir, model).has_value();
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+};
+
 }  // namespace
 
 std::span<const MutantInfo> mutants() { return kMutants; }
@@ -220,6 +410,8 @@ void require_known_mutant(std::string_view name) {
 std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner) {
   if (mutant == "allreduce-sum-no-average") return std::make_unique<SumNoAverage>(inner);
   if (mutant == "allreduce-rank-order") return std::make_unique<RankOrderSum>(inner);
+  if (mutant == "allreduce-large-message-tail") return std::make_unique<LargeMessageTailCommunicator>(inner);
+  if (mutant == "allreduce-arrival-order") return std::make_unique<ArrivalOrderCommunicator>(inner);
   return nullptr;
 }
 
@@ -246,7 +438,23 @@ std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConf
     return std::make_unique<SumOfMeansTrainer>(config, comm, engine, optimizer, sampler, data);
   if (mutant == "resume-skips-optimizer-state")
     return std::make_unique<ResumeSkipsOptimizerTrainer>(config, comm, engine, optimizer, sampler, data);
+  if (mutant == "sampler-epoch-frozen")
+    return std::make_unique<EpochFrozenTrainer>(config, comm, engine, optimizer, sampler, data);
+  if (mutant == "short-last-step-dropped")
+    return std::make_unique<ShortLastStepDroppedTrainer>(config, comm, engine, optimizer, sampler, data);
+  if (mutant == "resume-restarts-epoch")
+    return std::make_unique<ResumeRestartsEpochTrainer>(config, comm, engine, optimizer, sampler, data);
+  if (mutant == "loss-mean-of-rank-means")
+    return std::make_unique<LossMeanOfRankMeansTrainer>(config, comm, engine, optimizer, sampler, data);
   return nullptr;
+}
+
+std::unique_ptr<Optimizer> mutant_optimizer(std::string_view mutant, std::unique_ptr<Optimizer> optimizer) {
+  const OptimizerKind kind = optimizer->config().kind;
+  if ((mutant == "momentum-dampened" && kind == OptimizerKind::momentum) ||
+      (mutant == "adam-step-count-stuck" && kind == OptimizerKind::adam))
+    return std::make_unique<FormulaMutantOptimizer>(mutant, std::move(optimizer));
+  return optimizer;
 }
 
 std::unique_ptr<RankZeroWriter> mutant_writer(std::string_view mutant, Communicator& comm,
@@ -255,6 +463,8 @@ std::unique_ptr<RankZeroWriter> mutant_writer(std::string_view mutant, Communica
   if (mutant == "writer-all-ranks") return std::make_unique<AllRanksWriter>(comm, checkpoint_dir, log_path, keep);
   if (mutant == "side-channel-log")
     return std::make_unique<SideChannelLogWriter>(comm, checkpoint_dir, log_path, keep);
+  if (mutant == "resume-cleanup-every-rank")
+    return std::make_unique<ResumeCleanupEveryRankWriter>(comm, checkpoint_dir, log_path, keep);
   return nullptr;
 }
 

@@ -21,6 +21,9 @@ struct MutantInfo {
   std::string_view caught_by;  // the property aimed at it
   std::string_view bug;        // what is broken
   std::string_view engine = {};  // the engine whose part it breaks, when only one has it ("cuda")
+  // The bug lives on a communicator's path for messages beyond its algorithm thresholds, so its
+  // minimal case holds a model wide enough to cross them.
+  bool large_messages = false;
 };
 
 std::span<const MutantInfo> mutants();
@@ -31,6 +34,8 @@ void require_known_mutant(std::string_view name);      // UsageError listing the
 // that part, so the correct part is used.
 std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner);
 std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config);
+// The optimizer itself, wrapped when the mutant breaks its formula.
+std::unique_ptr<Optimizer> mutant_optimizer(std::string_view mutant, std::unique_ptr<Optimizer> optimizer);
 OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig config, int rank, int world_size);
 std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConfig& config, Communicator& comm,
                                         Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,

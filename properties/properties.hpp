@@ -1,16 +1,27 @@
 // The properties: library functions that check the promises of data-parallel training against a
 // Target. Each draws its inputs through RapidCheck, so the same code runs from GoogleTest
 // (tests/properties_test.cpp) and from `dpcheck verify` (properties/runner.hpp), and shrinks on failure.
+// Scenarios draw data sets of one to three batches and the step a check looks at anywhere in an epoch.
 //
-//   gradient_average_matches_whole_batch  the all-reduced shard gradient, and the whole-batch float32
-//                                         gradient, each within the derived bound of the float64 one
+//   gradient_average_matches_whole_batch  the all-reduced shard gradient of a drawn step, and the
+//                                         whole-batch float32 gradient, each within the derived bound of
+//                                         the float64 one, for the step's examples restated on their own;
+//                                         and one example dropped must leave the bound (power)
 //   replicas_bitwise_synchronized         every step, every optimizer: identical parameters and state
 //   sampler_shards_disjoint               shares disjoint apart from the reported padding, covering the
 //                                         data apart from at most N-1 dropped, sized as the policy says
 //   accumulation_matches_whole_batch      as the first, with 2 to 4 micro-batches per rank
 //   uneven_shares_match_whole_batch       as the first, with shares of different sizes
-//   checkpoint_resume_bitwise             t steps, checkpoint, resume from the files, on to T: the same
-//                                         bits as T steps straight
+//   only_rank0_writes                     processes under the write audit, fresh and resumed (past a
+//                                         corrupt newest checkpoint): no rank but 0 writes, runs succeed
+//   checkpoint_resume_bitwise             t steps (mid-epoch too), checkpoint, resume from the files, on
+//                                         to T: the same bits as T steps straight
+//   optimizer_update_matches_formula      every step's update and optimizer state within a derived bound
+//                                         of PyTorch's formula evaluated in float64 from the same inputs
+//   reported_loss_is_global_mean          the loss a step reports is the mean over the global batch
+//                                         within its bound (not a mean of rank means)
+//   bound_holds_for_any_summation_order   the bound itself: float32 gradients of small cases evaluated in
+//                                         many summation orders, with and without FMA, never exceed it
 #pragma once
 
 #include <cstdint>
@@ -23,31 +34,56 @@
 
 namespace dpcheck {
 
-// What the cases of one run of a property measured. The last failing case is, after shrinking, the
-// minimal counterexample, so its size is what the kill matrix calls "shrunk to a small case".
-struct CaseStats {
-  std::int64_t cases = 0;
-  double max_error_ratio = 0;  // largest error / bound over the cases (gradient properties)
-  bool has_error_ratio = false;
+// What one case of a property measured; the runner (properties/runner.hpp) gathers them into the
+// property's result: the largest error ratios, the closest call, the power of the check, and for a
+// failure the size of the minimal case.
+struct CaseRecord {
+  // The case's largest error over the worst-case bound (the verdict's measure; passing needs <= 1), and
+  // over the probabilistic bound (reported beside it, never the verdict). Negative: not measured.
+  double ratio = -1;
+  double probabilistic_ratio = -1;
+  // Where the ratio was largest and what the bound there is made of, for the closest-call report.
+  std::string note;
+  // The power probe: the same case with one example dropped, against the same bound. Its ratio must
+  // exceed 1 (caught) in the property's stated share of cases. Negative: not probed in this case.
+  double probe_ratio = -1;
+  // Tightness, for the property that tests the bound itself: the case's largest error over the bound
+  // where the bound is rounding alone (no kink term), on the whole-batch and the sharded path.
+  // Negative: not measured.
+  double tightness[2] = {-1, -1};
   struct Size {
     std::int64_t examples = 0;  // batch, or data set size
     int world_size = 0;
     int layers = 0;
     int widest = 0;
-  } last_failure;
+  } size;
 };
 
 struct PropertyDef {
   std::string_view name;
   std::string_view promise;
-  // One case: draws a scenario with *gen, checks it on the target, records into stats, and fails
-  // through RC_FAIL with a message that locates the problem.
-  void (*body)(const Target& target, CaseStats& stats);
+  // One case: draws a scenario with *gen, checks it on the target, records into the record, and fails
+  // through fail_case with a message that locates the problem.
+  void (*body)(const Target& target, CaseRecord& record);
   // Properties whose cases launch processes are slower: they run cases / case_divisor cases.
   int case_divisor = 1;
   // Why the property cannot run against this target or on this machine; nullptr or "" when it can.
   std::string (*unavailable)(const Target& target) = nullptr;
+  // The share of probed cases in which the dropped example must be caught; 0 for properties that
+  // do not probe. A run below it fails: a check that can no longer tell a batch from the batch
+  // without one of its examples has lost its power, however green it looks.
+  double min_power = 0;
+  // For tightness: over a run, the largest rounding-only ratio on each path must reach this, or the
+  // bound has grown looser than rounding needs (0: not judged).
+  double min_tightness = 0;
 };
+
+// The per-element failure probability of the probabilistic bound that the properties report beside
+// the worst-case one (reference/bound.hpp).
+inline constexpr double kProbabilisticFailure = 1e-9;
+
+// Fails the current case with a message of our own (RC_FAIL would prefix it with its own location).
+[[noreturn]] void fail_case(const std::string& message);
 
 std::span<const PropertyDef> properties();
 const PropertyDef& find_property(std::string_view name);  // UsageError listing the names
@@ -57,9 +93,13 @@ struct GradientOutcome {
   bool passed = true;
   double sharded_ratio = 0;   // all-reduced gradient: max error / bound
   double whole_ratio = 0;     // whole-batch float32 gradient: max error / bound
+  double probabilistic_ratio = 0;  // the larger of the two over the probabilistic bound
   double share_ratio = 0;     // rank 0's share alone against the whole-batch reference (non-vacuity)
+  double probe_ratio = -1;    // the whole batch without its last example (power); -1: not probed
   std::int64_t uncertain_units = 0;
-  std::string message;
+  std::size_t parameters = 0;
+  std::string message;        // why it failed
+  std::string note;           // where the ratio was largest, and the bound's terms there
 };
 GradientOutcome check_sharded_gradient(const Scenario& scenario, const Target& target);
 
@@ -74,10 +114,10 @@ struct ResumeOutcome {
   bool passed = true;
   std::string message;
 };
-// Trains T steps straight; separately trains t < T steps, checkpoints through the RankZeroWriter,
-// tears every rank's state down, resumes from the files and continues to T: the final parameters,
-// optimizer state and step counts must be bitwise equal.
-ResumeOutcome check_checkpoint_resume(const Scenario& scenario, int stop_at, const Target& target);
+// Trains T steps straight; separately trains scenario.at_step < T steps, checkpoints through the
+// RankZeroWriter, tears every rank's state down, resumes from the files and continues to T: the final
+// parameters, optimizer state and step counts must be bitwise equal.
+ResumeOutcome check_checkpoint_resume(const Scenario& scenario, const Target& target);
 
 struct WriteAuditOutcome {
   bool passed = true;
@@ -86,8 +126,11 @@ struct WriteAuditOutcome {
 };
 // Runs the scenario as separate processes (mpirun, --comm mpi) with checkpoints every step and a log,
 // under the write audit: rank 0 must have written the log (and, when training finished, the final
-// checkpoint), and no other rank may have written outside the allowed paths.
-WriteAuditOutcome check_rank0_writes(const Scenario& scenario, const Target& target);
+// checkpoint), and no other rank may have written outside the allowed paths. With resume_at > 0 the
+// run stops there and a second audited run resumes it to the end (first corrupting the newest
+// checkpoint when corrupt_newest, so the resumed run must skip it). Every run must succeed.
+WriteAuditOutcome check_rank0_writes(const Scenario& scenario, const Target& target, int resume_at = 0,
+                                     bool corrupt_newest = false);
 
 // mpirun or mpiexec from PATH, or "" when there is none.
 std::string find_mpi_launcher();
@@ -100,5 +143,16 @@ struct SamplerOutcome {
   std::string message;
 };
 SamplerOutcome check_sampler(const SamplerScenario& scenario, const Target& target);
+
+struct StepOutcome {
+  bool passed = true;
+  double ratio = 0;  // largest error / bound
+  std::string message, note;
+};
+// Every step of the scenario: the update and the new optimizer state against PyTorch's formula in
+// float64 from the same float32 inputs (parameters, all-reduced gradient, state before the step).
+StepOutcome check_optimizer_update(const Scenario& scenario, const Target& target);
+// The loss reported for step scenario.at_step against the float64 mean over that step's global batch.
+StepOutcome check_reported_loss(const Scenario& scenario, const Target& target);
 
 }  // namespace dpcheck

@@ -1,6 +1,13 @@
-// Runs a property through RapidCheck with an explicit seed and case count, and returns what
-// `dpcheck verify` reports: the verdict, the cases run, the largest error ratio, and for a failure the
-// minimal counterexample and the string that replays exactly that case.
+// Runs a property with an explicit seed and case count and returns what `dpcheck verify` reports: the
+// verdict, the cases run, the largest error ratios, the closest call (the passing case nearest the
+// bound, with the token that replays it), the power of the check, and for a failure the minimal
+// counterexample, how often it fails when run again, and the token that replays it.
+//
+// The search and the shrinking are dpcheck's own loop over RapidCheck's generators (the same case sizes
+// and random splits as RapidCheck's), so that a failing case can be run again before it is shrunk: a
+// failure that comes and goes (a reduction whose order depends on which thread arrives first) is
+// reported as "fails k of n runs", and while shrinking, a smaller case counts as failing if any of its
+// n runs fails, so the minimal case still fails.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +23,19 @@ namespace dpcheck {
 struct RunOptions {
   int cases = 100;
   std::uint64_t seed = 0;
-  std::string reproduce;  // "reproduce=..." from an earlier failure: replays its minimal case only
+  std::string reproduce;  // a replay token printed with an earlier result: runs that one case only
   bool shrink = true;
+  int reruns = 5;  // runs of a failing case, to tell a steady failure from one that comes and goes
   // Called after each case and each shrink step tried (for a progress line).
   std::function<void(std::int64_t cases, std::int64_t shrinks)> progress;
+};
+
+// The passing case whose error came nearest the bound.
+struct ClosestCall {
+  double ratio = -1;       // its error ratio (worst-case bound); negative: none measured
+  std::string note;        // where, and what the bound there is made of
+  std::string example;     // the case
+  std::string reproduce;   // replay token for RunOptions::reproduce (or --reproduce)
 };
 
 struct PropertyResult {
@@ -28,16 +44,40 @@ struct PropertyResult {
   std::string skipped;         // why the property did not run (it counts as passed)
   std::int64_t cases = 0;      // cases that passed before the verdict
   std::int64_t shrinks = 0;    // shrink steps that still failed
-  double max_error_ratio = 0;
+  double max_error_ratio = 0;  // over the cases run, worst-case bound
   bool has_error_ratio = false;
+  double max_probabilistic_ratio = 0;  // the same errors over the probabilistic bound
+  bool has_probabilistic_ratio = false;
+  ClosestCall closest;
+  // The power probe (one example dropped): cases probed, cases in which the bound caught it, and the
+  // smallest probe ratio seen (how close a drop came to passing unnoticed).
+  std::int64_t probed = 0, probe_caught = 0;
+  double weakest_probe = 0;
+  double min_power = 0;        // the share the property requires
+  // Tightness (see CaseRecord): the largest rounding-only ratio on the whole-batch and sharded paths.
+  double tightness[2] = {-1, -1};
+  double min_tightness = 0;
   double seconds = 0;
   std::string failure;         // why the minimal case failed
   std::string counterexample;  // the minimal case
-  std::string reproduce;       // pass to RunOptions::reproduce (or --reproduce) to replay it
-  CaseStats::Size failure_size;
+  std::string reproduce;       // replay token of the minimal case
+  int failing_runs = 0, runs = 0;  // the minimal case failed failing_runs of runs times
+  bool replayed = false;       // this result replays one case (RunOptions::reproduce)
+  CaseRecord::Size failure_size;
   std::map<std::string, int> distribution;  // classification tags -> cases
+
+  bool flaky() const { return !passed && runs > 0 && failing_runs < runs; }
+  double power() const { return probed > 0 ? static_cast<double>(probe_caught) / static_cast<double>(probed) : 0; }
 };
 
+// The fewest probed cases for which a power share below min_power fails the run, and the fewest cases
+// for which tightness below min_tightness does (fewer are reported but too few to judge).
+inline constexpr std::int64_t min_probed_cases = 20;
+inline constexpr std::int64_t min_tightness_cases = 50;
+
 PropertyResult run_property(const PropertyDef& property, const Target& target, const RunOptions& options);
+
+// The property a replay token belongs to (UsageError if the token is damaged or names no property).
+const PropertyDef& replay_property(const std::string& token);
 
 }  // namespace dpcheck

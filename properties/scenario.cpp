@@ -1,5 +1,6 @@
 #include "properties/scenario.hpp"
 
+#include <algorithm>
 #include <ostream>
 #include <sstream>
 
@@ -19,10 +20,11 @@ std::string Scenario::describe() const {
   const TrainConfig& t = train;
   std::ostringstream os;
   os << "model " << dims_string(t.model.dims) << " " << activation_name(t.model.activation) << " "
-     << loss_name(t.model.loss) << " | batch " << t.batch << " | world " << world_size << " "
+     << loss_name(t.model.loss) << " | batch " << t.batch << " of " << t.data_size() << " | world " << world_size << " "
      << split_name(t.split) << " " << policy_name(t.policy) << (t.shuffle ? " shuffled" : " in order") << " | "
      << optimizer_name(t.optimizer.kind) << " lr " << lr_string(t.optimizer.lr) << " | " << t.steps
-     << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << " | seed " << t.seed;
+     << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << ", at step " << at_step << " | seed "
+     << t.seed;
   return os.str();
 }
 
@@ -30,7 +32,8 @@ std::string Scenario::train_flags() const {
   const TrainConfig& t = train;
   std::ostringstream os;
   os << "--model " << dims_string(t.model.dims) << " --activation " << activation_name(t.model.activation)
-     << " --loss " << loss_name(t.model.loss) << " --batch " << t.batch << " --world-size " << world_size
+     << " --loss " << loss_name(t.model.loss) << " --batch " << t.batch << " --dataset-size " << t.data_size()
+     << " --world-size " << world_size
      << " --split " << split_name(t.split) << " --policy " << policy_name(t.policy)
      << (t.shuffle ? "" : " --no-shuffle") << " --optimizer " << optimizer_name(t.optimizer.kind) << " --lr "
      << lr_string(t.optimizer.lr) << " --steps " << t.steps << " --accumulate " << t.accumulate << " --seed "
@@ -40,42 +43,80 @@ std::string Scenario::train_flags() const {
 
 void showValue(const Scenario& s, std::ostream& os) { os << s.describe(); }
 
+std::size_t parameter_count(const std::vector<int>& dims) {
+  std::size_t n = 0;
+  for (std::size_t l = 0; l + 1 < dims.size(); ++l)
+    n += static_cast<std::size_t>(dims[l + 1]) * (static_cast<std::size_t>(dims[l]) + 1);
+  return n;
+}
+
+namespace {
+
+// Widens the first hidden layer (the input, for one layer) until the model has more than `count`
+// parameters, so that one all-reduce of its gradient crosses that threshold.
+void grow_past(std::vector<int>& dims, std::size_t count) {
+  int& width = dims.size() > 2 ? dims[1] : dims[0];
+  std::size_t base = 0, per_unit = 0;  // parameter count = base + per_unit * width
+  const std::size_t w = static_cast<std::size_t>(width);
+  width = 0;
+  base = parameter_count(dims);
+  width = 1;
+  per_unit = parameter_count(dims) - base;
+  width = static_cast<int>(std::max(w, (count - std::min(count, base)) / per_unit + 1));
+}
+
+}  // namespace
+
 rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
   return rc::gen::exec([space] {
+    // Every case makes the same draws in the same order, the variable-length ones (the widths) last
+    // and always as many as the most layers: RapidCheck shrinks one draw at a time and replays the
+    // rest by position, so a draw that changed how many came after it would scramble them and stop
+    // the shrinking short of the small case.
     Scenario s;
     TrainConfig& t = s.train;
-    const int layers = *rc::gen::inRange(1, space.max_layers + 1);
-    t.model.dims.clear();
-    for (int l = 0; l <= layers; ++l) t.model.dims.push_back(*rc::gen::inRange(1, space.max_width + 1));
     t.model.activation = *rc::gen::element(Activation::relu, Activation::tanh, Activation::identity);
     t.model.loss = *rc::gen::element(Loss::mse, Loss::cross_entropy);
-
     s.world_size = space.world_size > 0 ? space.world_size
                                         : *rc::gen::inRange(space.min_world_size, space.max_world_size + 1);
     const std::int64_t n = s.world_size;
-    if (space.uneven_only) {
-      t.policy = Policy::uneven;
-      if (n > 1) {
-        // B = q N + r with 0 < r < N, so shares differ in size.
-        const std::int64_t q = *rc::gen::inRange<std::int64_t>(0, std::max<std::int64_t>(1, space.max_batch / n));
-        const std::int64_t r = *rc::gen::inRange<std::int64_t>(1, n);
-        t.batch = q * n + r;
-      } else {
-        t.batch = *rc::gen::inRange<std::int64_t>(1, space.max_batch + 1);
-      }
+    t.policy = space.uneven_only ? Policy::uneven : *rc::gen::element(Policy::uneven, Policy::pad, Policy::drop_last);
+    if (space.uneven_only && n > 1) {
+      // B = q N + r with 0 < r < N, so shares differ in size.
+      const std::int64_t q = *rc::gen::inRange<std::int64_t>(0, std::max<std::int64_t>(1, space.max_batch / n));
+      const std::int64_t r = *rc::gen::inRange<std::int64_t>(1, n);
+      t.batch = q * n + r;
     } else {
-      t.policy = *rc::gen::element(Policy::uneven, Policy::pad, Policy::drop_last);
       // drop-last needs an example per rank.
       const std::int64_t least = t.policy == Policy::drop_last ? n : 1;
       t.batch = *rc::gen::inRange<std::int64_t>(least, std::max(least, space.max_batch) + 1);
     }
+    // From one batch to three, not only whole batches, so epochs have several steps and a short last
+    // one. (With uneven shares drawn, the data set stays one batch: every step is then a whole epoch
+    // whose shares differ in size.)
+    const std::int64_t extra = *rc::gen::inRange<std::int64_t>(0, 2 * t.batch + 1);
+    t.dataset_size = space.uneven_only ? t.batch : t.batch + extra;
     t.split = *rc::gen::element(Split::strided, Split::contiguous);
     t.shuffle = *rc::gen::element(false, true);
     t.optimizer.kind = *rc::gen::element(OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam);
     t.optimizer.lr = *rc::gen::element(0.1, 0.01, 0.001);
-    t.steps = *rc::gen::inRange(space.min_steps, std::max(space.min_steps, 4) + 1);
-    t.accumulate = space.accumulate ? *rc::gen::inRange(2, 5) : 1;
+    t.steps = *rc::gen::inRange(space.min_steps, std::max(space.min_steps, space.max_steps) + 1);
+    s.at_step = *rc::gen::inRange(std::min(space.min_at_step, t.steps - 1), t.steps);
+    const int accumulate = *rc::gen::inRange(2, 5);
+    t.accumulate = space.accumulate ? accumulate : 1;
     t.seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
+    // Which side of the communicator's thresholds the gradient falls on: the first choice (shrinking
+    // towards it) keeps the drawn widths; choice i > 0 grows the model past threshold i.
+    std::vector<std::size_t> limits;
+    if (space.thresholds) limits = space.thresholds(s.world_size);
+    std::sort(limits.begin(), limits.end());
+    limits.erase(std::unique(limits.begin(), limits.end()), limits.end());
+    const auto past = *rc::gen::inRange<std::size_t>(0, limits.size() + 1);
+    const int layers = *rc::gen::inRange(1, space.max_layers + 1);
+    std::vector<int> widths(static_cast<std::size_t>(space.max_layers) + 1);
+    for (int& w : widths) w = *rc::gen::inRange(1, space.max_width + 1);
+    t.model.dims.assign(widths.begin(), widths.begin() + layers + 1);
+    if (past > 0) grow_past(t.model.dims, limits[past - 1]);
     return s;
   });
 }

@@ -3,9 +3,12 @@
 // smaller batches, fewer ranks and the first choice of every option.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include <rapidcheck.h>
 
@@ -14,10 +17,14 @@
 namespace dpcheck {
 
 struct Scenario {
-  TrainConfig train;  // model, batch, steps, accumulate, optimizer, shuffle, split, policy, seed
+  TrainConfig train;  // model, batch, data set size, steps, accumulate, optimizer, shuffle, split, policy, seed
   int world_size = 1;
+  // The step a check looks at, anywhere in an epoch: the gradient or the loss of that step (after
+  // training the steps before it), or the step count at which training is checkpointed and resumed.
+  int at_step = 0;
 
-  // "model 4,16,1 relu mse | batch 12 | world 3 strided uneven shuffled | adam lr 0.01 | 2 steps ..."
+  // "model 4,16,1 relu mse | batch 12 of 30 | world 3 strided uneven shuffled | adam lr 0.01 | 2 steps
+  // ..., at step 1 | seed 5"
   std::string describe() const;
   // The dpcheck train flags that run this scenario.
   std::string train_flags() const;
@@ -35,8 +42,17 @@ struct ScenarioSpace {
   std::int64_t max_batch = 512;
   bool uneven_only = false;   // policy uneven with a batch that N does not divide (when N > 1)
   bool accumulate = false;    // 2 to 4 micro-batches per rank instead of 1
-  int min_steps = 1;          // steps are drawn in [min_steps, 4]
+  int min_steps = 1;          // steps are drawn in [min_steps, max_steps]
+  int max_steps = 7;          // with data sets up to 3 batches, two epochs or more
+  int min_at_step = 0;        // at_step is drawn in [min_at_step, steps - 1]
+  // Element counts at which the communicator under test changes its algorithm, for a world of the
+  // given size (Communicator::algorithm_thresholds); the model's parameter count is drawn on both sides
+  // of each, so that every run takes every path.
+  std::function<std::vector<std::size_t>(int world_size)> thresholds;
 };
+
+// The number of parameters of a model with these widths.
+std::size_t parameter_count(const std::vector<int>& dims);
 
 rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space);
 

@@ -2,6 +2,7 @@
 
 #include "properties/mutants.hpp"
 #include "src/error.hpp"
+#include "src/collective.hpp"
 #include "src/local_comm.hpp"
 
 #include "src/cuda_plugin.hpp"
@@ -38,8 +39,32 @@ void validate_target(const Target& target) {
   if (gpu) require_cuda();
 }
 
+std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {
+  if (target.comm == "mpi" && target.process_world) return target.process_world->algorithm_thresholds(DType::f32);
+  if (target.comm == "local") return host_reduction_thresholds(world_size, DType::f32);
+  return {};
+}
+
+std::string replay_command(const Target& target, const std::string& token) {
+  std::string quoted = "'";
+  for (char c : token) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  std::string cmd;
+  if (target.process_world) cmd = "mpirun -np " + std::to_string(target.process_world->size()) + " ";
+  cmd += "dpcheck verify";
+  if (target.engine != "cpu") cmd += " --engine " + target.engine;
+  if (target.comm != default_comm(target.engine)) cmd += " --comm " + target.comm;
+  if (target.tf32) cmd += " --tf32";
+  if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
+  // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
+  // then recorded in the token).
+  if (target.world_size > 0 && !target.process_world) cmd += " --world-size " + std::to_string(target.world_size);
+  return cmd + " --reproduce " + quoted;
+}
+
 reference::BoundOptions bound_options(const Target& target) {
   reference::BoundOptions o;
+  o.uncertain_kinks = target.mutant != "bound-without-kink-term";
   if (target.tf32) {
     o.unit_roundoff = 0x1p-11;  // TF32 keeps 10 explicit mantissa bits
     o.product_input_roundings = 4;
@@ -91,7 +116,7 @@ std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& mod
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
                                           int rank, int world_size, void* stream) {
   const OptimizerConfig c = mutant_optimizer_config(target.mutant, config, rank, world_size);
-  if (target.engine == "cpu") return make_cpu_optimizer(c, size);
+  if (target.engine == "cpu") return mutant_optimizer(target.mutant, make_cpu_optimizer(c, size));
   if (target.engine == "cuda") return require_cuda().make_optimizer(c, size, stream);
   throw UsageError("unknown engine '" + target.engine + "'");
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "reference/bound.hpp"
 #include "src/comm.hpp"
@@ -37,6 +38,15 @@ std::string default_comm(const std::string& engine);
 // Checks that the engine, backend and mutant names are known and go together, and that a GPU engine
 // has a device; UsageError otherwise ("no CUDA device: <the runtime's reason>").
 void validate_target(const Target& target);
+
+// The element counts at which the target's communicator changes algorithm for a world of this size
+// (Communicator::algorithm_thresholds, float32), so that scenarios can be drawn on both sides.
+std::vector<std::size_t> comm_thresholds(const Target& target, int world_size);
+
+// The command that replays one case of a property on this target: `dpcheck verify` with the engine,
+// communicator, mutant and world size the target was run with, prefixed by the launcher for a process
+// backend, and --reproduce with the token (shell-quoted).
+std::string replay_command(const Target& target, const std::string& token);
 
 // The unit roundoff and error model of the target's float path, for the derived bound.
 reference::BoundOptions bound_options(const Target& target);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "src/error.hpp"
@@ -29,17 +30,43 @@ double gamma(std::int64_t n, double u) {
   return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
 }
 
+double gamma_probabilistic(std::int64_t n, double u, double failure_probability) {
+  if (n <= 0) return 0.0;
+  const double nn = static_cast<double>(n);
+  const double lambda = std::sqrt(2.0 * std::log(2.0 * nn / failure_probability)) / (1.0 - u);
+  return std::expm1(lambda * std::sqrt(nn) * u + nn * u * u / (1.0 - u));
+}
+
+double gamma_for(std::int64_t n, const BoundOptions& options) {
+  return options.failure_probability > 0 ? gamma_probabilistic(n, options.unit_roundoff, options.failure_probability)
+                                         : gamma(n, options.unit_roundoff);
+}
+
+std::string BoundTerms::describe() const {
+  const double t = total();
+  const auto pct = [t](double v) { return t > 0 ? 100.0 * v / t : 0.0; };
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "bound %.3g = %.1f%% kink (whole contribution of units within rounding of a ReLU kink) + %.1f%% "
+                "carried from other layers + %.1f%% the reduction's own rounding + %.1f%% floor",
+                t, pct(kink), pct(propagated - kink), pct(rounding), pct(floor));
+  return buf;
+}
+
 std::int64_t whole_batch_roundings(std::int64_t batch, const BoundOptions& options) {
   return batch + options.slack_roundings + options.product_input_roundings;
 }
 
-std::int64_t sharded_roundings(std::int64_t largest_micro_batch, std::int64_t micro_batches, int world_size,
-                               const BoundOptions& options) {
-  return largest_micro_batch + micro_batches + world_size + options.slack_roundings + options.product_input_roundings;
+std::int64_t sharded_roundings(std::int64_t largest_share, int world_size, const BoundOptions& options) {
+  return largest_share + world_size + options.slack_roundings + options.product_input_roundings;
 }
 
-double GradientBound::bound(std::size_t i, std::int64_t m) const {
-  return propagated[i] + gamma(m, options.unit_roundoff) * magnitude[i] + floor[i];
+double GradientBound::bound(std::size_t i, std::int64_t m) const { return terms(i, m).total(); }
+
+BoundTerms GradientBound::terms(std::size_t i, std::int64_t m) const {
+  // Each of the m roundings may also underflow.
+  return {propagated[i], kink[i], gamma_for(m, options) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit,
+          floor[i]};
 }
 
 GradientBound gradient_bound(const ModelConfig& model, std::span<const float> params, const Batch& batch,
@@ -50,10 +77,14 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   out.options = options;
   out.reference = loss_and_gradient<double>(model, params, batch);
   out.propagated.assign(layout.size(), 0.0);
+  out.kink.assign(layout.size(), 0.0);
   out.magnitude.assign(layout.size(), 0.0);
   out.floor.assign(layout.size(), 0.0);
+  out.loss = out.reference.loss;
   const Eigen::Index B = batch.size;
   if (B == 0) return out;
+  const auto g = [&options](std::int64_t n) { return gamma_for(n, options); };
+  const double eta = options.underflow_unit;
 
   const int L = model.layers();
   const std::vector<M> W = weights<double>(model, params);
@@ -74,7 +105,8 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
     M terms = (a_in.cwiseAbs() + ea_in) * absW.transpose();
     terms.rowwise() += b[l].cwiseAbs();
     const auto fan_in = static_cast<std::int64_t>(W[l].cols());
-    st.ez = ea_in * absW.transpose() + gamma(fan_in + 1 + options.product_input_roundings, u) * terms;
+    st.ez = ea_in * absW.transpose() + g(fan_in + 1 + options.product_input_roundings) * terms;
+    st.ez.array() += 2.0 * static_cast<double>(fan_in + 1) * eta;  // each product and sum may underflow
     if (static_cast<int>(l) + 1 == L) break;
 
     st.a.resize(st.z.rows(), st.z.cols());
@@ -98,7 +130,7 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
           // Largest derivative on [z - ez, z + ez]: at the point nearest 0.
           const double t = std::tanh(std::max(0.0, std::abs(z) - ez));
           const double slope = 1.0 - t * t;
-          ea = slope * ez + options.tanh_error * u * (std::abs(a) + slope * ez);
+          ea = slope * ez + options.tanh_error * u * (std::abs(a) + slope * ez) + eta;
           break;
         }
         case Activation::identity:
@@ -113,6 +145,10 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   const LayerState& last = s.back();
   const Eigen::Index D = last.z.cols();
   M delta(B, D), edelta(B, D);
+  // The loss from the float32 outputs: their error carried through (per example), and the loss's own
+  // roundings if it is evaluated in float32 (differences, squares or logsumexp, and sums over the D
+  // outputs and the B examples, in any order).
+  double loss_carried = 0, loss_magnitude = 0;
   if (model.loss == Loss::mse) {
     const double c = 2.0 / (static_cast<double>(B) * static_cast<double>(D));
     for (Eigen::Index k = 0; k < B; ++k)
@@ -120,8 +156,12 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
         const double diff = last.z(k, j) - static_cast<double>(batch.y[static_cast<std::size_t>(k * D + j)]);
         const double ez = last.ez(k, j);
         delta(k, j) = c * diff;
-        edelta(k, j) = c * (ez + u * (std::abs(diff) + ez));  // the subtraction rounds once
+        edelta(k, j) = c * (ez + u * (std::abs(diff) + ez) + eta) + eta;  // the subtraction rounds once
+        loss_carried += (2 * std::abs(diff) + ez) * ez;
+        loss_magnitude += (std::abs(diff) + ez) * (std::abs(diff) + ez);
       }
+    const double bd = static_cast<double>(B) * static_cast<double>(D);
+    out.loss_bound = loss_carried / bd + g(D + B + 2) * loss_magnitude / bd + 2.0 * static_cast<double>(D + B + 2) * eta;
   } else {
     const double inv_b = 1.0 / static_cast<double>(B);
     for (Eigen::Index k = 0; k < B; ++k) {
@@ -131,7 +171,7 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
       for (Eigen::Index j = 0; j < D; ++j) sum += std::exp(last.z(k, j) - m);
       // Relative rounding of exp's argument z - max (its own error grows with |z - max|), of exp, of the
       // sum of exps (weighted by each term's share p_j), and of the division.
-      double sum_rel = gamma(D, u);
+      double sum_rel = g(D);
       std::vector<double> p(static_cast<std::size_t>(D)), arg_rel(static_cast<std::size_t>(D));
       for (Eigen::Index j = 0; j < D; ++j) {
         const auto jj = static_cast<std::size_t>(j);
@@ -140,16 +180,29 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
         sum_rel += p[jj] * arg_rel[jj];
       }
       const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k)]);
+      // logsumexp is 1-Lipschitz in the max norm, so the outputs' error moves it by at most max_ez; its
+      // own roundings: the sum's relative error, log's, and the two additions (m - z[label]).
+      const double lse = m + std::log(sum);
+      double max_arg = 0;
+      for (Eigen::Index j = 0; j < D; ++j) max_arg = std::max(max_arg, std::abs(last.z(k, j) - m));
+      loss_carried += max_ez + last.ez(k, label);
+      const double own = 1.01 * sum_rel + u * max_arg + u * std::abs(std::log(sum)) +
+                         2 * u * (std::abs(lse) + std::abs(last.z(k, label)) + max_ez);
+      loss_carried += own;
+      loss_magnitude += std::abs(lse - last.z(k, label)) + own + max_ez + last.ez(k, label);
       for (Eigen::Index j = 0; j < D; ++j) {
         const auto jj = static_cast<std::size_t>(j);
         // softmax moves by at most a factor exp(|dz_j| + max|dz|) when the logits move.
         const double ep = p[jj] * std::expm1(last.ez(k, j) + max_ez + arg_rel[jj] + 1.01 * sum_rel + u);
         const double diff = p[jj] - (j == label ? 1.0 : 0.0);
         delta(k, j) = diff * inv_b;
-        edelta(k, j) = (ep + u * (std::abs(diff) + ep)) * inv_b;
+        edelta(k, j) = (ep + u * (std::abs(diff) + ep) + 2 * eta) * inv_b + eta;
       }
     }
+    out.loss_bound = loss_carried * inv_b + g(B) * loss_magnitude * inv_b + 2.0 * static_cast<double>(D + B + 4) * eta;
   }
+  // The part of edelta that units within rounding of a ReLU kink contribute (none at the output).
+  M edelta_kink = M::Zero(B, D);
 
   // ---- backward: gradient bounds, then delta for the layer below ----
   for (std::size_t l = static_cast<std::size_t>(L); l-- > 0;) {
@@ -161,14 +214,18 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
     const M mag_w = vdelta.transpose() * va;
     const RowVector<double> prop_b = edelta.colwise().sum();
     const RowVector<double> mag_b = vdelta.colwise().sum();
+    const M kink_w = edelta_kink.transpose() * va;
+    const RowVector<double> kink_b = edelta_kink.colwise().sum();
     const Slice& ws = layout.weight(static_cast<int>(l));
     const Slice& bs = layout.bias(static_cast<int>(l));
     for (Eigen::Index i = 0; i < mag_w.size(); ++i) {
       out.propagated[ws.offset + static_cast<std::size_t>(i)] = prop_w.data()[i];
+      out.kink[ws.offset + static_cast<std::size_t>(i)] = kink_w.data()[i];
       out.magnitude[ws.offset + static_cast<std::size_t>(i)] = mag_w.data()[i];
     }
     for (Eigen::Index i = 0; i < mag_b.size(); ++i) {
       out.propagated[bs.offset + static_cast<std::size_t>(i)] = prop_b(i);
+      out.kink[bs.offset + static_cast<std::size_t>(i)] = kink_b(i);
       out.magnitude[bs.offset + static_cast<std::size_t>(i)] = mag_b(i);
     }
     if (l == 0) break;
@@ -176,22 +233,28 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
     // h = delta W, a dot product over this layer's outputs; then the activation's derivative below.
     const M absW = W[l].cwiseAbs();
     const M h = delta * W[l];
-    const M eh = edelta * absW + gamma(W[l].rows() + options.product_input_roundings, u) * (vdelta * absW);
+    M eh = edelta * absW + g(W[l].rows() + options.product_input_roundings) * (vdelta * absW);
+    eh.array() += 2.0 * static_cast<double>(W[l].rows()) * eta;
+    const M eh_kink = edelta_kink * absW;
     const LayerState& below = s[l - 1];
-    M next(h.rows(), h.cols()), enext(h.rows(), h.cols());
+    M next(h.rows(), h.cols()), enext(h.rows(), h.cols()), enext_kink(h.rows(), h.cols());
     for (Eigen::Index i = 0; i < h.size(); ++i) {
-      const double hv = h.data()[i], ehv = eh.data()[i];
+      const double hv = h.data()[i], ehv = eh.data()[i], ehv_kink = eh_kink.data()[i];
       double& d = next.data()[i];
       double& e = enext.data()[i];
+      double& ek = enext_kink.data()[i];
       switch (model.activation) {
-        case Activation::relu:
-          switch (below.kink[static_cast<std::size_t>(i)]) {
-            case Kink::active: d = hv; e = ehv; break;
-            case Kink::inactive: d = 0.0; e = 0.0; break;
+        case Activation::relu: {
+          Kink k = below.kink[static_cast<std::size_t>(i)];
+          if (k == Kink::uncertain && !options.uncertain_kinks) k = below.z.data()[i] > 0 ? Kink::active : Kink::inactive;
+          switch (k) {
+            case Kink::active: d = hv; e = ehv; ek = ehv_kink; break;
+            case Kink::inactive: d = 0.0; e = 0.0; ek = 0.0; break;
             // Either path may pass h or drop it: the whole contribution is uncertain.
-            case Kink::uncertain: d = below.z.data()[i] > 0 ? hv : 0.0; e = std::abs(hv) + ehv; break;
+            case Kink::uncertain: d = below.z.data()[i] > 0 ? hv : 0.0; e = std::abs(hv) + ehv; ek = e; break;
           }
           break;
+        }
         case Activation::tanh: {
           const double a = below.a.data()[i], ea = below.ea.data()[i];
           const double va_i = std::abs(a) + ea;
@@ -200,17 +263,20 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
           // 1 - a*a: the product and the subtraction each round once.
           const double es = esq + u * va_i * va_i + u * (std::abs(sv) + esq + u * va_i * va_i);
           d = hv * sv;
-          e = std::abs(hv) * es + std::abs(sv) * ehv + ehv * es + u * (std::abs(hv) + ehv) * (std::abs(sv) + es);
+          e = std::abs(hv) * es + std::abs(sv) * ehv + ehv * es + u * (std::abs(hv) + ehv) * (std::abs(sv) + es) + 3 * eta;
+          ek = std::min(e, ehv_kink * (std::abs(sv) + es) * (1 + u));
           break;
         }
         case Activation::identity:
           d = hv;
           e = ehv;
+          ek = ehv_kink;
           break;
       }
     }
     delta = std::move(next);
     edelta = std::move(enext);
+    edelta_kink = std::move(enext_kink);
   }
 
   // The float64 reference is itself rounded (negligibly, but a bound should not pretend otherwise), and
@@ -221,6 +287,14 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   const double underflow = 4.0 * static_cast<double>(depth) * 0x1p-149;
   for (std::size_t i = 0; i < out.floor.size(); ++i)
     out.floor[i] = ref_rel * (out.magnitude[i] + out.propagated[i]) + underflow;
+  out.loss_bound += ref_rel * (std::abs(out.loss) + out.loss_bound) + underflow;
+  // Where the magnitudes overflow (inf times a zero share gives NaN), the rounding is unbounded: say so
+  // with infinity rather than a NaN that compares false with everything.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::vector<double>* v : {&out.propagated, &out.kink, &out.magnitude, &out.floor})
+    for (double& value : *v)
+      if (std::isnan(value)) value = inf;
+  if (std::isnan(out.loss_bound)) out.loss_bound = inf;
   return out;
 }
 
@@ -235,8 +309,8 @@ Comparison compare(std::span<const float> grad, const GradientBound& bound, std:
     double ratio;
     if (!std::isfinite(value))
       ratio = std::numeric_limits<double>::infinity();
-    else if (err == 0.0)
-      ratio = 0.0;
+    else if (err == 0.0 || std::isinf(bnd))
+      ratio = 0.0;  // an infinite bound (magnitudes beyond double's range) claims nothing
     else
       ratio = bnd > 0 ? err / bnd : std::numeric_limits<double>::infinity();
     if (std::isfinite(err)) c.max_error = std::max(c.max_error, err);

@@ -92,7 +92,7 @@ int run_grad(const GradOptions& o) {
   engine->store_grads(whole_grad);
 
   const reference::GradientBound bound = reference::gradient_bound(model, params, whole);
-  const std::int64_t m_avg = reference::sharded_roundings(largest_micro, 1, o.world_size);
+  const std::int64_t m_avg = reference::sharded_roundings(largest_micro, o.world_size);
   const std::int64_t m_whole = reference::whole_batch_roundings(whole.size);
   const reference::Comparison avg_cmp = reference::compare(average, bound, m_avg);
   const reference::Comparison whole_cmp = reference::compare(whole_grad, bound, m_whole);

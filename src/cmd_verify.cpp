@@ -25,17 +25,26 @@ struct VerifyOptions {
   std::uint64_t seed = 1;
   std::vector<std::string> only;  // --property
   std::string reproduce;
+  bool reproduce_given = false;
+  int reruns = 5;
   std::string report, junit;
   bool list_mutants = false;
   bool world_size_given = false;
   double timeout_s = 60;
 };
 
-std::string ratio_text(const PropertyResult& r) {
-  if (!r.has_error_ratio) return "-";
+std::string number(double v, const char* fmt = "%.3g") {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", r.max_error_ratio);
+  std::snprintf(buf, sizeof buf, fmt, v);
   return buf;
+}
+
+std::string ratio_text(const PropertyResult& r) { return r.has_error_ratio ? number(r.max_error_ratio) : "-"; }
+std::string probabilistic_text(const PropertyResult& r) {
+  return r.has_probabilistic_ratio ? number(r.max_probabilistic_ratio) : "-";
+}
+std::string power_text(const PropertyResult& r) {
+  return r.probed > 0 ? number(100 * r.power(), "%.0f%%") : "-";
 }
 
 std::string xml_escape(const std::string& s) {
@@ -46,26 +55,18 @@ std::string xml_escape(const std::string& s) {
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
+      case '\n': out += "&#10;"; break;
       default: out += c;
     }
   }
   return out;
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
+std::string runs_text(const PropertyResult& r) {
+  return "fails " + std::to_string(r.failing_runs) + " of " + std::to_string(r.runs) + " runs";
 }
 
-std::string replay_command(const VerifyOptions& o, const PropertyResult& r) {
-  std::string cmd = "dpcheck verify --property " + r.name;
-  if (o.target.engine != "cpu") cmd += " --engine " + o.target.engine;
-  if (o.target.comm != "local") cmd = "mpirun -np " + std::to_string(o.target.process_world->size()) + " " + cmd + " --comm " + o.target.comm;
-  if (!o.target.mutant.empty()) cmd += " --mutant " + o.target.mutant;
-  if (o.target.world_size > 0 && !o.target.process_world) cmd += " --world-size " + std::to_string(o.target.world_size);
-  return cmd + " --reproduce " + shell_quote(r.reproduce);
-}
+nlohmann::json optional_number(bool has, double v) { return has ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
 nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>& results, bool passed) {
   nlohmann::json props = nlohmann::json::array();
@@ -74,17 +75,35 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                      {"passed", r.passed},
                      {"skipped", r.skipped.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
                      {"cases", r.cases},
-                     {"max_error_ratio", r.has_error_ratio ? nlohmann::json(r.max_error_ratio) : nlohmann::json(nullptr)},
+                     {"max_error_ratio", optional_number(r.has_error_ratio, r.max_error_ratio)},
+                     {"max_probabilistic_ratio", optional_number(r.has_probabilistic_ratio, r.max_probabilistic_ratio)},
                      {"seconds", r.seconds},
                      {"counterexample", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.counterexample)},
                      {"failure", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.failure)},
-                     {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr) : nlohmann::json(replay_command(o, r))},
+                     {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr)
+                                                       : nlohmann::json(replay_command(o.target, r.reproduce))},
+                     {"runs", r.runs > 0 ? nlohmann::json({{"failing", r.failing_runs}, {"total", r.runs}})
+                                         : nlohmann::json(nullptr)},
+                     {"flaky", r.flaky()},
+                     {"replayed", r.replayed},
                      {"distribution", r.distribution}};
+    p["power"] = r.probed > 0 ? nlohmann::json({{"probed", r.probed},
+                                                {"caught", r.probe_caught},
+                                                {"share", r.power()},
+                                                {"required", r.min_power},
+                                                {"weakest_probe_ratio", r.weakest_probe}})
+                              : nlohmann::json(nullptr);
+    p["closest_call"] = r.closest.ratio >= 0 ? nlohmann::json({{"error_ratio", r.closest.ratio},
+                                                               {"where", r.closest.note},
+                                                               {"case", r.closest.example},
+                                                               {"replay", replay_command(o.target, r.closest.reproduce)}})
+                                             : nlohmann::json(nullptr);
     props.push_back(std::move(p));
   }
   return {{"passed", passed},
           {"seed", o.seed},
           {"cases_per_property", o.cases},
+          {"probabilistic_failure_probability", kProbabilisticFailure},
           {"target",
            {{"engine", o.target.engine},
             {"comm", o.target.comm},
@@ -104,16 +123,49 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
     << "<testsuites>\n<testsuite name=\"dpcheck verify (" << xml_escape(o.target.describe()) << ")\" tests=\""
     << results.size() << "\" failures=\"" << failures << "\" time=\"" << seconds << "\">\n";
+  const auto property = [&](const std::string& name, const std::string& value) {
+    x << "      <property name=\"" << name << "\" value=\"" << xml_escape(value) << "\"/>\n";
+  };
   for (const PropertyResult& r : results) {
     x << "  <testcase classname=\"dpcheck.verify\" name=\"" << r.name << "\" time=\"" << r.seconds << "\">\n";
+    x << "    <properties>\n";
+    property("cases", std::to_string(r.cases));
+    property("max_error_ratio", ratio_text(r));
+    property("max_probabilistic_ratio", probabilistic_text(r));
+    if (r.probed > 0) {
+      property("power", std::to_string(r.probe_caught) + " of " + std::to_string(r.probed));
+      property("power_required", number(100 * r.min_power, "%.0f%%"));
+    }
+    if (r.closest.ratio >= 0) {
+      property("closest_call_ratio", number(r.closest.ratio, "%.4g"));
+      property("closest_call_where", r.closest.note);
+      property("closest_call_case", r.closest.example);
+      property("closest_call_replay", replay_command(o.target, r.closest.reproduce));
+    }
+    if (r.runs > 0 && !r.passed) property("runs", runs_text(r));
+    x << "    </properties>\n";
+    if (!r.skipped.empty()) x << "    <skipped message=\"" << xml_escape(r.skipped) << "\"/>\n";
     if (!r.passed)
       x << "    <failure message=\"" << xml_escape(r.failure) << "\">" << xml_escape(r.counterexample) << "\n"
-        << xml_escape(replay_command(o, r)) << "</failure>\n";
+        << xml_escape(r.reproduce.empty() ? std::string() : replay_command(o.target, r.reproduce)) << "</failure>\n";
     x << "    <system-out>cases " << r.cases << ", max error ratio " << ratio_text(r) << "</system-out>\n";
     x << "  </testcase>\n";
   }
   x << "</testsuite>\n</testsuites>\n";
   return x.str();
+}
+
+// A message of several lines, its first after `head` and the rest indented under it.
+std::string indented(const std::string& head, const std::string& text) {
+  std::string out;
+  std::istringstream lines(text);
+  std::string line;
+  bool first = true;
+  while (std::getline(lines, line)) {
+    out += (first ? head : std::string(head.size(), ' ')) + line + "\n";
+    first = false;
+  }
+  return first ? head + "\n" : out;
 }
 
 int run_verify(VerifyOptions& o) {
@@ -123,18 +175,26 @@ int run_verify(VerifyOptions& o) {
     return exit_ok;
   }
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
-  if (o.timeout_s <= 0) throw UsageError("--timeout must be positive");
+  if (o.reruns < 1 || o.reruns > 1000) throw UsageError("--reruns must be in [1, 1000]");
+  if (!(o.timeout_s > 0) || !(o.timeout_s <= 86400)) throw UsageError("--timeout must be a number of seconds in (0, 86400]");
   o.target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
   const int world = resolve_world(o.target, o.target.world_size, o.world_size_given);
   if (o.target.process_world) o.target.world_size = world;
   validate_target(o.target);
   std::vector<const PropertyDef*> selected;
-  if (o.only.empty())
+  if (o.reproduce_given) {
+    // The token names its property: --property may repeat it, never contradict it.
+    if (o.reproduce.empty()) throw UsageError("--reproduce is empty: give the string printed after --reproduce");
+    const PropertyDef& p = replay_property(o.reproduce);
+    if (o.only.size() > 1 || (o.only.size() == 1 && o.only[0] != p.name))
+      throw UsageError("the --reproduce string replays a case of " + std::string(p.name) + ", not of " +
+                       (o.only.empty() ? std::string("another property") : o.only[0]));
+    selected.push_back(&p);
+  } else if (o.only.empty()) {
     for (const PropertyDef& p : properties()) selected.push_back(&p);
-  else
+  } else {
     for (const std::string& name : o.only) selected.push_back(&find_property(name));
-  if (!o.reproduce.empty() && selected.size() != 1)
-    throw UsageError("--reproduce replays one property: name it with --property");
+  }
   if (!o.report.empty()) check_writable(o.report);
   if (!o.junit.empty()) check_writable(o.junit);
   // Every process must draw the same cases: rank 0's seed is everyone's.
@@ -155,8 +215,10 @@ int run_verify(VerifyOptions& o) {
   const bool tty = printing && ::isatty(STDERR_FILENO);
   say("dpcheck verify: " + o.target.describe() + ", world size " +
       (o.target.world_size > 0 ? std::to_string(o.target.world_size) : std::string("drawn from 1-8")) + ", " +
-      std::to_string(o.cases) + " cases per property, seed " + std::to_string(o.seed) + "\n\n");
-  say(row("%-38s %6s %7s %16s %9s\n", "property", "cases", "passed", "max error ratio", "time"));
+      (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
+      ", seed " + std::to_string(o.seed) + "\n\n");
+  say(row("%-38s %6s %7s %12s %12s %6s %9s\n", "property", "cases", "passed", "error ratio", "prob. ratio", "power",
+          "time"));
 
   std::vector<PropertyResult> results;
   bool all_passed = true;
@@ -165,6 +227,7 @@ int run_verify(VerifyOptions& o) {
     ro.cases = std::max(1, o.cases / p->case_divisor);
     ro.seed = o.seed;
     ro.reproduce = o.reproduce;
+    ro.reruns = o.reruns;
     if (tty)
       ro.progress = [&](std::int64_t cases, std::int64_t shrinks) {
         std::fprintf(stderr, "\r  %s: %lld cases%s", std::string(p->name).c_str(), static_cast<long long>(cases),
@@ -173,8 +236,9 @@ int run_verify(VerifyOptions& o) {
       };
     PropertyResult r = run_property(*p, o.target, ro);
     if (tty) std::fprintf(stderr, "\r\033[K");
-    say(row("%-38s %6lld %7s %16s %7.2f s\n", r.name.c_str(), static_cast<long long>(r.cases),
-            !r.skipped.empty() ? "skipped" : r.passed ? "yes" : "NO", ratio_text(r).c_str(), r.seconds));
+    say(row("%-38s %6lld %7s %12s %12s %6s %7.2f s\n", r.name.c_str(), static_cast<long long>(r.cases),
+            !r.skipped.empty() ? "skipped" : r.passed ? "yes" : "NO", ratio_text(r).c_str(),
+            probabilistic_text(r).c_str(), power_text(r).c_str(), r.seconds));
     all_passed &= r.passed;
     results.push_back(std::move(r));
   }
@@ -187,20 +251,39 @@ int run_verify(VerifyOptions& o) {
     for (const auto& [tag, count] : r.distribution) details << "\n  " << count << " of " << r.cases << " cases: " << tag;
     details << "\n";
   }
+  bool any_closest = false;
+  for (const PropertyResult& r : results) {
+    if (r.closest.ratio < 0 || !r.passed) continue;
+    if (!any_closest)
+      details << "\nclosest calls (the passing case nearest its bound; the probabilistic ratio uses a per-element "
+                 "failure probability of "
+              << number(kProbabilisticFailure, "%g") << "):\n";
+    any_closest = true;
+    details << "  " << r.name << ": error ratio " << number(r.closest.ratio, "%.4g")
+            << (r.replayed ? " (the replayed case passes, " + std::to_string(r.runs) + " of " + std::to_string(r.runs) +
+                                 " runs)"
+                           : "")
+            << "\n"
+            << indented("    where: ", r.closest.note) << indented("    case:  ", r.closest.example)
+            << "    replay: " << replay_command(o.target, r.closest.reproduce) << "\n";
+  }
+  for (const PropertyResult& r : results) {
+    if (r.probed == 0) continue;
+    details << "\n" << r.name << ": power: one example dropped left the bound in " << r.probe_caught << " of "
+            << r.probed << " cases (" << power_text(r) << ", at least " << number(100 * r.min_power, "%.0f%%")
+            << " required); the weakest drop came to " << number(r.weakest_probe) << " times the bound\n";
+  }
   for (const PropertyResult& r : results) {
     if (r.passed) continue;
-    details << "\nFAILED " << r.name << " after " << r.cases << " passing cases, shrunk " << r.shrinks << " times\n"
-            << "  minimal case: " << r.counterexample << "\n"
-            << "  why: ";
-    // Multi-line messages (a located replica difference) keep their own indentation.
-    std::istringstream lines(r.failure);
-    std::string line;
-    bool first = true;
-    while (std::getline(lines, line)) {
-      details << (first ? "" : "       ") << line << "\n";
-      first = false;
-    }
-    if (!r.reproduce.empty()) details << "  replay: " << replay_command(o, r) << "\n";
+    details << "\nFAILED " << r.name << " after " << r.cases << " passing cases";
+    if (!r.reproduce.empty()) details << ", shrunk " << r.shrinks << " times";
+    if (r.runs > 0) details << "; the minimal case " << runs_text(r) << (r.flaky() ? " (a failure that comes and goes)" : "");
+    details << "\n";
+    if (!r.counterexample.empty()) details << indented("  minimal case: ", r.counterexample);
+    details << indented("  why: ", r.failure);
+    if (!r.reproduce.empty())
+      details << "  replay" << (r.flaky() ? " (it " + runs_text(r) + ": run it several times)" : "") << ": "
+              << replay_command(o.target, r.reproduce) << "\n";
   }
   details << "\n" << (all_passed ? "all properties passed" : "some properties FAILED") << "\n";
   say(details.str());
@@ -221,7 +304,10 @@ Runner add_verify(CLI::App& app) {
   sub->add_option("--seed", o->seed, "RapidCheck seed (default 1); the same seed runs the same cases");
   sub->add_option("--mutant", o->target.mutant, "Run against a deliberately broken part (see --list-mutants)");
   sub->add_option("--property", o->only, "Run only this property (repeatable)");
-  sub->add_option("--reproduce", o->reproduce, "Replay the minimal case of an earlier failure (printed with it)");
+  sub->add_option("--reproduce", o->reproduce,
+                  "Replay one case: the minimal case of a failure, or a closest call (the string printed with it)");
+  sub->add_option("--reruns", o->reruns,
+                  "Runs of a failing case, to tell a steady failure from one that comes and goes (default 5)");
   sub->add_option("--engine", o->target.engine, "Engine: cpu (default) or cuda");
   sub->add_option("--comm", o->target.comm,
                   "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local (replicas "
@@ -233,6 +319,7 @@ Runner add_verify(CLI::App& app) {
   sub->add_flag("--list-mutants", o->list_mutants, "Print the mutants' names, one a line, and exit");
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
+    o->reproduce_given = sub->count("--reproduce") > 0;
     if (sub->count("--comm") == 0) o->target.comm = default_comm(o->target.engine);
     return run_verify(*o);
   };

@@ -182,6 +182,11 @@ void reduce_typed(const void* const* in, int n, void* const* out, int m, std::si
 
 }  // namespace
 
+std::vector<std::size_t> host_reduction_thresholds(int n, DType dtype) {
+  const std::size_t esize = dtype_size(dtype), un = static_cast<std::size_t>(n);
+  return {un * std::max<std::size_t>(1, 64 / esize), un * (chunk_bytes / esize)};
+}
+
 void reduce_in_rank_order(const void* const* in, int n, void* const* out, int m, std::size_t lo, std::size_t hi,
                           DType dtype, ReduceOp op) {
   switch (dtype) {

@@ -60,6 +60,10 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds t
 // ranks never write the same cache line of an aligned buffer.
 std::pair<std::size_t, std::size_t> slice_of(std::size_t count, std::size_t elem_bytes, int rank, int n);
 
+// Where the host reduction's work changes shape for n ranks: beyond n 64-byte blocks every rank
+// reduces a slice (below it some are idle), and beyond n chunks a slice spans more than one chunk.
+std::vector<std::size_t> host_reduction_thresholds(int n, DType dtype);
+
 // Reduces elements [lo, hi) of in[0], ..., in[n-1] in rank order, ((in[0] + in[1]) + in[2]) + ...
 // element by element (then divided by n for avg), and writes the result into out[0], ..., out[m-1].
 // Every pointer points at element 0 of its buffer. An output may be one of the inputs: the local

@@ -41,6 +41,11 @@ class Communicator {
   virtual void allgather(const void* send, void* recv, std::size_t count, DType dtype) = 0;
   virtual void barrier() = 0;
 
+  // Element counts (of this dtype, on this many ranks) at which the backend switches algorithm: a call
+  // of more elements than a threshold takes another path than one of fewer. Checks draw sizes on both
+  // sides of each, so that every run exercises every path. Empty when the backend has one path.
+  virtual std::vector<std::size_t> algorithm_thresholds(DType /*dtype*/) const { return {}; }
+
   // A communicator over the same ranks that takes host buffers, for the small control messages
   // (hashes, verdicts, counts) that the trainer and checks exchange. Host backends return themselves.
   virtual Communicator& host() { return *this; }

@@ -182,6 +182,9 @@ class LocalComm final : public Communicator {
   int size() const override { return hub_->size(); }
   std::string_view backend() const override { return "local"; }
   bool shares_address_space() const override { return true; }
+  std::vector<std::size_t> algorithm_thresholds(DType dtype) const override {
+    return host_reduction_thresholds(size(), dtype);
+  }
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     const auto deadline = deadline_after(timeout());

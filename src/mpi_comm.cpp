@@ -189,6 +189,15 @@ class MpiComm final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "mpi"; }
+  // Small calls travel inline with their description; larger ones are sliced like the local backend's.
+  std::vector<std::size_t> algorithm_thresholds(DType dtype) const override {
+    const std::size_t esize = dtype_size(dtype);
+    std::size_t inline_bytes = inline_limit;
+    if (size_ > 1) inline_bytes = std::min(inline_bytes, inline_total / static_cast<std::size_t>(size_ - 1));
+    std::vector<std::size_t> t = host_reduction_thresholds(size_, dtype);
+    t.push_back(inline_bytes / esize);
+    return t;
+  }
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     const std::size_t esize = dtype_size(dtype), bytes = count * esize;

@@ -20,15 +20,11 @@ std::uint64_t ulp_distance(float a, float b) {
   return static_cast<std::uint64_t>(d < 0 ? -d : d);
 }
 
-namespace {
-
-std::string hex_bits(float f) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", std::bit_cast<std::uint32_t>(f));
+std::string float_bits_text(float f) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g (0x%08x)", static_cast<double>(f), std::bit_cast<std::uint32_t>(f));
   return buf;
 }
-
-}  // namespace
 
 std::string ReplicaReport::describe() const {
   std::ostringstream os;
@@ -41,11 +37,9 @@ std::string ReplicaReport::describe() const {
   os << "replicas differ after step " << step << ": first difference in " << buffer << " at " << element
      << " (flat index " << flat_index << ")\n";
   for (std::size_t r = 0; r < values.size(); ++r) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(values[r]));
     bool minor = false;
     for (int m : minority) minor |= static_cast<std::size_t>(m) == r;
-    os << "  rank " << r << ": " << buf << " (" << hex_bits(values[r]) << ")" << (minor ? "  <- minority" : "") << "\n";
+    os << "  rank " << r << ": " << float_bits_text(values[r]) << (minor ? "  <- minority" : "") << "\n";
   }
   os << "  largest distance from the majority value: " << max_ulp << " ulp";
   bool steps_differ = false;

@@ -138,8 +138,12 @@ double Trainer::compute_gradient(std::int64_t step) {
   if (first) engine_.zero_grads();  // nothing to train on: contribute zeros, but still take part
 
   comm_.allreduce(engine_.grads(), engine_.param_count(), DType::f32, ReduceOp::avg);
-  comm_.host().allreduce(&loss_sum, 1, DType::f64, ReduceOp::sum);
-  return loss_sum / static_cast<double>(global);
+  return global_mean_loss(loss_sum, share, global);
+}
+
+double Trainer::global_mean_loss(double local_loss_sum, std::int64_t, std::int64_t global) {
+  comm_.host().allreduce(&local_loss_sum, 1, DType::f64, ReduceOp::sum);
+  return local_loss_sum / static_cast<double>(global);
 }
 
 nlohmann::json TrainConfig::to_json(int world_size) const {

@@ -69,7 +69,7 @@ class Trainer {
     std::int64_t epoch = 0;
     std::int64_t begin = 0, end = 0;
   };
-  Slot slot(int rank, std::int64_t step) const;
+  virtual Slot slot(int rank, std::int64_t step) const;
   std::int64_t global_batch(std::int64_t step) const;
   std::vector<std::int64_t> local_indices(std::int64_t step) const;
 
@@ -99,6 +99,7 @@ class Trainer {
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
   Communicator& comm() { return comm_; }
+  const DistributedSampler& sampler() const { return sampler_; }
   Engine& engine() { return engine_; }
   Optimizer& optimizer() { return optimizer_; }
 
@@ -109,6 +110,8 @@ class Trainer {
   virtual double micro_batch_weight(std::int64_t micro, std::int64_t share) const;
   // The examples this rank feeds its engine at a step.
   virtual Batch local_batch(std::int64_t step) const;
+  // The mean loss over the global batch from this rank's sum of per-example losses (a collective).
+  virtual double global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t global);
 
  private:
   TrainConfig config_;

@@ -158,8 +158,10 @@ TEST(GradientBound, LargerUnitRoundoffGivesALargerBound) {
 }
 
 TEST(GradientBound, RoundingCounts) {
-  EXPECT_EQ(reference::whole_batch_roundings(100), 104);
-  EXPECT_EQ(reference::sharded_roundings(25, 1, 4), 25 + 1 + 4 + 4);
+  // B terms (B - 1 additions and a product each), plus the six scale-factor roundings.
+  EXPECT_EQ(reference::whole_batch_roundings(100), 106);
+  // The largest share, the all-reduce over N ranks, the scale factors.
+  EXPECT_EQ(reference::sharded_roundings(25, 4), 25 + 4 + 6);
 }
 
 }  // namespace

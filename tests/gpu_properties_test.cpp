@@ -115,7 +115,7 @@ TEST_P(GpuKillMatrix, MutantIsCaughtByItsPropertyOnTheGpu) {
   if (!r.skipped.empty()) GTEST_SKIP() << p.name << " cannot run here: " << r.skipped;
   ASSERT_FALSE(r.passed) << m.name << " survived " << p.name << " on " << target.describe();
   EXPECT_FALSE(r.reproduce.empty());
-  const CaseStats::Size& s = r.failure_size;
+  const CaseRecord::Size& s = r.failure_size;
   std::printf("%s: caught by %s after %lld cases, shrunk to %lld examples, %d ranks, %d layers, width %d\n",
               std::string(m.name).c_str(), std::string(p.name).c_str(), static_cast<long long>(r.cases),
               static_cast<long long>(s.examples), s.world_size, s.layers, s.widest);

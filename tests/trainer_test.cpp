@@ -352,7 +352,12 @@ ShardedGradient sharded_gradient(const TrainConfig& c, int world) {
     if (r.trainer.rank() != 0) return;
     out.grad = r.grads();
     out.global = r.trainer.global_indices(0);
-    out.roundings = reference::sharded_roundings(r.trainer.largest_micro_batch(0), c.accumulate, world);
+    std::int64_t largest_share = 0;
+    for (int q = 0; q < world; ++q) {
+      const Trainer::Slot slot = r.trainer.slot(q, 0);
+      largest_share = std::max(largest_share, slot.end - slot.begin);
+    }
+    out.roundings = reference::sharded_roundings(largest_share, world);
   });
   return out;
 }

@@ -1,0 +1,45 @@
+// What the property files share (internal to properties/): agreeing on a verdict across processes,
+// which rank records a world's results, the scenario space a target draws from, scratch directories,
+// and each property's case body for the table in properties.cpp.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "properties/properties.hpp"
+
+namespace dpcheck {
+
+// A property's verdict must be the same on every process of a process backend, so that all follow the
+// same shrink path: the AND over processes (the verdict itself for thread backends).
+bool agree(const Target& target, bool verdict);
+
+// Whether this rank records the results of a world: rank 0's thread, or every process.
+bool records(const Target& target, const Communicator& comm);
+
+// The scenarios a target's cases draw from: its fixed world size, if any, and its communicator's
+// algorithm thresholds.
+ScenarioSpace space_for(const Target& target);
+
+CaseRecord::Size size_of(const Scenario& s);
+
+// A fresh scratch directory that every rank can see: rank 0 creates it and, for processes, tells the
+// others its name. In memory (/dev/shm) where allowed; not for an audited run, since /dev/shm is one
+// of the paths any rank may write.
+std::filesystem::path make_scratch(const Target& target, const std::string& what, bool in_memory = true);
+void remove_scratch(const Target& target, const std::filesystem::path& dir);
+
+// Case bodies, one file per property (or family of properties).
+void gradient_average_body(const Target& target, CaseRecord& record);
+void accumulation_body(const Target& target, CaseRecord& record);
+void uneven_body(const Target& target, CaseRecord& record);
+void replicas_body(const Target& target, CaseRecord& record);
+void sampler_body(const Target& target, CaseRecord& record);
+void rank0_writes_body(const Target& target, CaseRecord& record);
+std::string rank0_writes_unavailable(const Target& target);
+void resume_body(const Target& target, CaseRecord& record);
+void optimizer_update_body(const Target& target, CaseRecord& record);
+void loss_body(const Target& target, CaseRecord& record);
+void any_order_body(const Target& target, CaseRecord& record);
+
+}  // namespace dpcheck

@@ -1,0 +1,147 @@
+// The gradient properties: gradient_average_matches_whole_batch, accumulation_matches_whole_batch and
+// uneven_shares_match_whole_batch. A case trains a drawn scenario up to a drawn step (anywhere in an
+// epoch), takes that step's all-reduced gradient, and checks it -- and the same engine's gradient of the
+// whole global batch at once -- against the float64 reference within the derived bound. Which examples
+// the step's global batch holds is restated on its own (reference/schedule.hpp), not asked of the
+// trainer under test.
+//
+// Each case also measures the check's power: the same engine's gradient of the global batch without
+// its last example, against the same bound. It must leave the bound in the property's stated share of
+// cases (PropertyDef::min_power), so a bound grown loose fails the run instead of passing everything.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "properties/common.hpp"
+#include "reference/bound.hpp"
+#include "reference/schedule.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+// "all-reduced gradient at layers.2.weight[20, 23]: float32 -5.87e-07, float64 1.62e-06, error 2.2e-06,
+// ratio 0.999 (gamma_75); bound 2.21e-06 = 99.9% kink ...; 2 units within rounding of a ReLU kink"
+std::string describe(std::string_view path, const reference::Comparison& c, const reference::GradientBound& bound,
+                     const ParamLayout& layout, std::int64_t roundings) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%.*s gradient at %s: float32 %.9g, float64 reference %.17g, error %.3g, error ratio %.4g "
+                "(gamma_%lld); ",
+                static_cast<int>(path.size()), path.data(), layout.describe_element(c.worst).c_str(), c.worst_value,
+                c.worst_reference, std::abs(c.worst_value - c.worst_reference), c.max_ratio,
+                static_cast<long long>(roundings));
+  std::string text = buf + bound.terms(c.worst, roundings).describe();
+  if (bound.uncertain_units > 0)
+    text += "; " + std::to_string(bound.uncertain_units) + " (example, unit) pairs within rounding of a ReLU kink";
+  return text;
+}
+
+std::vector<float> gradient_of(Engine& engine, const Batch& batch) {
+  std::vector<float> g(engine.param_count());
+  engine.forward_backward(batch, 1.0f, false);
+  engine.store_grads(g);
+  return g;
+}
+
+void gradient_body(const Target& target, CaseRecord& record, const ScenarioSpace& space) {
+  const Scenario s = *gen_scenario(space);
+  record.size = size_of(s);
+  const GradientOutcome o = check_sharded_gradient(s, target);
+  record.ratio = std::max(o.sharded_ratio, o.whole_ratio);
+  record.probabilistic_ratio = o.probabilistic_ratio;
+  record.probe_ratio = o.probe_ratio;
+  record.note = o.note;
+  RC_CLASSIFY(o.share_ratio > 1.0, "one share alone lies outside the bound");
+  RC_CLASSIFY(o.uncertain_units > 0, "a ReLU within rounding of its kink");
+  if (space.thresholds) {
+    const std::vector<std::size_t> t = space.thresholds(s.world_size);
+    RC_CLASSIFY(!t.empty() && o.parameters > *std::max_element(t.begin(), t.end()),
+                "gradient beyond every algorithm threshold of the communicator");
+  }
+  RC_CLASSIFY(s.at_step > 0, "checked after training steps");
+  if (!agree(target, o.passed))
+    fail_case(o.message.empty() ? "another rank found the gradient outside the bound" : o.message);
+}
+
+}  // namespace
+
+void gradient_average_body(const Target& target, CaseRecord& record) {
+  gradient_body(target, record, space_for(target));
+}
+
+void accumulation_body(const Target& target, CaseRecord& record) {
+  ScenarioSpace space = space_for(target);
+  space.accumulate = true;
+  gradient_body(target, record, space);
+}
+
+void uneven_body(const Target& target, CaseRecord& record) {
+  ScenarioSpace space = space_for(target);
+  space.uneven_only = true;
+  gradient_body(target, record, space);
+}
+
+GradientOutcome check_sharded_gradient(const Scenario& s, const Target& target) {
+  const TrainConfig& c = s.train;
+  const SyntheticDataset data(c.data_size(), c.model, c.seed);
+  std::vector<float> averaged, params;
+  run_world(target, s.world_size, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(target, c, comm, data);
+    while (rt.trainer->next_step() < s.at_step) rt.trainer->step();
+    std::vector<float> p(rt.engine->param_count());
+    rt.engine->store_params(p);
+    rt.trainer->compute_gradient(s.at_step);
+    if (!records(target, comm)) return;
+    averaged.resize(rt.engine->param_count());
+    rt.engine->store_grads(averaged);
+    params = std::move(p);
+  });
+
+  const DistributedSampler sampler(c.sampler(s.world_size));
+  const reference::StepExamples step = reference::step_examples(c, sampler, s.at_step);
+  const Batch whole = data.gather(step.global());
+  const reference::BoundOptions options = bound_options(target);
+  reference::BoundOptions probabilistic = options;
+  probabilistic.failure_probability = kProbabilisticFailure;
+  const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
+  const reference::GradientBound bound_p = reference::gradient_bound(c.model, params, whole, probabilistic);
+  const ParamLayout layout(c.model);
+  GradientOutcome o;
+  o.uncertain_units = bound.uncertain_units;
+  o.parameters = layout.size();
+
+  const std::int64_t m_sharded = reference::sharded_roundings(step.largest_share(), s.world_size, options);
+  const reference::Comparison sharded = reference::compare(averaged, bound, m_sharded);
+  o.sharded_ratio = sharded.max_ratio;
+
+  // The same engine on the whole batch at once.
+  const std::unique_ptr<Engine> engine = make_engine(target, c.model);
+  engine->load_params(params);
+  const std::vector<float> g = gradient_of(*engine, whole);
+  const std::int64_t m_whole = reference::whole_batch_roundings(whole.size, options);
+  const reference::Comparison whole_cmp = reference::compare(g, bound, m_whole);
+  o.whole_ratio = whole_cmp.max_ratio;
+  o.probabilistic_ratio = std::max(reference::compare(averaged, bound_p, m_sharded).max_ratio,
+                                   reference::compare(g, bound_p, m_whole).max_ratio);
+  o.note = sharded.max_ratio >= whole_cmp.max_ratio ? describe("all-reduced", sharded, bound, layout, m_sharded)
+                                                    : describe("whole-batch", whole_cmp, bound, layout, m_whole);
+
+  // Rank 0's share alone is a different batch: it lands outside the bound unless the check is too
+  // loose to tell batches apart.
+  if (!step.ranks[0].empty())
+    o.share_ratio = reference::compare(gradient_of(*engine, data.gather(step.ranks[0])), bound, m_sharded).max_ratio;
+  // The power probe: the batch without its last example. A one-class cross-entropy has a zero
+  // gradient whatever the batch, so there is nothing to tell apart.
+  if (whole.size >= 2 && !(c.model.loss == Loss::cross_entropy && c.model.out_dim() == 1))
+    o.probe_ratio = reference::compare(gradient_of(*engine, whole.slice(0, whole.size - 1)), bound, m_sharded).max_ratio;
+
+  o.passed = sharded.passed() && whole_cmp.passed();
+  if (!sharded.passed())
+    o.message = "the " + describe("all-reduced", sharded, bound, layout, m_sharded) + "; it exceeds the bound";
+  else if (!whole_cmp.passed())
+    o.message = "the " + describe("whole-batch", whole_cmp, bound, layout, m_whole) + "; it exceeds the bound";
+  return o;
+}
+
+}  // namespace dpcheck

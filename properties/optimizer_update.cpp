@@ -1,0 +1,98 @@
+// optimizer_update_matches_formula: the replica check only says that ranks agree, so an optimizer
+// that every rank gets wrong the same way (a missing bias correction, eps inside the square root,
+// dampened momentum) would pass everything else. Here every step of every rank is held against
+// PyTorch's formula evaluated in float64 from the same float32 inputs -- the parameters, the
+// all-reduced gradient and the state before the step -- within a derived float32 bound
+// (reference::optimizer_step_bound), and the step count must advance by one.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+#include "properties/common.hpp"
+#include "reference/optimizer.hpp"
+#include "src/replica_check.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+struct Worst {
+  double ratio = 0;
+  std::string where;
+};
+
+// Largest |got - want| / bound over the elements, and where.
+void compare(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
+             const std::string& what, const std::function<std::string(std::size_t)>& element, Worst& worst) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    const double ratio = !std::isfinite(got[i]) ? INFINITY : err == 0 ? 0.0 : bound[i] > 0 ? err / bound[i] : INFINITY;
+    if (ratio <= worst.ratio && !(worst.where.empty() && i == 0)) continue;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, " is %s, the formula gives %.17g (error %.3g, bound %.3g, error ratio %.4g)",
+                  float_bits_text(got[i]).c_str(), want[i], err, bound[i], ratio);
+    worst = {ratio, what + " " + element(i) + buf};
+  }
+}
+
+}  // namespace
+
+void optimizer_update_body(const Target& target, CaseRecord& record) {
+  const Scenario s = *gen_scenario(space_for(target));
+  record.size = size_of(s);
+  const StepOutcome o = check_optimizer_update(s, target);
+  record.ratio = o.ratio;
+  record.note = o.note;
+  RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::adam, "adam");
+  RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::momentum, "momentum");
+  if (!agree(target, o.passed)) fail_case(o.message.empty() ? "another rank's update left the formula's bound" : o.message);
+}
+
+StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
+  const TrainConfig& c = s.train;
+  const SyntheticDataset data(c.data_size(), c.model, c.seed);
+  const ParamLayout layout(c.model);
+  const OptimizerConfig config = c.optimizer_for(s.world_size);
+  StepOutcome o;
+  Worst worst;
+  std::string step_error;
+  std::mutex mu;
+  run_world(target, s.world_size, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(target, c, comm, data);
+    const std::size_t n = rt.engine->param_count(), k = rt.optimizer->state_size();
+    const std::vector<std::string> names = rt.optimizer->state_names();
+    std::vector<float> p0(n), p1(n), g(n), st0(k), st1(k);
+    Worst mine;
+    std::string my_step_error;
+    for (int step = 0; step < c.steps; ++step) {
+      rt.engine->store_params(p0);
+      rt.optimizer->store_state(st0);
+      const std::int64_t t0 = rt.optimizer->steps();
+      rt.trainer->step();
+      rt.engine->store_grads(g);
+      rt.engine->store_params(p1);
+      rt.optimizer->store_state(st1);
+      if (rt.optimizer->steps() != t0 + 1 && my_step_error.empty())
+        my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) + ": the optimizer counts " +
+                        std::to_string(rt.optimizer->steps()) + " steps after its step " + std::to_string(t0 + 1);
+      const reference::OptimizerStepBound want = reference::optimizer_step_bound(config, p0, g, st0, t0);
+      const std::string at = "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(step) + ": ";
+      compare(p1, want.params, want.params_bound, at + "parameter", [&](std::size_t i) { return layout.describe_element(i); },
+              mine);
+      compare(st1, want.state, want.state_bound, at + "optimizer state",
+              [&](std::size_t i) { return names[i / n] + " at " + layout.describe_element(i % n); }, mine);
+    }
+    const std::lock_guard<std::mutex> lock(mu);
+    if (mine.ratio > worst.ratio || worst.where.empty()) worst = mine;
+    if (step_error.empty()) step_error = my_step_error;
+  });
+  o.ratio = worst.ratio;
+  o.note = worst.where;
+  if (!step_error.empty()) o.message = step_error;
+  else if (worst.ratio > 1.0) o.message = worst.where + ": the update leaves the bound of PyTorch's formula";
+  o.passed = o.message.empty();
+  return o;
+}
+
+}  // namespace dpcheck

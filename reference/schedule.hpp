@@ -1,0 +1,30 @@
+// Which examples every rank trains on at a step, restated from the definition (src/trainer.hpp: each
+// rank walks its share of the epoch in slices of ceil(batch / N) examples; an epoch has
+// ceil(largest share / slice) steps, the last of them possibly short) with none of the trainer's code,
+// so that a trainer that walks its epochs wrongly -- never advancing the sampler's epoch, dropping a
+// short last step, restarting an epoch on resume -- cannot agree with itself. The shares come from the
+// DistributedSampler, which sampler_shards_disjoint checks on its own.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/sampler.hpp"
+#include "src/trainer.hpp"
+
+namespace dpcheck::reference {
+
+struct StepExamples {
+  std::int64_t epoch = 0;
+  std::int64_t steps_per_epoch = 1;
+  std::vector<std::vector<std::int64_t>> ranks;  // each rank's examples at the step, in its order
+
+  std::vector<std::int64_t> global() const;      // concatenated in rank order
+  std::int64_t largest_share() const;
+};
+
+// The examples of `step` for a run of `config` on world_size ranks, using `sampler` for the shares
+// (it must have been built from config.sampler(world_size)).
+StepExamples step_examples(const TrainConfig& config, const DistributedSampler& sampler, std::int64_t step);
+
+}  // namespace dpcheck::reference
