@@ -115,6 +115,10 @@ void fsync_dir(const fs::path& dir) {
   if (rc != 0) throw Error("cannot fsync directory " + dir.string() + ": " + std::strerror(err));
 }
 
+UsageError not_a_regular_log(const fs::path& path, mode_t mode) {
+  return UsageError("log " + path.string() + " is " + file_type(mode) + ", not a regular file");
+}
+
 class FileDescriptor {
  public:
   explicit FileDescriptor(int fd) : fd_(fd) {}
@@ -382,6 +386,11 @@ std::string checkpoint_name(std::int64_t step) {
 RankZeroWriter::RankZeroWriter(Communicator& comm, fs::path checkpoint_dir, fs::path log_path, int keep)
     : comm_(comm), checkpoint_dir_(std::move(checkpoint_dir)), log_path_(std::move(log_path)), keep_(keep) {
   if (keep_ < 1) throw UsageError("keep at least one checkpoint");
+  // A log that can never be opened is refused before the first step, on every rank alike (a stat
+  // writes nothing); log() checks again when it opens the file.
+  struct stat st {};
+  if (!log_path_.empty() && ::stat(log_path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw not_a_regular_log(log_path_, st.st_mode);
 }
 
 RankZeroWriter::~RankZeroWriter() {
@@ -447,8 +456,24 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
 void RankZeroWriter::log(const nlohmann::json& record) {
   if (!writes() || log_path_.empty()) return;
   if (log_fd_ < 0) {
-    log_fd_ = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd_ < 0) throw Error("cannot open log " + log_path_.string() + ": " + std::strerror(errno));
+    // Only a regular file will do: opening a FIFO for writing blocks until a reader comes, and writing
+    // to a device or socket is no log. O_NONBLOCK makes the open return at once whatever the path is
+    // (a FIFO with no reader fails with ENXIO), fstat says what was opened, and blocking writes resume.
+    struct stat st {};
+    if (::stat(log_path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) throw not_a_regular_log(log_path_, st.st_mode);
+    const int fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == ENXIO && ::stat(log_path_.c_str(), &st) == 0) throw not_a_regular_log(log_path_, st.st_mode);
+      throw Error("cannot open log " + log_path_.string() + ": " + std::strerror(err));
+    }
+    FileDescriptor opened(fd);
+    if (::fstat(fd, &st) != 0) throw Error("cannot stat log " + log_path_.string() + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw not_a_regular_log(log_path_, st.st_mode);
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+      throw Error("cannot make log " + log_path_.string() + " blocking: " + std::strerror(errno));
+    log_fd_ = opened.release();
   }
   const std::string line = record.dump() + "\n";
   write_all(log_fd_, line.data(), line.size(), log_path_);  // O_APPEND: one write, one whole line

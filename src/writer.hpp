@@ -16,7 +16,7 @@
 // hash, dtype and shape, holding finite values. A checkpoint that fails any of it is skipped with the
 // reason, and the reasons are reported.
 //
-// The log is JSON lines, one record a line, each appended with a single write(2).
+// The log is JSON lines, one record a line, each appended with a single write(2), to a regular file only.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +56,8 @@ class RankZeroWriter {
   // Writes the checkpoint (rank 0) and keeps the newest `keep` of them. Returns its directory, or an
   // empty path on ranks that do not write.
   std::filesystem::path save(const Checkpoint& checkpoint, const ModelConfig& model);
-  // Appends one JSON line to the log (rank 0).
+  // Appends one JSON line to the log (rank 0). The first call opens the log: UsageError naming the path
+  // if it is anything but a regular file (a FIFO would block the open, or every write, forever).
   virtual void log(const nlohmann::json& record);
   // fsyncs the log.
   void flush();

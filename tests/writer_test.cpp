@@ -1,6 +1,6 @@
 // The RankZeroWriter (src/writer.cpp): checkpoints that load back bit for bit, that are either whole
 // or ignored, that survive a SIGKILL of the writing process at any moment, that are refused with the
-// reason when any field or file is wrong, and a log of JSON lines.
+// reason when any field or file is wrong, and a log of JSON lines that is a regular file or nothing.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -523,6 +523,61 @@ TEST_F(Corrupt, TheNewestIsSkippedWithItsReasonAndTheOlderLoads) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("holds no step-NNNNNNNN directory"), std::string::npos) << e.what();
   }
+}
+
+// A FIFO as the log would block the open until a reader comes: it is refused at once, naming the path.
+// Run in a child under an alarm, so that a regression fails the test instead of hanging the suite.
+// The FIFO appears after the writer is constructed (which checks too), so that log() must check for itself.
+class FifoAfterConstruction final : public RankZeroWriter {
+ public:
+  FifoAfterConstruction(Communicator& comm, const fs::path& log) : RankZeroWriter(comm, {}, log) {
+    if (::mkfifo(log.c_str(), 0600) != 0) throw Error("mkfifo failed");
+  }
+};
+
+TEST_F(Writer, AFifoAsTheLogIsRefusedPromptly) {
+  const fs::path fifo = dir_ / "log.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(10);
+    std::string said = "no error";
+    try {
+      run_local(1, [&](Communicator& comm) { FifoAfterConstruction(comm, dir_ / "later.fifo").log({{"step", 0}}); });
+    } catch (const UsageError& e) {
+      said = e.what();
+    } catch (const std::exception& e) {
+      said = std::string("not a UsageError: ") + e.what();
+    }
+    (void)!::write(pipe_fds[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the writer blocked on the FIFO (killed by signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(said, "log " + (dir_ / "later.fifo").string() + " is a FIFO, not a regular file");
+
+  // The constructor refuses it already (before any training step), and a directory the same way; a
+  // regular file still takes the log.
+  run_local(1, [&](Communicator& comm) {
+    EXPECT_THROW(RankZeroWriter(comm, {}, fifo), UsageError);
+    EXPECT_THROW(RankZeroWriter(comm, {}, dir_), UsageError);
+    RankZeroWriter(comm, {}, dir_ / "log.jsonl").log({{"step", 0}});
+  });
+  EXPECT_EQ(read_file(dir_ / "log.jsonl"), "{\"step\":0}\n");
+
+  // And through the command: exit status 2 and one line naming the path, not a hang.
+  const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " train --model 4,3 --batch 4 --log " + fifo.string(), 60);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find(fifo.string()), std::string::npos) << r.output;
 }
 
 }  // namespace
