@@ -106,6 +106,22 @@ void remove_abandoned(const fs::path& dir) {
   }
 }
 
+// Keeps the newest `keep` checkpoint directories, counting the one just written whatever its step: a
+// run resumed from an older checkpoint must not delete what it has just written in favour of newer
+// ones it could not use.
+void prune(const fs::path& dir, const fs::path& written, int keep) {
+  int kept = 1;
+  std::error_code ec;
+  for (const auto& [step, path] : checkpoints_in(dir)) {
+    if (path == written || !fs::is_directory(fs::symlink_status(path, ec))) continue;
+    if (kept < keep) {
+      ++kept;
+      continue;
+    }
+    fs::remove_all(path);
+  }
+}
+
 void fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw Error("cannot open directory " + dir.string() + ": " + std::strerror(errno));
@@ -445,8 +461,7 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
     fsync_dir(checkpoint_dir_);
     if (replacing) fs::remove_all(old);
 
-    const auto all = checkpoints_in(checkpoint_dir_);
-    for (std::size_t i = static_cast<std::size_t>(keep_); i < all.size(); ++i) fs::remove_all(all[i].second);
+    prune(checkpoint_dir_, final_dir, keep_);
   }
   // Every rank may read the checkpoint once save() returns.
   comm_.host().barrier();

@@ -525,6 +525,56 @@ TEST_F(Corrupt, TheNewestIsSkippedWithItsReasonAndTheOlderLoads) {
   }
 }
 
+// Pruning and removing abandoned temporary directories are writes: a rank that does not write (every
+// rank but 0) leaves them alone. The same scene with the writing rank shows the cleanup does happen.
+class SilentWriter final : public RankZeroWriter {
+ public:
+  using RankZeroWriter::RankZeroWriter;
+
+ protected:
+  bool writes() const override { return false; }
+};
+
+TEST_F(Writer, OnlyTheWritingRankPrunesOrRemovesAbandonedDirectories) {
+  const TrainConfig c = small_config(OptimizerKind::sgd);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const auto scene = [&](const fs::path& dir) {
+    run_local(1, [&](Communicator& comm) {
+      RankZeroWriter w(comm, dir, {}, 3);
+      for (int s = 1; s <= 3; ++s) w.save(trained(c, s), c.model);
+    });
+    fs::create_directories(dir / (".step-00000009.tmp-" + std::to_string(child)));
+  };
+  const Checkpoint fourth = trained(c, 4);
+  scene(dir_ / "silent");
+  run_local(3, [&](Communicator& comm) { EXPECT_TRUE(SilentWriter(comm, dir_ / "silent", {}, 1).save(fourth, c.model).empty()); });
+  for (const char* left : {"step-00000001", "step-00000002", "step-00000003"}) EXPECT_TRUE(fs::exists(dir_ / "silent" / left)) << left;
+  EXPECT_FALSE(fs::exists(dir_ / "silent" / "step-00000004"));
+  EXPECT_TRUE(fs::exists(dir_ / "silent" / (".step-00000009.tmp-" + std::to_string(child))));
+
+  scene(dir_ / "written");
+  run_local(3, [&](Communicator& comm) { RankZeroWriter(comm, dir_ / "written", {}, 1).save(fourth, c.model); });
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_ / "written")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"step-00000004"});
+}
+
+// A run resumed from an older checkpoint (the newer ones unusable) keeps what it writes: --keep counts
+// the checkpoint just written first, then the newest others.
+TEST_F(Writer, PruningNeverRemovesTheCheckpointJustWritten) {
+  const TrainConfig c = small_config(OptimizerKind::sgd);
+  run_local(1, [&](Communicator& comm) {
+    RankZeroWriter w(comm, dir_, {}, 2);
+    for (int s : {5, 6}) w.save(trained(c, s), c.model);
+    w.save(trained(c, 3), c.model);
+  });
+  EXPECT_TRUE(fs::exists(dir_ / "step-00000003"));
+  EXPECT_TRUE(fs::exists(dir_ / "step-00000006"));
+  EXPECT_FALSE(fs::exists(dir_ / "step-00000005"));
+}
+
 // A FIFO as the log would block the open until a reader comes: it is refused at once, naming the path.
 // Run in a child under an alarm, so that a regression fails the test instead of hanging the suite.
 // The FIFO appears after the writer is constructed (which checks too), so that log() must check for itself.
