@@ -451,7 +451,17 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
                                   {"optimizer", {{"steps", c.optimizer_steps}, {"state", c.state_names}}},
                                   {"config", c.config},
                                   {"files", files}};
-    write_file_atomic(tmp / kManifest, manifest.dump(2) + "\n");
+    const std::string text = manifest.dump(2) + "\n";
+    // The writer never writes what its reader would refuse: fields that disagree (a step that is not
+    // the epoch's, optimizer steps that are not the step) are a bug in the caller, reported now rather
+    // than at the resume.
+    try {
+      parse_manifest(text);
+    } catch (const UsageError& e) {
+      fs::remove_all(tmp);
+      throw Error("refusing to write checkpoint " + name + ": its manifest.json would be refused: " + e.what());
+    }
+    write_file_atomic(tmp / kManifest, text);
 
     final_dir = checkpoint_dir_ / name;
     const fs::path old = checkpoint_dir_ / ("." + name + ".old-" + std::to_string(::getpid()));

@@ -525,6 +525,25 @@ TEST_F(Corrupt, TheNewestIsSkippedWithItsReasonAndTheOlderLoads) {
   }
 }
 
+// The writer writes nothing its reader would refuse: a checkpoint whose fields disagree is a bug in
+// the caller, reported when it is saved.
+TEST_F(Writer, ACheckpointTheReaderWouldRefuseIsNotWritten) {
+  const TrainConfig c = small_config(OptimizerKind::momentum);
+  Checkpoint bad = trained(c, 2);
+  bad.optimizer_steps = 1;
+  run_local(1, [&](Communicator& comm) {
+    try {
+      RankZeroWriter(comm, dir_, {}).save(bad, c.model);
+      ADD_FAILURE() << "saved";
+    } catch (const UsageError& e) {
+      ADD_FAILURE() << "a UsageError: " << e.what();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("\"optimizer.steps\" is 1 after 2 steps"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
 // Pruning and removing abandoned temporary directories are writes: a rank that does not write (every
 // rank but 0) leaves them alone. The same scene with the writing rank shows the cleanup does happen.
 class SilentWriter final : public RankZeroWriter {
