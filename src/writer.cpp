@@ -1,20 +1,30 @@
+// RankZeroWriter and the checkpoint reader (writer.hpp says what a checkpoint holds and what the reader
+// checks). Every refusal of a checkpoint is a UsageError whose text is the reason, caught where the
+// checkpoint is named, so that each skipped candidate is reported as "step-00000012: <reason>".
 #include "src/writer.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <set>
 #include <sstream>
+#include <utility>
 
 #include "src/error.hpp"
 #include "src/files.hpp"
 #include "src/hash.hpp"
 #include "src/npy.hpp"
+#include "src/trainer.hpp"
 
 namespace dpcheck {
 
@@ -24,6 +34,12 @@ namespace {
 
 constexpr const char* kFormat = "dpcheck-checkpoint";
 constexpr int kVersion = 1;
+// Counts (steps, epochs, bytes, examples) must be exact in a double as well as an int64, so that no
+// JSON reader rounds them and no arithmetic on them overflows.
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;
+constexpr std::int64_t kMaxInt = std::int64_t{std::numeric_limits<int>::max()} + 1;
+constexpr std::size_t kMaxManifestBytes = std::size_t{16} << 20;
+const char* const kManifest = "manifest.json";
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -38,23 +54,40 @@ std::string hex64(std::uint64_t v) {
   return buf;
 }
 
-// "step-00000012" -> 12; -1 for anything else.
+// A defect found in a checkpoint: thrown while checking one, caught where its reason is reported.
+[[noreturn]] void refuse(const std::string& reason) { throw UsageError(reason); }
+
+// "step-00000012" (or more digits past step 99999999) -> 12; -1 for any other name.
 std::int64_t step_of(const std::string& name) {
-  if (name.size() != 13 || name.rfind("step-", 0) != 0) return -1;
+  constexpr std::size_t kMaxDigits = 16;  // 2^53 has 16
+  if (name.rfind("step-", 0) != 0 || name.size() < 13 || name.size() > 5 + kMaxDigits) return -1;
   std::int64_t v = 0;
   for (char c : name.substr(5)) {
     if (c < '0' || c > '9') return -1;
     v = v * 10 + (c - '0');
   }
-  return v;
+  return v < kMaxCount && checkpoint_name(v) == name ? v : -1;
 }
 
+std::string file_type(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISREG(mode)) return "a regular file";
+  return "a special file";
+}
+
+// Every entry named like a checkpoint, of whatever type (the reader says why a non-directory is
+// unusable), newest first.
 std::vector<std::pair<std::int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
   std::vector<std::pair<std::int64_t, fs::path>> found;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::int64_t s = step_of(e.path().filename().string());
-    if (s >= 0 && e.is_directory(ec)) found.emplace_back(s, e.path());
+    if (s >= 0) found.emplace_back(s, e.path());
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return found;
@@ -73,6 +106,22 @@ void remove_abandoned(const fs::path& dir) {
   }
 }
 
+// Keeps the newest `keep` checkpoint directories, counting the one just written whatever its step: a
+// run resumed from an older checkpoint must not delete what it has just written in favour of newer
+// ones it could not use.
+void prune(const fs::path& dir, const fs::path& written, int keep) {
+  int kept = 1;
+  std::error_code ec;
+  for (const auto& [step, path] : checkpoints_in(dir)) {
+    if (path == written || !fs::is_directory(fs::symlink_status(path, ec))) continue;
+    if (kept < keep) {
+      ++kept;
+      continue;
+    }
+    fs::remove_all(path);
+  }
+}
+
 void fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw Error("cannot open directory " + dir.string() + ": " + std::strerror(errno));
@@ -82,7 +131,267 @@ void fsync_dir(const fs::path& dir) {
   if (rc != 0) throw Error("cannot fsync directory " + dir.string() + ": " + std::strerror(err));
 }
 
+UsageError not_a_regular_log(const fs::path& path, mode_t mode) {
+  return UsageError("log " + path.string() + " is " + file_type(mode) + ", not a regular file");
+}
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(other.release()) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(FileDescriptor&&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// ---- the manifest ---------------------------------------------------------------------------------
+
+// A JSON value as a reason quotes it: short enough for one line.
+std::string shown(const nlohmann::json& v) {
+  constexpr std::size_t kMax = 60;
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
+  return s;
+}
+
+// A field's name as JSON spells it, quotes and escapes included.
+std::string in_quotes(const std::string& name) { return shown(nlohmann::json(name)); }
+
+std::string bound_text(std::int64_t hi) {
+  if (hi == kMaxCount) return "2^53";
+  if (hi == kMaxInt) return "2^31";
+  return std::to_string(hi);
+}
+
+// The fields of a JSON object, each looked up by name and each named in full ("config.batch") when
+// it is missing or wrong. Fields nobody asked for are refused by done(), so that nothing in a manifest
+// is silently ignored.
+class Fields {
+ public:
+  Fields(const nlohmann::json& object, std::string name) : object_(object), prefix_(name.empty() ? "" : name + ".") {
+    if (!object.is_object()) refuse((name.empty() ? std::string("the manifest") : in_quotes(name)) + " is " + shown(object) + ", not a JSON object");
+  }
+
+  const nlohmann::json& at(const std::string& key) {
+    used_.insert(key);
+    const auto it = object_.find(key);
+    if (it == object_.end()) refuse(in_quotes(prefix_ + key) + " is missing");
+    return *it;
+  }
+  std::string name(const std::string& key) const { return prefix_ + key; }
+
+  // An integer in [lo, hi): not a float (1e30, 2.5), string or boolean, whatever its value.
+  std::int64_t integer(const std::string& key, std::int64_t lo, std::int64_t hi) {
+    const nlohmann::json& v = at(key);
+    if (v.is_number_unsigned()) {
+      const std::uint64_t u = v.get<std::uint64_t>();
+      if (u < static_cast<std::uint64_t>(hi) && static_cast<std::int64_t>(u) >= lo) return static_cast<std::int64_t>(u);
+    } else if (v.is_number_integer()) {
+      const std::int64_t i = v.get<std::int64_t>();
+      if (i >= lo && i < hi) return i;
+    }
+    refuse(in_quotes(name(key)) + " is " + shown(v) + ", not an integer in [" + std::to_string(lo) + ", " + bound_text(hi) + ")");
+  }
+  std::uint64_t unsigned_integer(const std::string& key) {
+    const nlohmann::json& v = at(key);
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    refuse(in_quotes(name(key)) + " is " + shown(v) + ", not an integer in [0, 2^64)");
+  }
+  double number(const std::string& key) {
+    const nlohmann::json& v = at(key);
+    if (!v.is_number() || !std::isfinite(v.get<double>())) refuse(in_quotes(name(key)) + " is " + shown(v) + ", not a finite number");
+    return v.get<double>();
+  }
+  bool boolean(const std::string& key) {
+    const nlohmann::json& v = at(key);
+    if (!v.is_boolean()) refuse(in_quotes(name(key)) + " is " + shown(v) + ", not true or false");
+    return v.get<bool>();
+  }
+  std::string text(const std::string& key) {
+    const nlohmann::json& v = at(key);
+    if (!v.is_string()) refuse(in_quotes(name(key)) + " is " + shown(v) + ", not a string");
+    return v.get<std::string>();
+  }
+  // A string that `parse` turns into a value, or refuses (UsageError) with its own reason.
+  template <class Parse>
+  auto choice(const std::string& key, Parse parse) {
+    const std::string t = text(key);
+    try {
+      return parse(t);
+    } catch (const UsageError& e) {
+      refuse(in_quotes(name(key)) + ": " + e.what());
+    }
+  }
+
+  void done() const {
+    for (const auto& [key, value] : object_.items())
+      if (used_.count(key) == 0) refuse(in_quotes(name(key)) + " is not a field of a dpcheck checkpoint manifest");
+  }
+
+ private:
+  const nlohmann::json& object_;
+  std::string prefix_;
+  std::set<std::string> used_;
+};
+
+// JSON text to a value, refusing what nlohmann would otherwise accept quietly: a key given twice
+// (the last would win, so two readers could disagree about the step).
+nlohmann::json parse_json(std::string_view text) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::string twice;
+  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) keys.emplace_back();
+    if (event == E::object_end && !keys.empty()) keys.pop_back();
+    if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && twice.empty())
+      twice = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.begin(), text.end(), check);
+  } catch (const nlohmann::json::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, ..." without the bracketed id.
+    std::string what = e.what();
+    if (const std::size_t close = what.find("] "); what.rfind("[json.exception.", 0) == 0 && close != std::string::npos)
+      what = what.substr(close + 2);
+    refuse("not valid JSON: " + what);
+  }
+  if (!twice.empty()) refuse(in_quotes(twice) + " is given twice");
+  return j;
+}
+
+// Steps in an epoch of the recorded run, as Trainer's constructor computes them: each rank walks its
+// share in slices of ceil(batch / N) examples, and the epoch lasts as long as the largest share. Rank
+// 0's share is the largest (shares are equal, or the first ranks hold one more), so the sampler is
+// asked for no other: a manifest's world size costs nothing to check.
+std::int64_t steps_per_epoch(const TrainConfig& c, int world) {
+  const DistributedSampler sampler(c.sampler(world));
+  const std::int64_t slice = (c.batch + world - 1) / world;
+  return std::max<std::int64_t>(1, (sampler.share_size(0) + slice - 1) / slice);
+}
+
+// The recorded configuration back as a TrainConfig (and its world size), with every field checked;
+// it must be one that TrainConfig::to_json could have written.
+std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
+  Fields f(json, "config");
+  TrainConfig c;
+  c.model.dims = f.choice("model", parse_dims);
+  c.model.activation = f.choice("activation", parse_activation);
+  c.model.loss = f.choice("loss", parse_loss);
+  c.batch = f.integer("batch", 1, kMaxCount);
+  c.dataset_size = f.integer("dataset_size", 1, kMaxCount);
+  c.accumulate = static_cast<int>(f.integer("accumulate", 1, kMaxInt));
+  c.optimizer.kind = f.choice("optimizer", parse_optimizer);
+  c.optimizer.lr = f.number("lr");
+  c.optimizer.momentum = f.number("momentum");
+  c.optimizer.beta1 = f.number("beta1");
+  c.optimizer.beta2 = f.number("beta2");
+  c.optimizer.eps = f.number("eps");
+  c.linear_scaling = f.boolean("linear_scaling");
+  c.shuffle = f.boolean("shuffle");
+  c.split = f.choice("split", parse_split);
+  c.policy = f.choice("policy", parse_policy);
+  c.seed = f.unsigned_integer("seed");
+  const int world = static_cast<int>(f.integer("world_size", 1, kMaxInt));
+  f.done();
+  // A model too large to address is refused before any layout is built from it.
+  std::uint64_t count = 0;
+  for (std::size_t l = 0; l + 1 < c.model.dims.size(); ++l) {
+    count += (static_cast<std::uint64_t>(c.model.dims[l]) + 1) * static_cast<std::uint64_t>(c.model.dims[l + 1]);
+    if (count >= static_cast<std::uint64_t>(kMaxCount))
+      refuse("\"config.model\" " + dims_string(c.model.dims) + " has 2^53 parameters or more");
+  }
+  try {
+    c.validate(world);
+  } catch (const UsageError& e) {
+    refuse(std::string("\"config\": ") + e.what());
+  }
+  // Each field read back must be the one written: "5,07,3" reads as the model 5,7,3, but to_json never
+  // spells it so. (A number's spelling, 1 for 1.0, compares equal.)
+  const nlohmann::json written = c.to_json(world);
+  for (const auto& [key, value] : written.items())
+    if (json.at(key) != value) refuse(in_quotes("config." + key) + " is " + shown(json.at(key)) + ", which dpcheck writes as " + shown(value));
+  return {c, world};
+}
+
 }  // namespace
+
+Manifest parse_manifest(std::string_view text) {
+  const nlohmann::json json = parse_json(text);
+  Fields f(json, "");
+  Manifest m;
+  const nlohmann::json& format = f.at("format");
+  if (format != kFormat) refuse("\"format\" is " + shown(format) + ", not \"" + kFormat + "\"");
+  if (const std::int64_t version = f.integer("version", 0, kMaxCount); version != kVersion)
+    refuse("\"version\" is " + std::to_string(version) + ": this dpcheck reads version " + std::to_string(kVersion));
+  m.step = f.integer("step", 0, kMaxCount);
+  m.epoch = f.integer("epoch", 0, kMaxCount);
+  m.step_in_epoch = f.integer("step_in_epoch", 0, kMaxCount);
+  Fields optimizer(f.at("optimizer"), "optimizer");
+  m.optimizer_steps = optimizer.integer("steps", 0, kMaxCount);
+
+  const auto [config, world] = recorded_config(f.at("config"));
+  m.config = f.at("config");
+  m.model = config.model;
+  m.steps_per_epoch = steps_per_epoch(config, world);
+  const std::string per_epoch = " (the recorded configuration has " + std::to_string(m.steps_per_epoch) + " steps an epoch)";
+  if (m.step_in_epoch >= m.steps_per_epoch)
+    refuse("\"step_in_epoch\" is " + std::to_string(m.step_in_epoch) + ", beyond the end of an epoch" + per_epoch);
+  if (m.epoch != m.step / m.steps_per_epoch || m.step_in_epoch != m.step % m.steps_per_epoch)
+    refuse("\"epoch\" " + std::to_string(m.epoch) + " and \"step_in_epoch\" " + std::to_string(m.step_in_epoch) +
+           " do not agree with \"step\" " + std::to_string(m.step) + ", which is step " +
+           std::to_string(m.step % m.steps_per_epoch) + " of epoch " + std::to_string(m.step / m.steps_per_epoch) + per_epoch);
+
+  if (m.optimizer_steps != m.step)
+    refuse("\"optimizer.steps\" is " + std::to_string(m.optimizer_steps) + " after " + std::to_string(m.step) +
+           " steps: every step takes one optimizer step");
+  const nlohmann::json& state = optimizer.at("state");
+  const std::vector<std::string> want = make_cpu_optimizer(config.optimizer, 0)->state_names();
+  if (state != nlohmann::json(want))
+    refuse("\"optimizer.state\" is " + shown(state) + ", but " + std::string(optimizer_name(config.optimizer.kind)) +
+           " keeps " + nlohmann::json(want).dump());
+  m.state_names = want;
+  optimizer.done();
+
+  // The file list: exactly the recorded model's tensors and the optimizer's state blocks.
+  const nlohmann::json& listed = f.at("files");
+  Fields files(listed, "files");
+  // Counted before the layout is built, so that a manifest claiming a million layers costs no more
+  // than its own text.
+  const std::string tensors = "model " + dims_string(m.model.dims) + " with " + std::string(optimizer_name(config.optimizer.kind));
+  const std::size_t count = 2 * (m.model.dims.size() - 1) + m.state_names.size();
+  if (listed.size() < count)
+    refuse("\"files\" lists " + std::to_string(listed.size()) + " files, but " + tensors + " keeps " + std::to_string(count) + " tensors");
+  const ParamLayout layout(m.model);
+  std::vector<std::string> names;
+  for (const Slice& s : layout.slices()) names.push_back(s.name + ".npy");
+  for (const std::string& s : m.state_names) names.push_back("optimizer." + s + ".npy");
+  for (const std::string& name : names) {
+    Fields entry(files.at(name), "files[" + name + "]");
+    Manifest::File file{name, static_cast<std::uint64_t>(entry.integer("bytes", 0, kMaxCount)), 0};
+    const std::string hash = entry.text("xxh3");
+    const bool hex = hash.size() == 16 && hash.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!hex) refuse(in_quotes(entry.name("xxh3")) + " is " + in_quotes(hash) + ", not 16 lower-case hexadecimal digits");
+    file.xxh3 = std::stoull(hash, nullptr, 16);
+    entry.done();
+    m.files.push_back(std::move(file));
+  }
+  for (const auto& [key, value] : listed.items())
+    if (std::find(names.begin(), names.end(), key) == names.end())
+      refuse("\"files\" lists " + shown(key) + ", which is no tensor of " + tensors);
+  f.done();
+  return m;
+}
 
 std::string checkpoint_name(std::int64_t step) {
   char buf[32];
@@ -93,6 +402,11 @@ std::string checkpoint_name(std::int64_t step) {
 RankZeroWriter::RankZeroWriter(Communicator& comm, fs::path checkpoint_dir, fs::path log_path, int keep)
     : comm_(comm), checkpoint_dir_(std::move(checkpoint_dir)), log_path_(std::move(log_path)), keep_(keep) {
   if (keep_ < 1) throw UsageError("keep at least one checkpoint");
+  // A log that can never be opened is refused before the first step, on every rank alike (a stat
+  // writes nothing); log() checks again when it opens the file.
+  struct stat st {};
+  if (!log_path_.empty() && ::stat(log_path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw not_a_regular_log(log_path_, st.st_mode);
 }
 
 RankZeroWriter::~RankZeroWriter() {
@@ -137,7 +451,17 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
                                   {"optimizer", {{"steps", c.optimizer_steps}, {"state", c.state_names}}},
                                   {"config", c.config},
                                   {"files", files}};
-    write_file_atomic(tmp / "manifest.json", manifest.dump(2) + "\n");
+    const std::string text = manifest.dump(2) + "\n";
+    // The writer never writes what its reader would refuse: fields that disagree (a step that is not
+    // the epoch's, optimizer steps that are not the step) are a bug in the caller, reported now rather
+    // than at the resume.
+    try {
+      parse_manifest(text);
+    } catch (const UsageError& e) {
+      fs::remove_all(tmp);
+      throw Error("refusing to write checkpoint " + name + ": its manifest.json would be refused: " + e.what());
+    }
+    write_file_atomic(tmp / kManifest, text);
 
     final_dir = checkpoint_dir_ / name;
     const fs::path old = checkpoint_dir_ / ("." + name + ".old-" + std::to_string(::getpid()));
@@ -147,8 +471,7 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
     fsync_dir(checkpoint_dir_);
     if (replacing) fs::remove_all(old);
 
-    const auto all = checkpoints_in(checkpoint_dir_);
-    for (std::size_t i = static_cast<std::size_t>(keep_); i < all.size(); ++i) fs::remove_all(all[i].second);
+    prune(checkpoint_dir_, final_dir, keep_);
   }
   // Every rank may read the checkpoint once save() returns.
   comm_.host().barrier();
@@ -158,8 +481,24 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
 void RankZeroWriter::log(const nlohmann::json& record) {
   if (!writes() || log_path_.empty()) return;
   if (log_fd_ < 0) {
-    log_fd_ = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd_ < 0) throw Error("cannot open log " + log_path_.string() + ": " + std::strerror(errno));
+    // Only a regular file will do: opening a FIFO for writing blocks until a reader comes, and writing
+    // to a device or socket is no log. O_NONBLOCK makes the open return at once whatever the path is
+    // (a FIFO with no reader fails with ENXIO), fstat says what was opened, and blocking writes resume.
+    struct stat st {};
+    if (::stat(log_path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) throw not_a_regular_log(log_path_, st.st_mode);
+    const int fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == ENXIO && ::stat(log_path_.c_str(), &st) == 0) throw not_a_regular_log(log_path_, st.st_mode);
+      throw Error("cannot open log " + log_path_.string() + ": " + std::strerror(err));
+    }
+    FileDescriptor opened(fd);
+    if (::fstat(fd, &st) != 0) throw Error("cannot stat log " + log_path_.string() + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw not_a_regular_log(log_path_, st.st_mode);
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+      throw Error("cannot make log " + log_path_.string() + " blocking: " + std::strerror(errno));
+    log_fd_ = opened.release();
   }
   const std::string line = record.dump() + "\n";
   write_all(log_fd_, line.data(), line.size(), log_path_);  // O_APPEND: one write, one whole line
@@ -170,65 +509,170 @@ void RankZeroWriter::flush() {
     throw Error("cannot fsync log " + log_path_.string() + ": " + std::strerror(errno));
 }
 
-std::optional<Checkpoint> read_checkpoint(const fs::path& step_dir, const ModelConfig& model, std::string* why) {
-  const auto reject = [&](const std::string& reason) -> std::optional<Checkpoint> {
-    if (why) *why = step_dir.filename().string() + ": " + reason;
-    return std::nullopt;
-  };
-  const fs::path manifest_path = step_dir / "manifest.json";
-  if (!fs::exists(manifest_path)) return reject("no manifest (incomplete)");
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(read_bytes(manifest_path));
-  } catch (const std::exception& e) {
-    return reject(std::string("unreadable manifest: ") + e.what());
+namespace {
+
+// Opens `name` in the directory `dir` for reading, refusing anything but a regular file: no symbolic
+// link is followed (O_NOFOLLOW), and a FIFO or device is refused by lstat before it is opened, and by
+// fstat after (O_NONBLOCK, in case one took the file's place in between, so that the open cannot block).
+FileDescriptor open_regular(int dir, const std::string& name, struct stat& st) {
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    const int err = errno;
+    refuse(name + (err == ENOENT ? std::string(" is missing") : ": " + std::string(std::strerror(err))));
   }
+  if (!S_ISREG(st.st_mode)) refuse(name + " is " + file_type(st.st_mode) + ", not a regular file");
+  FileDescriptor fd(::openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (fd.get() < 0) refuse(name + ": cannot open: " + std::strerror(errno));
+  if (::fstat(fd.get(), &st) != 0) refuse(name + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) refuse(name + " is " + file_type(st.st_mode) + ", not a regular file");
+  return fd;
+}
+
+// The whole of an open regular file of st.st_size bytes.
+std::string read_all(int fd, const std::string& name, const struct stat& st) {
+  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) refuse(name + ": read failed: " + std::strerror(errno));
+    if (r == 0) refuse(name + " shrank while it was read");
+    done += static_cast<std::size_t>(r);
+  }
+  return bytes;
+}
+
+std::string float_value(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+// One tensor file: the manifest's size and hash, then float32 of `shape`, every value finite (and, for
+// Adam's exp_avg_sq, a mean of squares, never negative). Returns the values.
+// `offset` places the file's first element in the parameter buffer, to name a bad element by the
+// parameter it belongs to (state blocks cover the whole buffer, from 0).
+std::vector<float> read_tensor(int dir, const Manifest::File& file, std::span<const std::int64_t> shape,
+                               const ParamLayout& layout, std::size_t offset, bool squares) {
+  const std::string& name = file.name;
+  struct stat st {};
+  const FileDescriptor fd = open_regular(dir, name, st);
+  if (static_cast<std::uint64_t>(st.st_size) != file.bytes)
+    refuse(name + " has " + std::to_string(st.st_size) + " bytes, the manifest says " + std::to_string(file.bytes));
+  const std::string bytes = read_all(fd.get(), name, st);
+  if (hash_bytes(bytes.data(), bytes.size()) != file.xxh3) refuse(name + ": hash does not match the manifest");
+  // The bytes hashed are the bytes parsed: the .npy reader opens this same open file through /proc,
+  // not the name again, which could lead elsewhere by now.
+  const std::string via = "/proc/self/fd/" + std::to_string(fd.get());
+  NpyArray a;
   try {
-    if (m.at("format") != kFormat || m.at("version") != kVersion) return reject("not a dpcheck checkpoint (version 1)");
-    for (const auto& [file, meta] : m.at("files").items()) {
-      const fs::path p = step_dir / file;
-      if (!fs::exists(p)) return reject(file + " is missing");
-      const std::string bytes = read_bytes(p);
-      if (bytes.size() != meta.at("bytes").get<std::size_t>()) return reject(file + " has the wrong size");
-      if (hex64(hash_bytes(bytes.data(), bytes.size())) != meta.at("xxh3").get<std::string>())
-        return reject(file + " does not match its hash");
+    a = read_npy(via);
+  } catch (const UsageError& e) {
+    std::string what = e.what();
+    if (what.rfind(via, 0) == 0) what = what.substr(via.size());
+    refuse(name + what);
+  }
+  if (a.dtype != DType::f32) refuse(name + " holds " + std::string(dtype_name(a.dtype)) + ", not float32");
+  if (!std::equal(a.shape.begin(), a.shape.end(), shape.begin(), shape.end())) {
+    NpyArray want;
+    want.shape.assign(shape.begin(), shape.end());
+    refuse(name + " has shape " + a.shape_string() + ", the model needs " + want.shape_string());
+  }
+  std::vector<float> v = a.as_float32();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i]))
+      refuse(name + " holds " + float_value(v[i]) + " at " + layout.describe_element(offset + i) + ", not a finite number");
+    if (squares && v[i] < 0)
+      refuse(name + " holds " + float_value(v[i]) + " at " + layout.describe_element(offset + i) +
+             ": a running mean of squares is never negative");
+  }
+  return v;
+}
+
+}  // namespace
+
+std::optional<Checkpoint> read_checkpoint(const fs::path& step_dir, const ModelConfig& model, std::string* why) {
+  const std::string dir_name = step_dir.filename().string();
+  try {
+    struct stat st {};
+    if (::lstat(step_dir.c_str(), &st) != 0) refuse(std::string("cannot stat: ") + std::strerror(errno));
+    if (!S_ISDIR(st.st_mode)) refuse(file_type(st.st_mode) + ", not a directory");
+    const FileDescriptor dir(::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (dir.get() < 0) refuse(std::string("cannot open: ") + std::strerror(errno));
+
+    Manifest m;
+    {
+      const FileDescriptor fd = open_regular(dir.get(), kManifest, st);
+      if (static_cast<std::uint64_t>(st.st_size) > kMaxManifestBytes)
+        refuse(std::string(kManifest) + " has " + std::to_string(st.st_size) + " bytes, more than a manifest can need");
+      try {
+        m = parse_manifest(read_all(fd.get(), kManifest, st));
+      } catch (const UsageError& e) {
+        refuse(std::string(kManifest) + ": " + e.what());
+      }
     }
-    Checkpoint c;
-    c.step = m.at("step").get<std::int64_t>();
-    c.epoch = m.at("epoch").get<std::int64_t>();
-    c.step_in_epoch = m.at("step_in_epoch").get<std::int64_t>();
-    c.optimizer_steps = m.at("optimizer").at("steps").get<std::int64_t>();
-    c.state_names = m.at("optimizer").at("state").get<std::vector<std::string>>();
-    c.config = m.at("config");
+    if (step_of(dir_name) != m.step)
+      refuse(std::string(kManifest) + " records step " + std::to_string(m.step) + ", not the step the directory is named for");
+    if (m.model.dims != model.dims)
+      refuse("written for model " + dims_string(m.model.dims) + ", this run has " + dims_string(model.dims));
+
+    // Every entry must be the manifest or a file it lists: nothing in a checkpoint is silently ignored.
+    {
+      std::set<std::string> known{kManifest};
+      for (const Manifest::File& f : m.files) known.insert(f.name);
+      const int copy = ::dup(dir.get());
+      DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
+      if (d == nullptr) {
+        if (copy >= 0) ::close(copy);
+        refuse(std::string("cannot list: ") + std::strerror(errno));
+      }
+      std::string extra;
+      while (const dirent* e = ::readdir(d)) {
+        const std::string n = e->d_name;
+        if (n != "." && n != ".." && known.count(n) == 0 && extra.empty()) extra = n;
+      }
+      ::closedir(d);
+      if (!extra.empty()) refuse(extra + " is not listed in the manifest");
+    }
+
     const ParamLayout layout(model);
+    Checkpoint c;
+    c.step = m.step;
+    c.epoch = m.epoch;
+    c.step_in_epoch = m.step_in_epoch;
+    c.optimizer_steps = m.optimizer_steps;
+    c.state_names = m.state_names;
+    c.config = m.config;
     c.params.resize(layout.size());
-    const auto listed = [&](const std::string& file) { return m.at("files").contains(file); };
+    std::size_t k = 0;
     for (const Slice& s : layout.slices()) {
-      if (!listed(s.name + ".npy")) return reject(s.name + ".npy is not in the manifest (another model?)");
-      const std::vector<float> v = read_npy_expect(step_dir / (s.name + ".npy"), s.shape).as_float32();
+      const std::vector<float> v = read_tensor(dir.get(), m.files[k++], s.shape, layout, s.offset, false);
       std::copy(v.begin(), v.end(), c.params.begin() + static_cast<std::ptrdiff_t>(s.offset));
     }
     const std::vector<std::int64_t> flat{static_cast<std::int64_t>(layout.size())};
-    for (const std::string& name : c.state_names) {
-      const std::string file = "optimizer." + name + ".npy";
-      if (!listed(file)) return reject(file + " is not in the manifest");
-      const std::vector<float> v = read_npy_expect(step_dir / file, flat).as_float32();
+    for (const std::string& name : m.state_names) {
+      const std::vector<float> v = read_tensor(dir.get(), m.files[k++], flat, layout, 0, name == "exp_avg_sq");
       c.optimizer_state.insert(c.optimizer_state.end(), v.begin(), v.end());
     }
     return c;
-  } catch (const std::exception& e) {
-    return reject(std::string("bad manifest or file: ") + e.what());
+  } catch (const UsageError& e) {
+    if (why) *why = dir_name + ": " + e.what();
+    return std::nullopt;
   }
 }
 
 Checkpoint load_checkpoint(const fs::path& dir, const ModelConfig& model, std::vector<std::string>* skipped) {
   if (!fs::is_directory(dir)) throw UsageError(dir.string() + ": no such checkpoint directory");
-  for (const auto& [step, path] : checkpoints_in(dir)) {
+  const auto candidates = checkpoints_in(dir);
+  if (candidates.empty())
+    throw UsageError("no usable checkpoint in " + dir.string() + ": it holds no step-NNNNNNNN directory");
+  std::string reasons;
+  for (const auto& [step, path] : candidates) {
     std::string why;
     if (std::optional<Checkpoint> c = read_checkpoint(path, model, &why)) return *std::move(c);
-    if (skipped) skipped->push_back(why);
+    reasons += (reasons.empty() ? "" : "; ") + why;
+    if (skipped) skipped->push_back(std::move(why));
   }
-  throw UsageError(dir.string() + ": no complete checkpoint to resume from");
+  throw UsageError("no usable checkpoint in " + dir.string() + ": " + reasons);
 }
 
 }  // namespace dpcheck

@@ -7,16 +7,23 @@
 // records the step, the sampler position, the configuration and every file's size and XXH3 hash. Each
 // file goes through a temporary file, fsync and rename; the whole directory is built under a temporary
 // name and renamed into place, then the parent directory is fsynced. A process killed at any point
-// leaves either the previous checkpoints alone or the new one complete: load_checkpoint() accepts only
-// a directory whose manifest exists and whose files all match it.
+// leaves either the previous checkpoints alone or the new one complete.
 //
-// The log is JSON lines, one record a line, each appended with a single write(2).
+// A checkpoint is input like any other, so the reader trusts nothing in it: every manifest field must
+// have its type and range and agree with the others (the step with the epoch and the position in it, the
+// optimizer's steps with the step, the file list with the recorded model and optimizer), and every file
+// must be a regular file (no symbolic link is followed, no FIFO opened for long) with the recorded size,
+// hash, dtype and shape, holding finite values. A checkpoint that fails any of it is skipped with the
+// reason, and the reasons are reported.
+//
+// The log is JSON lines, one record a line, each appended with a single write(2), to a regular file only.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,7 +56,8 @@ class RankZeroWriter {
   // Writes the checkpoint (rank 0) and keeps the newest `keep` of them. Returns its directory, or an
   // empty path on ranks that do not write.
   std::filesystem::path save(const Checkpoint& checkpoint, const ModelConfig& model);
-  // Appends one JSON line to the log (rank 0).
+  // Appends one JSON line to the log (rank 0). The first call opens the log: UsageError naming the path
+  // if it is anything but a regular file (a FIFO would block the open, or every write, forever).
   virtual void log(const nlohmann::json& record);
   // fsyncs the log.
   void flush();
@@ -71,14 +79,39 @@ class RankZeroWriter {
 // "step-00000012"
 std::string checkpoint_name(std::int64_t step);
 
-// The newest complete checkpoint under dir: every file listed in its manifest present with the
-// recorded size and hash. Incomplete or corrupt ones are skipped (and named in `skipped`, if given).
-// Throws UsageError when there is none.
-Checkpoint load_checkpoint(const std::filesystem::path& dir, const ModelConfig& model,
-                           std::vector<std::string>* skipped = nullptr);
+// What a manifest.json says, checked against itself but not yet against any file.
+struct Manifest {
+  struct File {
+    std::string name;  // "layers.0.weight.npy", "optimizer.exp_avg.npy"
+    std::uint64_t bytes = 0;
+    std::uint64_t xxh3 = 0;
+  };
+  std::int64_t step = 0, epoch = 0, step_in_epoch = 0;
+  std::int64_t steps_per_epoch = 1;  // follows from the recorded configuration
+  std::int64_t optimizer_steps = 0;
+  std::vector<std::string> state_names;
+  nlohmann::json config;             // as recorded (TrainConfig::to_json)
+  ModelConfig model;                 // the recorded model
+  std::vector<File> files;           // the model's tensors in layout order, then the optimizer's state blocks
+};
 
-// Reads and verifies one checkpoint directory; nullopt (with the reason) if it is incomplete or corrupt.
+// Parses and checks manifest text: every field present with its JSON type (integers as integers, in
+// [0, 2^53) or the field's own range), no field unknown or given twice, the configuration one a run
+// could have, epoch and step_in_epoch agreeing with step, the optimizer's steps equal to step and its
+// state blocks those of the recorded optimizer, and the file list exactly the recorded model's tensors
+// and those blocks. Throws UsageError with the reason, e.g. "\"step\" is 1e+30, not an integer in
+// [0, 2^53)". Needs no file, so a fuzz target can drive it.
+Manifest parse_manifest(std::string_view text);
+
+// Reads and verifies one checkpoint directory against `model`; nullopt if anything is wrong, with `why`
+// set to "step-00000012: <reason>".
 std::optional<Checkpoint> read_checkpoint(const std::filesystem::path& step_dir, const ModelConfig& model,
                                           std::string* why = nullptr);
+
+// The newest checkpoint under dir that read_checkpoint accepts. Each newer one skipped is reported in
+// `skipped` (if given) as "step-00000012: <reason>". Throws UsageError when none is usable, naming every
+// candidate and why it was skipped.
+Checkpoint load_checkpoint(const std::filesystem::path& dir, const ModelConfig& model,
+                           std::vector<std::string>* skipped = nullptr);
 
 }  // namespace dpcheck
