@@ -56,7 +56,7 @@ int run_audit(const AuditArgs& args) {
     if (a.starts_with("-")) throw UsageError("--allow needs a path, got '" + a + "'");
     allow.push_back(audit::user_allowance(a));
   }
-  if (!args.json.empty()) check_writable(args.json);
+  if (!args.json.empty()) check_output_path(args.json, "--json");
 
   audit::RunResult run;
   {
