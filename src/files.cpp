@@ -91,6 +91,7 @@ void check_output_target(const fs::path& path, std::string_view option, OutputMo
   if (!target.has_filename()) throw UsageError(what + ": not a file name");
   struct stat st {};
   const bool exists = ::stat(target.c_str(), &st) == 0;
+  if (!exists && errno == ENOTDIR) throw UsageError(what + ": a component of the path is not a directory");
   if (!exists && errno != ENOENT) throw UsageError(what + ": " + std::strerror(errno));
   if (exists && !S_ISREG(st.st_mode)) throw UsageError(what + ": " + file_kind(st.st_mode) + ", not a regular file");
   check_directory_of(target, what, probe);
@@ -186,6 +187,7 @@ void check_output_dir(const fs::path& path, std::string_view option) {
       throw UsageError(what + ": cannot create a file in it: " + std::strerror(err));
     return;
   }
+  if (errno == ENOTDIR) throw UsageError(what + ": a component of the path is not a directory");
   if (errno != ENOENT) throw UsageError(what + ": " + std::strerror(errno));
   // Created with its parents when first written: the nearest existing ancestor must take a directory.
   fs::path ancestor = target.lexically_normal().parent_path();

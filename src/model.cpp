@@ -69,9 +69,10 @@ void ModelConfig::validate() const {
     throw UsageError("model " + dims_string(dims) + " is too large: " + why);
 }
 
-std::vector<int> parse_dims(std::string_view text) {
+std::vector<int> parse_dims(std::string_view text, std::string_view option) {
   std::vector<int> dims;
-  const std::string model = "bad model '" + std::string(text) + "'";
+  const std::string model =
+      option.empty() ? "bad model '" + std::string(text) + "'" : std::string(option) + " " + std::string(text);
   std::size_t pos = 0;
   while (pos <= text.size()) {
     const std::size_t comma = std::min(text.find(',', pos), text.size());

@@ -41,8 +41,9 @@ struct ModelConfig {
 };
 
 // "4,16,1" -> {4, 16, 1}; UsageError on anything but a list of at least two positive integers, and for
-// a width beyond max_width or more than max_parameters parameters.
-std::vector<int> parse_dims(std::string_view text);
+// a width beyond max_width or more than max_parameters parameters. The message names `option` ("--model")
+// when given.
+std::vector<int> parse_dims(std::string_view text, std::string_view option = {});
 std::string dims_string(const std::vector<int>& dims);
 
 // A named tensor inside a flat buffer.
