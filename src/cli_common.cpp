@@ -3,11 +3,24 @@
 #include "src/commands.hpp"
 #include "src/comm.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
 
 #include "src/error.hpp"
+#include "src/files.hpp"
 #include "src/npy.hpp"
 
 namespace dpcheck::cli {
@@ -21,7 +34,7 @@ void ModelOptions::add_to(CLI::App& sub, bool required) {
 
 ModelConfig ModelOptions::config() const {
   ModelConfig c;
-  c.dims = parse_dims(dims);
+  c.dims = parse_dims(dims, "--model");
   c.activation = parse_activation(activation);
   c.loss = parse_loss(loss);
   return c;
@@ -30,11 +43,29 @@ ModelConfig ModelOptions::config() const {
 std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& model) {
   if (!std::filesystem::is_directory(dir)) throw UsageError(dir + ": not a directory of .npy parameter files");
   const ParamLayout layout(model);
+  // A file the model has no parameter for is a sign of another model (or a checkpoint, whose optimizer
+  // state --resume reads): loading the rest would silently train something else.
+  std::set<std::string> expected;
+  for (const Slice& s : layout.slices()) expected.insert(s.name + ".npy");
+  std::vector<std::string> extra;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (!expected.contains(e.path().filename().string())) extra.push_back(e.path().filename().string());
+  if (!extra.empty()) {
+    std::sort(extra.begin(), extra.end());
+    std::string names;
+    for (std::size_t i = 0; i < extra.size() && i < 5; ++i) names += (i ? ", " : "") + extra[i];
+    if (extra.size() > 5) names += " and " + std::to_string(extra.size() - 5) + " more";
+    throw UsageError("--init " + dir + " holds files that are not parameters of model " + dims_string(model.dims) +
+                     ": " + names + (std::filesystem::exists(std::filesystem::path(dir) / "manifest.json")
+                                         ? " (a checkpoint continues with --resume)"
+                                         : ""));
+  }
   std::vector<float> params(layout.size());
   for (const Slice& s : layout.slices()) {
-    const NpyArray a = read_npy_expect(std::filesystem::path(dir) / (s.name + ".npy"), s.shape);
-    if (a.dtype == DType::i64) throw UsageError(dir + "/" + s.name + ".npy: parameters must be float32 or float64");
-    const std::vector<float> v = a.as_float32();
+    const std::filesystem::path file = std::filesystem::path(dir) / (s.name + ".npy");
+    const NpyArray a = read_npy_expect(file, s.shape);
+    if (a.dtype == DType::i64) throw UsageError(file.string() + ": parameters must be float32 or float64");
+    const std::vector<float> v = a.as_finite_float32(file);
     std::copy(v.begin(), v.end(), params.begin() + static_cast<std::ptrdiff_t>(s.offset));
   }
   return params;
@@ -59,10 +90,293 @@ int resolve_world(Target& target, int requested, bool given) {
   return requested;
 }
 
+void print_error(std::string_view message) {
+  constexpr std::string_view prefix = "dpcheck: error: ";
+  std::string line = message.starts_with(prefix) ? std::string(message) : std::string(prefix) + std::string(message);
+  if (line.back() != '\n') line += '\n';
+  std::fflush(stdout);
+  std::cout.flush();
+  try {
+    write_all(STDERR_FILENO, line.data(), line.size(), "standard error");
+  } catch (const Error&) {
+    // Nowhere left to say it.
+  }
+}
+
 std::string float_text(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
+}
+
+// ---- timeouts and seeds -------------------------------------------------------------------------
+
+std::chrono::milliseconds parse_timeout(double seconds, std::string_view option) {
+  if (!(seconds >= 0.001 && seconds <= max_timeout_s))
+    throw UsageError(std::string(option) + " " + float_text(seconds) + ": give the seconds a collective may wait, from 0.001 to " +
+                     float_text(max_timeout_s) + " (a day)");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
+}
+
+void TimeoutOption::add_to(CLI::App& sub) {
+  sub.add_option("--timeout", seconds,
+                 "Seconds a collective may wait for a peer (default 60, at most " + float_text(max_timeout_s) + ")");
+}
+
+std::uint64_t parse_seed(std::string_view text, std::string_view option) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || ec != std::errc() || end != text.data() + text.size())
+    throw UsageError(std::string(option) + " '" + std::string(text) + "': give a whole number from 0 to " +
+                     std::to_string(std::numeric_limits<std::uint64_t>::max()));
+  return v;
+}
+
+void SeedOption::add_to(CLI::App& sub, const std::string& description) {
+  sub.add_option("--seed", text_, description + " (default " + std::to_string(default_) + ")")->type_name("UINT64");
+}
+
+void check_accumulate(int accumulate, std::int64_t batch, int world_size) {
+  if (accumulate < 1) throw UsageError("--accumulate must be at least 1");
+  if (batch < 1 || world_size < 1) return;  // refused elsewhere, with their own names
+  const std::int64_t slice = (batch + world_size - 1) / world_size;
+  if (accumulate > slice)
+    throw UsageError("--accumulate " + std::to_string(accumulate) + " is more than a rank's share of a step (" +
+                     std::to_string(slice) + " examples: batch " + std::to_string(batch) + " over " +
+                     std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks") + "); give at most " +
+                     std::to_string(slice));
+}
+
+// ---- what a run needs, against what this machine has ---------------------------------------------
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The first number in a file such as /proc/sys/kernel/threads-max or a cgroup's memory.max; nullopt
+// when it cannot be read or says "max".
+std::optional<double> number_in(const char* path) {
+  std::ifstream in(path);
+  double v = 0;
+  if (!(in >> v)) return std::nullopt;
+  return v;
+}
+
+// The value of a "Key:   123 kB" line of /proc/meminfo, in bytes.
+std::optional<double> meminfo(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    double kb = 0;
+    if (fields >> kb) return kb * 1024;
+  }
+  return std::nullopt;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / kGiB);
+  return buf;
+}
+
+}  // namespace
+
+MachineLimits machine_limits() {
+  MachineLimits m;
+  const auto lower = [](double& best, std::string& source, std::optional<double> v, const char* what) {
+    if (v && *v >= 0 && (best <= 0 || *v < best)) {
+      best = *v;
+      source = what;
+    }
+  };
+  if (const auto avail = meminfo("MemAvailable"))
+    lower(m.memory_bytes, m.memory_source, avail, "MemAvailable in /proc/meminfo");
+  else
+    lower(m.memory_bytes, m.memory_source,
+          static_cast<double>(::sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE)),
+          "available pages (sysconf)");
+  // A container's cgroup (v2, then v1) may allow less than the machine has free.
+  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                     std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                               "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const auto l = number_in(limit);
+    if (l && *l < 1e18) lower(m.memory_bytes, m.memory_source, *l - number_in(usage).value_or(0), "the cgroup's memory limit");
+  }
+  for (const auto& [resource, name] : {std::pair{RLIMIT_AS, "ulimit -v"}, std::pair{RLIMIT_DATA, "ulimit -d"}}) {
+    struct rlimit r {};
+    if (::getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+      lower(m.memory_bytes, m.memory_source, static_cast<double>(r.rlim_cur), name);
+  }
+
+  double threads = 0;
+  lower(threads, m.threads_source, number_in("/proc/sys/kernel/threads-max"), "/proc/sys/kernel/threads-max");
+  lower(threads, m.threads_source, number_in("/sys/fs/cgroup/pids.max"), "the cgroup's pids.max");
+  lower(threads, m.threads_source, number_in("/sys/fs/cgroup/pids/pids.max"), "the cgroup's pids.max");
+  struct rlimit r {};
+  if (::getrlimit(RLIMIT_NPROC, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+    lower(threads, m.threads_source, static_cast<double>(r.rlim_cur), "ulimit -u");
+  m.threads = threads > 0 ? static_cast<std::int64_t>(threads) : std::numeric_limits<std::int64_t>::max();
+  return m;
+}
+
+void check_run_size(const RunSize& run, const MachineLimits& machine) {
+  const double n = run.world_size;
+  const std::string world_text = "--world-size " + std::to_string(run.world_size);
+  // A few threads beside the ranks: the main thread, the launcher's, the timeout watchers.
+  if (run.ranks_are_threads && run.world_size > 1 && static_cast<double>(machine.threads) < n + 8)
+    throw UsageError(world_text + " is too big for this machine: its ranks run as threads of one process, and this "
+                     "process may start at most " + std::to_string(machine.threads) + " threads (" +
+                     machine.threads_source + ")");
+
+  // Bytes, in double so that no product overflows. Each factor is an upper estimate measured on the cpu
+  // engine (resident memory of train and grad against model, batch and world size), with room to spare.
+  const double p = static_cast<double>(parameter_count(run.model.dims));
+  double widths = 0;
+  for (int d : run.model.dims) widths += d;
+  const double in_out = run.model.dims.size() < 2 ? 0.0 : run.model.in_dim() + run.model.out_dim();
+  const double replicas = run.ranks_are_threads ? n : 1;
+  const double batch = static_cast<double>(run.batch);
+  const double rank_batch = run.ranks_are_threads ? batch : std::ceil(batch / n);
+  const double dataset = static_cast<double>(run.dataset > 0 ? run.dataset : run.batch);
+
+  // Parameters, gradients, the loaded copy and optimizer state, each also copied for a checkpoint.
+  double model_bytes = 4 * p * (run.replicas_on_host ? replicas * (5 + 3.0 * run.optimizer_blocks) : 0) + 4 * p;
+  // Activations, pre-activations and deltas of every layer, and the gathered inputs and targets.
+  double batch_bytes = rank_batch * (12 * widths + 8 * in_out);
+  // Each rank's order of the data set and its share of it, every epoch.
+  const double dataset_bytes = replicas * 16 * dataset;
+  // A thread's stack and bookkeeping, and every rank's view of every other's call.
+  double world_bytes = run.ranks_are_threads ? n * 65536 + n * n * 48 : n * 48;
+  if (run.reference) {
+    model_bytes += 64 * p + 4 * p * n;  // float64 gradient, magnitudes and bounds; every share's gradient
+    batch_bytes += batch * (48 * widths + 4 * in_out);
+    if (run.json) model_bytes += 40 * p * (n + 5);
+  }
+  const double total = model_bytes + batch_bytes + dataset_bytes + world_bytes;
+  const double largest = std::max({model_bytes, batch_bytes, dataset_bytes, world_bytes});
+  std::string culprit;
+  if (largest == model_bytes)
+    culprit = "--model " + dims_string(run.model.dims) + " (" + std::to_string(static_cast<std::int64_t>(p)) +
+              " parameters" + (replicas > 1 ? ", " + std::to_string(run.world_size) + " replicas" : std::string()) + ")";
+  else if (largest == batch_bytes)
+    culprit = "--batch " + std::to_string(run.batch);
+  else if (largest == dataset_bytes)
+    culprit = "--dataset-size " + std::to_string(static_cast<std::int64_t>(dataset));
+  else
+    culprit = world_text;
+  require_memory(total, culprit,
+                 "model " + gib(model_bytes) + ", batch " + gib(batch_bytes) + ", data set order " + gib(dataset_bytes) +
+                     ", ranks " + gib(world_bytes),
+                 machine);
+}
+
+void require_memory(double bytes, const std::string& input, const std::string& parts, const MachineLimits& machine) {
+  // The estimates are generous; the margin is for what else runs on the machine meanwhile.
+  if (bytes <= 0.9 * machine.memory_bytes) return;
+  throw UsageError(input + " is too big for this machine: the run needs about " + gib(bytes) + " of memory" +
+                   (parts.empty() ? "" : " (" + parts + ")") + " and " + gib(machine.memory_bytes) +
+                   " is available (" + machine.memory_source + ")");
+}
+
+// ---- agreement across the processes of a launcher -----------------------------------------------
+
+namespace {
+
+// Rank 0's text on every rank: its length, then its bytes.
+std::string broadcast_text(Communicator& world, std::string text) {
+  std::uint64_t size = text.size();
+  world.broadcast(&size, 1, DType::u64, 0);
+  text.resize(size);
+  if (size > 0) world.broadcast(text.data(), size, DType::u8, 0);
+  return text;
+}
+
+bool is_option_name(const std::string& token) {
+  return token.size() > 1 && token[0] == '-' && !(token[1] >= '0' && token[1] <= '9') && token[1] != '.';
+}
+
+// "--batch=30" as "--batch", "30", so that the two spellings of one value compare equal.
+std::vector<std::string> normalized(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (const std::string& a : args) {
+    const std::size_t eq = a.find('=');
+    if (a.starts_with("--") && eq != std::string::npos) {
+      out.push_back(a.substr(0, eq));
+      out.push_back(a.substr(eq + 1));
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+// The option whose value token i is ("--batch" for the 30 of "--batch 30"), or "" when token i is an
+// option itself or a positional argument.
+std::string owner_of(const std::vector<std::string>& args, std::size_t i) {
+  if (i == 0 || i >= args.size() || is_option_name(args[i]) || !is_option_name(args[i - 1])) return {};
+  return args[i - 1];
+}
+
+std::string describe_difference(const std::vector<std::vector<std::string>>& all) {
+  const std::vector<std::string> zero = normalized(all[0]);
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const std::vector<std::string> other = normalized(all[r]);
+    if (other == zero) continue;
+    std::size_t i = 0;
+    while (i < zero.size() && i < other.size() && zero[i] == other[i]) ++i;
+    const std::string rank = " on rank " + std::to_string(r);
+    const std::string option = owner_of(zero, i);
+    if (!option.empty() && option == owner_of(other, i))
+      return option + " is " + zero[i] + " on rank 0 and " + other[i] + rank;
+    const auto at = [](const std::vector<std::string>& a, std::size_t k) {
+      return k < a.size() ? a[k] : std::string("nothing");
+    };
+    return "argument " + std::to_string(i + 1) + " is " + at(zero, i) + " on rank 0 and " + at(other, i) + rank;
+  }
+  return {};
+}
+
+}  // namespace
+
+void check_on_writing_rank(const std::function<void()>& check) {
+  Communicator* world = process_world();
+  if (world == nullptr || world->size() == 1) return check();
+  std::string why;
+  if (world->rank() == 0) {
+    try {
+      check();
+    } catch (const UsageError& e) {
+      why = e.what();
+      if (why.empty()) why = "bad output path";
+    }
+  }
+  why = broadcast_text(*world, why);
+  if (!why.empty()) throw UsageError(why);
+}
+
+void require_same_command_line(Communicator& world, const std::vector<std::string>& args) {
+  if (world.size() == 1) return;
+  std::string joined;
+  for (const std::string& a : args) joined += a + '\0';
+  // Equal counts for the all-gather: every rank's bytes padded to the longest.
+  const std::vector<std::uint64_t> sizes = world.allgather_value<std::uint64_t>(joined.size());
+  const std::uint64_t size = *std::max_element(sizes.begin(), sizes.end());
+  joined.resize(size);
+  std::string all(size * static_cast<std::size_t>(world.size()), '\0');
+  if (size > 0) world.allgather(joined.data(), all.data(), size, DType::u8);
+  std::vector<std::vector<std::string>> per_rank(static_cast<std::size_t>(world.size()));
+  for (std::size_t r = 0; r < per_rank.size(); ++r) {
+    std::string_view rest(all.data() + r * size, sizes[r]);
+    while (!rest.empty()) {
+      const std::size_t end = rest.find('\0');
+      per_rank[r].emplace_back(rest.substr(0, end));
+      rest.remove_prefix(std::min(end + 1, rest.size()));
+    }
+  }
+  const std::string difference = describe_difference(per_rank);
+  if (!difference.empty()) throw UsageError("ranks disagree on the command line: " + difference);
 }
 
 }  // namespace dpcheck::cli

@@ -1,8 +1,13 @@
 // Options shared by the dpcheck subcommands, and their conversion to dpcheck's types. Every value is
-// checked here, before any work starts, so bad input ends with one line and exit status 2.
+// checked here, before any work starts, so bad input ends with one line and exit status 2: output
+// paths (src/files.hpp), timeouts, seeds, and whether a run fits in this machine's memory and threads.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "properties/target.hpp"
@@ -26,7 +31,8 @@ struct ModelOptions {
 };
 
 // Loads parameters from a directory of <name>.npy files (layers.0.weight.npy, ...), each with the
-// shape of its slice; UsageError naming the file on any mismatch.
+// shape of its slice and finite values; UsageError naming the file on any mismatch, and naming the
+// files that are not parameters of this model.
 std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& model);
 
 // Fills target.comm-related fields from --comm and the launcher: with --comm mpi the world is this
@@ -35,7 +41,95 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
 // whole world of its own). Returns the world size to use.
 int resolve_world(Target& target, int requested_world_size, bool world_size_given);
 
+// Writes "dpcheck: error: <message>" and a newline to standard error (after flushing standard output)
+// in one write(2), so that the lines of several ranks sharing a terminal never interleave mid-line.
+void print_error(std::string_view message);
+
 // Text for a float with all the digits that identify it.
 std::string float_text(double v);
+
+// ---- timeouts and seeds -------------------------------------------------------------------------
+
+// The longest --timeout accepted: a day. Longer is no timeout at all, which a stuck rank turns into a hang.
+inline constexpr double max_timeout_s = 86400;
+
+// Seconds as given on the command line to a collective timeout: UsageError naming `option` unless
+// finite, at least a millisecond and at most max_timeout_s (inf, nan and 1e300 would break every
+// collective's deadline arithmetic).
+std::chrono::milliseconds parse_timeout(double seconds, std::string_view option = "--timeout");
+
+// --timeout SECONDS, with its help text: add_to at registration, value() when the command runs.
+struct TimeoutOption {
+  double seconds = 60;
+  void add_to(CLI::App& sub);
+  std::chrono::milliseconds value() const { return parse_timeout(seconds); }
+};
+
+// A whole number from 0 to 2^64 - 1 in decimal; UsageError naming `option` otherwise (no sign, no wrap
+// of -1 to 2^64 - 1, no saturation of larger numbers).
+std::uint64_t parse_seed(std::string_view text, std::string_view option = "--seed");
+
+// --seed N: add_to at registration (the help text gets the default), value() when the command runs.
+class SeedOption {
+ public:
+  explicit SeedOption(std::uint64_t default_seed = 0) : default_(default_seed) {}
+  void add_to(CLI::App& sub, const std::string& description);
+  std::uint64_t value() const { return text_.empty() ? default_ : parse_seed(text_); }
+
+ private:
+  std::string text_;
+  std::uint64_t default_;
+};
+
+// --accumulate K splits each rank's slice of a step (ceil(batch / world_size) examples) into K
+// micro-batches; more than the slice would leave micro-batches empty and compute what fewer give.
+// UsageError naming the slice.
+void check_accumulate(int accumulate, std::int64_t batch, int world_size);
+
+// ---- what a run needs, against what this machine has ---------------------------------------------
+
+struct MachineLimits {
+  double memory_bytes = 0;    // MemAvailable, or less under a cgroup limit or ulimit -v / -d
+  std::string memory_source;  // where memory_bytes came from, for the message
+  std::int64_t threads = 0;   // threads this process may start
+  std::string threads_source;
+};
+MachineLimits machine_limits();
+
+struct RunSize {
+  ModelConfig model;              // may be left empty where the command draws small models itself (verify)
+  std::int64_t batch = 1;         // examples in one step's global batch
+  std::int64_t dataset = 0;       // examples the sampler orders every epoch (0: batch)
+  int world_size = 1;
+  bool ranks_are_threads = true;  // every rank in this process (local, cuda-local, nccl without launcher)
+  bool replicas_on_host = true;   // the cpu engine; the GPU engines keep their replicas on the device
+  int optimizer_blocks = 0;       // optimizer state per parameter: 0 sgd, 1 momentum, 2 adam
+  bool reference = false;         // grad: the float64 reference and bound, and every share's gradient
+  bool json = false;              // grad --json: all of those again as text
+};
+
+// Estimates the run's memory (parameters, gradients, optimizer state and checkpoint copies per replica,
+// activations for the batch, the sampler's order, the ranks themselves) and threads, and throws
+// UsageError naming the input whose part is largest -- --model, --batch, --dataset-size or
+// --world-size -- when the run would not fit, before anything is allocated.
+void check_run_size(const RunSize& run, const MachineLimits& machine = machine_limits());
+
+// UsageError "<input> is too big for this machine: the run needs about X GiB of memory (<parts>) and Y GiB
+// is available" when `bytes` would not fit; `input` names the option and its value ("--sizes 100G").
+void require_memory(double bytes, const std::string& input, const std::string& parts = {},
+                    const MachineLimits& machine = machine_limits());
+
+// ---- agreement across the processes of a launcher -----------------------------------------------
+
+// Runs `check` on the rank that writes (rank 0 of the launcher's world, or this process alone) and makes
+// every rank throw the UsageError it raised, so that all ranks stop together and only rank 0 touches
+// the file system (check_output_path creates a trial file). For output paths:
+//   check_on_writing_rank([&] { check_output_path(o.report, "--report"); });
+void check_on_writing_rank(const std::function<void()>& check);
+
+// All-gathers every rank's command line (the arguments after the program name) and throws UsageError
+// on every rank when any differs from rank 0's, naming the option and the ranks:
+// "ranks disagree on the command line: --batch is 30 on rank 0 and 32 on rank 2".
+void require_same_command_line(Communicator& world, const std::vector<std::string>& args);
 
 }  // namespace dpcheck::cli

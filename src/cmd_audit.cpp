@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/audit.hpp"
+#include "src/cli_common.hpp"
 #include "src/commands.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
@@ -56,7 +57,7 @@ int run_audit(const AuditArgs& args) {
     if (a.starts_with("-")) throw UsageError("--allow needs a path, got '" + a + "'");
     allow.push_back(audit::user_allowance(a));
   }
-  if (!args.json.empty()) check_writable(args.json);
+  if (!args.json.empty()) check_output_path(args.json, "--json");
 
   audit::RunResult run;
   {
@@ -73,16 +74,16 @@ int run_audit(const AuditArgs& args) {
 
   if (!offenders.empty()) return exit_check_failed;
   if (run.log.processes.empty()) {
-    std::cerr << "dpcheck: error: no process loaded the audit library, so nothing was audited\n";
+    print_error("no process loaded the audit library, so nothing was audited");
     return exit_runtime_error;
   }
   if (!run.log.unreadable.empty()) {
-    std::cerr << "dpcheck: error: the audit log has lines that are not records; a write may have gone unseen\n";
+    print_error("the audit log has lines that are not records; a write may have gone unseen");
     return exit_runtime_error;
   }
   if (!run.succeeded()) {
-    std::cerr << "dpcheck: error: the command " << run.status_text()
-              << "; no rank other than 0 wrote outside the allowed paths before it ended\n";
+    print_error("the command " + run.status_text() +
+                "; no rank other than 0 wrote outside the allowed paths before it ended");
     return exit_runtime_error;
   }
   return exit_ok;

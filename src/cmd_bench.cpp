@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "src/bench.hpp"
+#include "src/cli_common.hpp"
 #include "src/files.hpp"
 #include "src/model.hpp"
 #include "src/cuda_plugin.hpp"
@@ -122,12 +122,15 @@ int run_allreduce(const AllreduceArgs& args) {
     }
   }
 
-  // Opened before the run, so that a bad path fails in a second rather than after the benchmark.
-  std::ofstream json_file;
-  if (!args.json.empty()) {
-    json_file.open(args.json);
-    if (!json_file) throw UsageError("--json: cannot open '" + args.json + "' for writing");
-  }
+  // Checked before the run, so that a bad path fails in a second rather than after the benchmark.
+  if (!args.json.empty()) check_output_path(args.json, "--json");
+  // Every rank holds a buffer of the largest size and the communicator a scratch copy or two, whether
+  // the ranks are threads here or processes on this machine.
+  const std::size_t largest = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
+  const int most_ranks = *std::max_element(cfg.ranks.begin(), cfg.ranks.end());
+  require_memory(3.0 * static_cast<double>(largest) * most_ranks,
+                 "--sizes " + args.sizes + " (" + std::to_string(largest) + " bytes on each of " +
+                     std::to_string(most_ranks) + " ranks)");
 
   const bench::MemcpyBaseline baseline = bench::measure_memcpy();
   std::vector<bench::AllreduceRow> rows;
@@ -148,10 +151,7 @@ int run_allreduce(const AllreduceArgs& args) {
   });
 
   bench::print_allreduce_table(std::cout, baseline, rows, notes);
-  if (json_file.is_open()) {
-    json_file << bench::allreduce_json(baseline, rows, notes).dump(2) << "\n";
-    if (!json_file.flush()) throw Error("--json: writing '" + args.json + "' failed");
-  }
+  if (!args.json.empty()) write_file_atomic(args.json, bench::allreduce_json(baseline, rows, notes).dump(2) + "\n");
   for (const bench::AllreduceRow& r : rows)
     if (r.wrong > 0) return exit_check_failed;
   return exit_ok;
@@ -238,7 +238,7 @@ int run_step(const StepArgs& a) {
   o.python = a.python;
   o.torch_script = a.torch_script;
   o.torch = !a.no_torch;
-  if (!a.json.empty()) check_writable(a.json);
+  if (!a.json.empty()) check_output_path(a.json, "--json");
   const std::vector<cuda::StepBenchRow> rows = require_cuda().bench_step(o);
   cuda::print_step_table(std::cout, rows);
   if (!a.json.empty()) write_file_atomic(a.json, cuda::step_json(rows).dump(2) + "\n");
@@ -250,7 +250,7 @@ int run_step(const StepArgs& a) {
 int run_hash(const HashArgs& a) {
   if (a.repeats < 1) throw UsageError("--repeats must be at least 1");
   const std::size_t bytes = bench::parse_size(a.bytes);
-  if (!a.json.empty()) check_writable(a.json);
+  if (!a.json.empty()) check_output_path(a.json, "--json");
   const cuda::HashBenchRow row = require_cuda().bench_hash(bytes, a.repeats);
   cuda::print_hash_table(std::cout, row);
   if (!a.json.empty()) write_file_atomic(a.json, cuda::hash_json(row).dump(2) + "\n");

@@ -24,26 +24,62 @@ struct GradOptions {
   ModelOptions model;
   std::string x, y, init, split = "contiguous", mutant;
   std::int64_t batch = 0;
-  std::uint64_t seed = 0;
+  SeedOption seed;
   int world_size = 1;
+  int accumulate = 1;
   bool json = false;
 };
 
+// The properties whose mutants break something grad runs: the averaged gradient. A mutant aimed at
+// another property (the writer, the replica check, resuming) would change nothing here, and the
+// experiment would pass as if the mutant were harmless.
+constexpr std::string_view kGradientProperties[] = {"gradient_average_matches_whole_batch",
+                                                    "uneven_shares_match_whole_batch",
+                                                    "accumulation_matches_whole_batch"};
+
+void require_gradient_mutant(const std::string& name) {
+  if (name.empty()) return;
+  require_known_mutant(name);
+  const MutantInfo& m = *find_mutant(name);
+  std::string names;
+  for (const MutantInfo& other : mutants())
+    if (std::find(std::begin(kGradientProperties), std::end(kGradientProperties), other.caught_by) !=
+            std::end(kGradientProperties) &&
+        (other.engine.empty() || other.engine == "cpu"))
+      names += (names.empty() ? "" : ", ") + std::string(other.name);
+  if (!m.engine.empty() && m.engine != "cpu")
+    throw UsageError("--mutant " + name + " breaks the " + std::string(m.engine) +
+                     " engine, and grad runs the cpu engine (grad takes " + names + ")");
+  if (std::find(std::begin(kGradientProperties), std::end(kGradientProperties), m.caught_by) ==
+      std::end(kGradientProperties))
+    throw UsageError("--mutant " + name + " breaks nothing grad runs (it is aimed at " + std::string(m.caught_by) +
+                     "); grad takes " + names);
+}
+
 int run_grad(const GradOptions& o) {
   const ModelConfig model = o.model.config();
+  const std::uint64_t seed = o.seed.value();
   if (o.world_size < 1) throw UsageError("--world-size must be at least 1");
   if (o.x.empty() != o.y.empty()) throw UsageError("give both --x and --y, or neither");
   if (o.x.empty() && o.batch < 1) throw UsageError("give --x and --y, or --batch (at least 1) for synthetic data");
   if (!o.x.empty() && o.batch != 0) throw UsageError("--batch is for synthetic data; with --x the batch is its rows");
-  require_known_mutant(o.mutant);
+  require_gradient_mutant(o.mutant);
 
   std::unique_ptr<Dataset> data;
   if (!o.x.empty())
     data = std::make_unique<ArrayDataset>(ArrayDataset::load(o.x, o.y, model));
-  else
-    data = std::make_unique<SyntheticDataset>(o.batch, model, o.seed);
-  if (data->size() < 1) throw UsageError("the batch is empty");
-  const std::vector<float> params = o.init.empty() ? init_params(model, o.seed) : load_params_dir(o.init, model);
+  if (data && data->size() < 1) throw UsageError(o.x + " holds no examples");
+  const std::int64_t batch = data ? data->size() : o.batch;
+  check_accumulate(o.accumulate, batch, o.world_size);
+  RunSize needs;
+  needs.model = model;
+  needs.batch = batch;
+  needs.world_size = o.world_size;
+  needs.reference = true;
+  needs.json = o.json;
+  check_run_size(needs);
+  if (!data) data = std::make_unique<SyntheticDataset>(o.batch, model, seed);
+  const std::vector<float> params = o.init.empty() ? init_params(model, seed) : load_params_dir(o.init, model);
 
   TrainConfig tc;
   tc.model = model;
@@ -51,7 +87,8 @@ int run_grad(const GradOptions& o) {
   tc.shuffle = false;  // shares in data order, as x.chunk(N) or x[r::N]
   tc.split = parse_split(o.split);
   tc.policy = Policy::uneven;
-  tc.seed = o.seed;
+  tc.seed = seed;
+  tc.accumulate = o.accumulate;
   Target target;
   target.mutant = o.mutant;
 
@@ -61,7 +98,6 @@ int run_grad(const GradOptions& o) {
   std::vector<float> average(n);
   std::vector<std::int64_t> share_sizes;
   std::vector<std::int64_t> whole_indices;
-  std::int64_t largest_micro = 0;
   run_world(target, o.world_size, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, tc, comm, *data);
     rt.engine->load_params(params);
@@ -69,7 +105,6 @@ int run_grad(const GradOptions& o) {
     if (comm.rank() != 0) return;
     rt.engine->store_grads(average);
     whole_indices = rt.trainer->global_indices(0);
-    largest_micro = rt.trainer->largest_micro_batch(0);
     for (int r = 0; r < comm.size(); ++r) {
       const Trainer::Slot s = rt.trainer->slot(r, 0);
       share_sizes.push_back(s.end - s.begin);
@@ -92,7 +127,8 @@ int run_grad(const GradOptions& o) {
   engine->store_grads(whole_grad);
 
   const reference::GradientBound bound = reference::gradient_bound(model, params, whole);
-  const std::int64_t m_avg = reference::sharded_roundings(largest_micro, o.world_size);
+  const std::int64_t m_avg =
+      reference::sharded_roundings(*std::max_element(share_sizes.begin(), share_sizes.end()), o.world_size);
   const std::int64_t m_whole = reference::whole_batch_roundings(whole.size);
   const reference::Comparison avg_cmp = reference::compare(average, bound, m_avg);
   const reference::Comparison whole_cmp = reference::compare(whole_grad, bound, m_whole);
@@ -123,6 +159,7 @@ int run_grad(const GradOptions& o) {
                      {"loss", loss_name(model.loss)},
                      {"batch", whole.size},
                      {"world_size", o.world_size},
+                     {"accumulate", o.accumulate},
                      {"split", o.split},
                      {"share_sizes", share_sizes},
                      {"parameters", names},
@@ -142,9 +179,10 @@ int run_grad(const GradOptions& o) {
     return passed ? exit_ok : exit_check_failed;
   }
 
-  std::printf("dpcheck grad: model %s (%s, %s), batch %lld, world size %d, %s split, shares",
+  std::printf("dpcheck grad: model %s (%s, %s), batch %lld, world size %d, %s split, %s, shares",
               dims_string(model.dims).c_str(), std::string(activation_name(model.activation)).c_str(),
-              std::string(loss_name(model.loss)).c_str(), static_cast<long long>(whole.size), o.world_size, o.split.c_str());
+              std::string(loss_name(model.loss)).c_str(), static_cast<long long>(whole.size), o.world_size, o.split.c_str(),
+              o.accumulate == 1 ? "no accumulation" : ("accumulate " + std::to_string(o.accumulate)).c_str());
   for (std::int64_t s : share_sizes) std::printf(" %lld", static_cast<long long>(s));
   std::printf("\n\n%-24s %16s %16s %16s %22s\n", "element", "share 0", "average", "whole", "reference (float64)");
   constexpr std::size_t shown_per_tensor = 8;
@@ -181,11 +219,13 @@ Runner add_grad(CLI::App& app) {
   sub->add_option("--x", o->x, "Inputs, .npy of shape (B, in), float32 or float64");
   sub->add_option("--y", o->y, "Targets, .npy: (B, out) floats for mse, (B,) int64 classes for cross-entropy");
   sub->add_option("--batch", o->batch, "Synthetic batch size (instead of --x/--y)");
-  sub->add_option("--seed", o->seed, "Seed of the synthetic data and of the initial parameters (default 0)");
+  o->seed.add_to(*sub, "Seed of the synthetic data and of the initial parameters");
   sub->add_option("--init", o->init, "Directory of parameter .npy files (layers.0.weight.npy, ...)");
   sub->add_option("--world-size", o->world_size, "Number of ranks (default 1)");
+  sub->add_option("--accumulate", o->accumulate,
+                  "Micro-batches per rank, at most a rank's share (default 1); the average is accumulated over them");
   sub->add_option("--split", o->split, "contiguous (default; x.chunk(N)) or strided (x[r::N])");
-  sub->add_option("--mutant", o->mutant, "Run with a deliberately broken part");
+  sub->add_option("--mutant", o->mutant, "Run with a deliberately broken part of the averaged gradient");
   sub->add_flag("--json", o->json, "Print one JSON object instead of the table");
   return [o] { return run_grad(*o); };
 }

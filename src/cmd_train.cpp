@@ -1,13 +1,17 @@
 // dpcheck train: data-parallel training with every check on every step. Prints the loss and the
-// replica check per step; on the first desync prints the located difference and exits 1. Checkpoints
-// and the log go through the RankZeroWriter; --resume continues a run bit for bit.
+// replica check per step; on the first desync, or the first loss that is not finite, says so and exits
+// 1. Checkpoints and the log go through the RankZeroWriter (never a checkpoint of parameters that are
+// not finite); --resume continues a run bit for bit.
 #include <CLI/CLI.hpp>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <span>
 #include <thread>
 
 #include "properties/mutants.hpp"
@@ -15,6 +19,7 @@
 #include "src/cli_common.hpp"
 #include "src/commands.hpp"
 #include "src/error.hpp"
+#include "src/files.hpp"
 
 namespace dpcheck::cli {
 
@@ -31,12 +36,21 @@ struct TrainOptions {
   bool tf32 = false;
   int world_size = 1;
   bool world_size_given = false;
-  double timeout_s = 60;
+  SeedOption seed;
+  TimeoutOption timeout;
   // Fault injection for the dead-rank tests: "kill" (SIGKILL) or "stall" (stop answering) at a step.
   std::string fault;
   int fault_rank = 1;
   int fault_step = 0;
 };
+
+// The first element of `values` that is not finite, as "layers.0.weight[3, 1] is nan"; "" when all are.
+std::string first_non_finite(std::span<const float> values, const ParamLayout& layout, const char* what) {
+  const auto bad = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+  if (bad == values.end()) return {};
+  const auto i = static_cast<std::size_t>(bad - values.begin());
+  return std::string(what) + " " + layout.describe_element(i % layout.size()) + " is " + float_text(*bad);
+}
 
 int run_train(TrainOptions& o) {
   TrainConfig& t = o.train;
@@ -45,11 +59,14 @@ int run_train(TrainOptions& o) {
   t.split = parse_split(o.split);
   t.policy = parse_policy(o.policy);
   t.shuffle = !o.no_shuffle;
-  if (o.timeout_s <= 0) throw UsageError("--timeout must be positive");
+  t.seed = o.seed.value();
+  t.optimizer.validate();
   if (o.x.empty() != o.y.empty()) throw UsageError("give both --x and --y, or neither");
   if (o.checkpoint_every < 0) throw UsageError("--checkpoint-every must be at least 0");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) throw UsageError("--checkpoint-every needs --checkpoint-dir");
   if (o.keep < 1) throw UsageError("--keep must be at least 1");
+  if (!o.init.empty() && !o.resume.empty())
+    throw UsageError("--init and --resume both give the starting parameters (--resume those of its checkpoint): give one");
   if (!o.fault.empty() && o.fault != "kill" && o.fault != "stall")
     throw UsageError("--inject-fault takes kill or stall");
 
@@ -58,10 +75,15 @@ int run_train(TrainOptions& o) {
   target.comm = o.comm;
   target.mutant = o.mutant;
   target.tf32 = o.tf32;
-  target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
+  target.timeout = o.timeout.value();
   const int world = resolve_world(target, o.world_size, o.world_size_given);
   target.world_size = world;
   validate_target(target);
+  // Before any work: a bad output path costs a second, not a training run.
+  check_on_writing_rank([&] {
+    if (!o.log.empty()) check_output_path(o.log, "--log", OutputMode::append);
+    if (!o.checkpoint_dir.empty()) check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
+  });
 
   std::unique_ptr<Dataset> data;
   if (!o.x.empty()) {
@@ -70,10 +92,19 @@ int run_train(TrainOptions& o) {
       throw UsageError("--dataset-size is " + std::to_string(t.dataset_size) + " but --x holds " +
                        std::to_string(data->size()) + " examples");
     t.dataset_size = data->size();
-  } else {
-    data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
   }
   t.validate(world);
+  check_accumulate(t.accumulate, t.batch, world);
+  RunSize needs;
+  needs.model = t.model;
+  needs.batch = t.batch;
+  needs.dataset = t.data_size();
+  needs.world_size = world;
+  needs.ranks_are_threads = target.process_world == nullptr;
+  needs.replicas_on_host = target.engine == "cpu";
+  needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam ? 2 : t.optimizer.kind == OptimizerKind::momentum ? 1 : 0;
+  check_run_size(needs);
+  if (!data) data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
   const std::vector<float> params = o.init.empty() ? init_params(t.model, t.seed) : load_params_dir(o.init, t.model);
   std::optional<Checkpoint> resume;
   std::vector<std::string> skipped;
@@ -97,13 +128,21 @@ int run_train(TrainOptions& o) {
     std::fflush(stdout);
   }
 
-  std::atomic<bool> synchronized{true};
+  // Every rank sees the same reports, losses and parameters, so every rank stops at the same place;
+  // rank 0 says why.
+  std::atomic<bool> passed{true};
+  std::string failure;
+  const ParamLayout layout(t.model);
   run_world(target, world, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, t, comm, *data);
     rt.engine->load_params(params);
     if (resume) rt.trainer->restore(*resume);
     const std::unique_ptr<RankZeroWriter> writer = make_writer(target, comm, o.checkpoint_dir, o.log, o.keep);
     const bool speaks = comm.rank() == 0;
+    const auto fail = [&](const std::string& why) {
+      passed = false;
+      if (speaks) failure = why;
+    };
     while (rt.trainer->next_step() < t.steps) {
       if (!o.fault.empty() && comm.rank() == o.fault_rank && rt.trainer->next_step() == o.fault_step) {
         if (o.fault == "kill") ::raise(SIGKILL);
@@ -120,21 +159,39 @@ int run_train(TrainOptions& o) {
                    {"global_batch", r.global_batch},
                    {"replicas_identical", r.replicas.synchronized},
                    {"hash", r.replicas.hashes.empty() ? 0 : r.replicas.hashes[0]}});
-      // Every rank holds the same report, so all stop together.
       if (!r.replicas.synchronized) {
-        synchronized = false;
+        fail("replicas diverged");
+        break;
+      }
+      // The loss is all-reduced, so every rank holds the same one. A NaN or an infinity spreads to every
+      // parameter, identically on every rank, where the replica check cannot see it.
+      if (!std::isfinite(r.loss)) {
+        fail("the loss at step " + std::to_string(r.step) + " is " + float_text(r.loss) +
+             ", not finite (the run diverged, or --lr is too large); stopped, and nothing after it is checkpointed");
         break;
       }
       const std::int64_t done = rt.trainer->next_step();
       if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && done % o.checkpoint_every == 0) || done == t.steps)) {
-        const std::filesystem::path saved = writer->save(rt.trainer->checkpoint(), t.model);
+        const Checkpoint c = rt.trainer->checkpoint();
+        std::string bad = first_non_finite(c.params, layout, "parameter");
+        if (bad.empty()) bad = first_non_finite(c.optimizer_state, layout, "optimizer state of");
+        if (!bad.empty()) {
+          fail("after step " + std::to_string(r.step) + " " + bad + ", not finite; stopped without writing its checkpoint");
+          break;
+        }
+        const std::filesystem::path saved = writer->save(c, t.model);
         if (speaks && !saved.empty()) std::printf("checkpoint %s\n", saved.string().c_str());
+      } else if (done == t.steps) {
+        std::vector<float> last(layout.size());
+        rt.engine->store_params(last);
+        if (const std::string bad = first_non_finite(last, layout, "parameter"); !bad.empty())
+          fail("after step " + std::to_string(r.step) + " " + bad + ", not finite");
       }
     }
     writer->flush();
   });
-  if (printing) std::printf("%s\n", synchronized ? "all steps passed the replica check" : "FAILED: replicas diverged");
-  return synchronized ? exit_ok : exit_check_failed;
+  if (printing) std::printf("%s\n", passed ? "all steps passed the replica check" : ("FAILED: " + failure).c_str());
+  return passed ? exit_ok : exit_check_failed;
 }
 
 }  // namespace
@@ -150,16 +207,16 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--optimizer", o->optimizer, "sgd (default), momentum or adam");
   sub->add_option("--lr", t.optimizer.lr, "Learning rate (default 0.01)");
   sub->add_option("--momentum", t.optimizer.momentum, "Momentum (default 0.9)");
-  sub->add_option("--accumulate", t.accumulate, "Micro-batches per rank per step (default 1)");
+  sub->add_option("--accumulate", t.accumulate, "Micro-batches per rank per step, at most a rank's share (default 1)");
   sub->add_flag("--linear-scaling", t.linear_scaling, "Multiply the learning rate by the world size");
   sub->add_option("--dataset-size", t.dataset_size, "Examples in the data set (default: one batch)");
   sub->add_option("--split", o->split, "strided (default) or contiguous");
   sub->add_option("--policy", o->policy, "pad (default), drop-last or uneven");
   sub->add_flag("--no-shuffle", o->no_shuffle, "Visit examples in order instead of shuffling each epoch");
-  sub->add_option("--seed", t.seed, "Seed of the parameters, the synthetic data and the shuffle (default 0)");
+  o->seed.add_to(*sub, "Seed of the parameters, the synthetic data and the shuffle");
   sub->add_option("--x", o->x, "Inputs, .npy of shape (D, in)");
   sub->add_option("--y", o->y, "Targets, .npy: (D, out) floats for mse, (D,) int64 classes for cross-entropy");
-  sub->add_option("--init", o->init, "Directory of initial parameter .npy files");
+  sub->add_option("--init", o->init, "Directory of initial parameter .npy files (not with --resume)");
   sub->add_option("--checkpoint-dir", o->checkpoint_dir, "Write checkpoints here (rank 0 only)");
   sub->add_option("--checkpoint-every", o->checkpoint_every, "Checkpoint every K steps (default: only at the end)");
   sub->add_option("--keep", o->keep, "Checkpoints to keep (default 2)");
@@ -171,7 +228,7 @@ Runner add_train(CLI::App& app) {
                   "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local "
                   "(default) or nccl for the cuda engine");
   sub->add_flag("--tf32", o->tf32, "cuda engine: TF32 matrix products");
-  sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
+  o->timeout.add_to(*sub);
   sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");
   sub->add_option("--fault-rank", o->fault_rank, "")->group("");
   sub->add_option("--fault-step", o->fault_step, "")->group("");

@@ -107,7 +107,7 @@ ArrayDataset ArrayDataset::load(const std::filesystem::path& x_path, const std::
                      x.shape_string());
   Batch all = empty_like(static_cast<int>(in), static_cast<int>(out), model.loss);
   all.size = x.shape[0];
-  all.x = x.as_float32();
+  all.x = x.as_finite_float32(x_path);
 
   const NpyArray y = read_npy(y_path);
   if (model.loss == Loss::mse) {
@@ -117,7 +117,7 @@ ArrayDataset ArrayDataset::load(const std::filesystem::path& x_path, const std::
       throw UsageError(y_path.string() + ": mse targets must be float32 or float64 of shape (" +
                        std::to_string(all.size) + ", " + std::to_string(out) + "), found " +
                        std::string(dtype_name(y.dtype)) + " " + y.shape_string());
-    all.y = y.as_float32();
+    all.y = y.as_finite_float32(y_path);
   } else {
     if (y.dtype != DType::i64 || y.shape.size() != 1 || y.shape[0] != all.size)
       throw UsageError(y_path.string() + ": cross-entropy labels must be int64 of shape (" +

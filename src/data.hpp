@@ -66,7 +66,8 @@ class ArrayDataset final : public Dataset {
   explicit ArrayDataset(Batch all);
 
   // x: float32 or float64 of shape (B, in); y: for mse float of shape (B, out) (or (B,) when out is 1),
-  // for cross-entropy int64 of shape (B,) with classes in [0, out). UsageError otherwise.
+  // for cross-entropy int64 of shape (B,) with classes in [0, out); every float finite in float32.
+  // UsageError naming the file otherwise.
   static ArrayDataset load(const std::filesystem::path& x, const std::filesystem::path& y,
                            const ModelConfig& model);
 

@@ -1,6 +1,7 @@
 #include "src/files.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,17 +15,96 @@ namespace dpcheck {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& what, const std::filesystem::path& path, int err) {
+namespace fs = std::filesystem;
+
+// Linux's own limit on symbolic links followed in one path lookup (MAXSYMLINKS).
+constexpr int kMaxLinks = 40;
+
+std::atomic<unsigned> g_counter{0};
+
+[[noreturn]] void fail(const std::string& what, const fs::path& path, int err) {
   throw Error(what + " " + path.string() + ": " + std::strerror(err));
 }
 
-std::filesystem::path parent_or_dot(const std::filesystem::path& path) {
-  return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+fs::path parent_or_dot(const fs::path& path) {
+  return path.has_parent_path() ? path.parent_path() : fs::path(".");
+}
+
+// A name beside `dir`'s other entries that no other process or thread picks at the same time.
+fs::path unique_name(const fs::path& dir, const std::string& stem) {
+  return dir / ("." + stem + "." + std::to_string(::getpid()) + "." + std::to_string(g_counter++));
 }
 
 }  // namespace
 
-void write_all(int fd, const void* data, std::size_t size, const std::filesystem::path& path) {
+std::string file_kind(unsigned mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISREG(mode)) return "a regular file";
+  return "a special file";
+}
+
+namespace {
+
+// "--report r.json", "--report link.json -> /dev/full", or "cannot write r.json" without an option.
+std::string subject(const fs::path& path, std::string_view option, const fs::path& target) {
+  std::string s = option.empty() ? "cannot write " + path.string() : std::string(option) + " " + path.string();
+  if (target != path) s += " -> " + target.string();
+  return s;
+}
+
+// 0 when a file (or a directory) can be created in dir and was removed again, else the errno.
+int try_create_in(const fs::path& dir, bool directory) {
+  const fs::path probe = unique_name(dir, "dpcheck-probe");
+  if (directory) {
+    if (::mkdir(probe.c_str(), 0700) != 0) return errno;
+    ::rmdir(probe.c_str());
+    return 0;
+  }
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return 0;
+}
+
+// The directory that will hold target must exist, be a directory, and (with `probe`) take a new entry.
+void check_directory_of(const fs::path& target, const std::string& what, bool probe) {
+  const fs::path dir = parent_or_dot(target);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw UsageError(what + ": directory " + dir.string() + " does not exist");
+    throw UsageError(what + ": directory " + dir.string() + ": " + std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) throw UsageError(what + ": " + dir.string() + " is not a directory");
+  const int err = probe ? try_create_in(dir, false) : (::access(dir.c_str(), W_OK) == 0 ? 0 : errno);
+  if (err != 0) throw UsageError(what + ": cannot create a file in " + dir.string() + ": " + std::strerror(err));
+}
+
+void check_output_target(const fs::path& path, std::string_view option, OutputMode mode, bool probe) {
+  if (path.empty()) throw UsageError(std::string(option.empty() ? "an output path" : option) + " is empty");
+  const fs::path target = resolve_links(path);
+  const std::string what = subject(path, option, target);
+  if (!target.has_filename()) throw UsageError(what + ": not a file name");
+  struct stat st {};
+  const bool exists = ::stat(target.c_str(), &st) == 0;
+  if (!exists && errno == ENOTDIR) throw UsageError(what + ": a component of the path is not a directory");
+  if (!exists && errno != ENOENT) throw UsageError(what + ": " + std::strerror(errno));
+  if (exists && !S_ISREG(st.st_mode)) throw UsageError(what + ": " + file_kind(st.st_mode) + ", not a regular file");
+  check_directory_of(target, what, probe);
+  if (probe && exists && mode == OutputMode::append) {
+    const int fd = ::open(target.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) throw UsageError(what + ": cannot open it for appending: " + std::strerror(errno));
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+void write_all(int fd, const void* data, std::size_t size, const fs::path& path) {
   const auto* p = static_cast<const unsigned char*>(data);
   while (size > 0) {
     const ssize_t n = ::write(fd, p, size);
@@ -37,11 +117,27 @@ void write_all(int fd, const void* data, std::size_t size, const std::filesystem
   }
 }
 
-void write_file_atomic(const std::filesystem::path& path, const std::function<void(int fd)>& write) {
-  static std::atomic<unsigned> counter{0};
-  const std::filesystem::path dir = parent_or_dot(path);
-  const std::filesystem::path tmp =
-      dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++));
+fs::path resolve_links(const fs::path& path) {
+  fs::path p = path;
+  for (int hops = 0;; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    if (hops == kMaxLinks) throw UsageError(path.string() + ": too many levels of symbolic links");
+    std::error_code ec;
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) throw UsageError(path.string() + ": cannot read the symbolic link " + p.string() + ": " + ec.message());
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+}
+
+void write_file_atomic(const fs::path& path, const std::function<void(int fd)>& write) {
+  // Renaming over a link would replace the link; the file it points to is what the caller means.
+  const fs::path target = resolve_links(path);
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw UsageError(subject(path, {}, target) + ": " + file_kind(st.st_mode) + ", not a regular file");
+  const fs::path dir = parent_or_dot(target);
+  const fs::path tmp = unique_name(dir, target.filename().string() + ".tmp");
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot create", tmp, errno);
   try {
@@ -57,10 +153,10 @@ void write_file_atomic(const std::filesystem::path& path, const std::function<vo
     ::unlink(tmp.c_str());
     throw;
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    fail("cannot rename to", path, err);
+    fail("cannot rename to", target, err);
   }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) fail("cannot open directory", dir, errno);
@@ -70,18 +166,38 @@ void write_file_atomic(const std::filesystem::path& path, const std::function<vo
   if (rc != 0) fail("cannot fsync directory", dir, err);
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view contents) {
+void write_file_atomic(const fs::path& path, std::string_view contents) {
   write_file_atomic(path, [&](int fd) { write_all(fd, contents.data(), contents.size(), path); });
 }
 
-void check_writable(const std::filesystem::path& path) {
-  const std::filesystem::path dir = parent_or_dot(path);
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    throw UsageError("cannot write " + path.string() + ": directory " + dir.string() + " does not exist");
-  if (std::filesystem::is_directory(path, ec)) throw UsageError("cannot write " + path.string() + ": it is a directory");
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw UsageError("cannot write " + path.string() + ": " + std::strerror(errno));
+void check_output_path(const fs::path& path, std::string_view option, OutputMode mode) {
+  check_output_target(path, option, mode, /*probe=*/true);
+}
+
+void check_writable(const fs::path& path) { check_output_target(path, {}, OutputMode::replace, /*probe=*/false); }
+
+void check_output_dir(const fs::path& path, std::string_view option) {
+  if (path.empty()) throw UsageError(std::string(option) + " is empty");
+  const fs::path target = resolve_links(path);
+  const std::string what = subject(path, option, target);
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) throw UsageError(what + ": " + file_kind(st.st_mode) + ", not a directory");
+    if (const int err = try_create_in(target, false))
+      throw UsageError(what + ": cannot create a file in it: " + std::strerror(err));
+    return;
+  }
+  if (errno == ENOTDIR) throw UsageError(what + ": a component of the path is not a directory");
+  if (errno != ENOENT) throw UsageError(what + ": " + std::strerror(errno));
+  // Created with its parents when first written: the nearest existing ancestor must take a directory.
+  fs::path ancestor = target.lexically_normal().parent_path();
+  while (!ancestor.empty() && ::stat(ancestor.c_str(), &st) != 0 && errno == ENOENT && ancestor.parent_path() != ancestor)
+    ancestor = ancestor.parent_path();
+  if (ancestor.empty()) ancestor = ".";
+  if (::stat(ancestor.c_str(), &st) != 0) throw UsageError(what + ": " + ancestor.string() + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) throw UsageError(what + ": " + ancestor.string() + " is " + file_kind(st.st_mode) + ", not a directory");
+  if (const int err = try_create_in(ancestor, true))
+    throw UsageError(what + ": cannot create a directory in " + ancestor.string() + ": " + std::strerror(err));
 }
 
 }  // namespace dpcheck

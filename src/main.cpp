@@ -2,17 +2,22 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "src/cli_common.hpp"
 #include "src/commands.hpp"
-#include "src/mpi_comm.hpp"
 #include "src/error.hpp"
+#include "src/mpi_comm.hpp"
 
 int main(int argc, char** argv) {
   using namespace dpcheck;
+  // Copied before MPI_Init, which may edit argv.
+  const std::vector<std::string> args(argv + 1, argv + argc);
   CLI::App app{"dpcheck: checks that data-parallel training keeps its promises: averaged shard gradients\n"
                "equal the whole-batch gradient, replicas stay bitwise identical, shards are disjoint\n"
                "and cover the data, and only rank 0 writes files.",
@@ -35,29 +40,9 @@ int main(int argc, char** argv) {
   add(cli::add_bench);
   add(cli::add_audit);
 
-  if (argc > 1 && argv[1][0] != '-' && runners.end() == std::find_if(runners.begin(), runners.end(), [&](const auto& r) {
-        return r.first->get_name() == argv[1];
-      })) {
-    std::string names;
-    for (const auto& [sub, runner] : runners) names += (names.empty() ? "" : ", ") + sub->get_name();
-    std::cerr << "dpcheck: error: unknown command '" << argv[1] << "' (choose " << names << ")\n";
-    return cli::exit_usage;
-  }
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return cli::exit_usage;
-  }
-
-  // Under an MPI launcher every process joins the world before any command runs; --comm mpi uses it.
+  // Under an MPI launcher every process joins the world before anything else, and the processes agree
+  // on the command line: then every later decision, a parse error included, is the same on every rank,
+  // and rank 0 alone says it.
   std::unique_ptr<MpiSession> mpi;
   try {
     if (launched_by_mpi() && mpi_available()) {
@@ -65,29 +50,51 @@ int main(int argc, char** argv) {
       cli::set_process_world(&mpi->world());
     }
   } catch (const std::exception& e) {
-    std::cerr << "dpcheck: error: cannot start MPI: " << e.what() << "\n";
+    cli::print_error(std::string("cannot start MPI: ") + e.what());
     return cli::exit_runtime_error;
   }
+  const bool printing = cli::is_printing_rank();
 
   try {
+    if (mpi) cli::require_same_command_line(mpi->world(), args);
+
+    if (!args.empty() && args[0][0] != '-' &&
+        runners.end() == std::find_if(runners.begin(), runners.end(),
+                                      [&](const auto& r) { return r.first->get_name() == args[0]; })) {
+      std::string names;
+      for (const auto& [sub, runner] : runners) names += (names.empty() ? "" : ", ") + sub->get_name();
+      throw UsageError("unknown command '" + args[0] + "' (choose " + names + ")");
+    }
+
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      std::ostringstream out, err;
+      const int code = app.exit(e, out, err);
+      if (printing) {
+        std::cout << out.str() << std::flush;
+        if (!err.str().empty()) cli::print_error(err.str());
+      }
+      const bool finished = dynamic_cast<const CLI::CallForHelp*>(&e) || dynamic_cast<const CLI::CallForAllHelp*>(&e) ||
+                            dynamic_cast<const CLI::CallForVersion*>(&e);
+      return finished ? code : cli::exit_usage;
+    }
+
     for (const CLI::App* sub : app.get_subcommands())
       for (const auto& [registered, runner] : runners)
         if (registered == sub) return runner();
   } catch (const UsageError& e) {
     // Every rank meets the same bad input; one of them says so.
-    std::fflush(stdout);
-    if (cli::is_printing_rank()) std::cerr << "dpcheck: error: " << e.what() << "\n";
+    if (printing) cli::print_error(e.what());
     return cli::exit_usage;
   } catch (const std::exception& e) {
-    std::fflush(stdout);
     if (mpi) {
       // A dead or stuck peer: say which rank saw what, then end the whole job so that the launcher
       // returns instead of waiting for the stuck ranks.
-      std::cerr << "dpcheck: error: rank " << mpi->world().rank() << ": " << e.what() << "\n";
-      std::cerr.flush();
+      cli::print_error("rank " + std::to_string(mpi->world().rank()) + ": " + e.what());
       mpi->abort(cli::exit_runtime_error);
     }
-    std::cerr << "dpcheck: error: " << e.what() << "\n";
+    cli::print_error(e.what());
     return cli::exit_runtime_error;
   }
   return cli::exit_usage;

@@ -1,5 +1,6 @@
 #include "src/model.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <sstream>
@@ -35,28 +36,60 @@ Loss parse_loss(std::string_view name) {
   return parse_choice(name, {Loss::mse, Loss::cross_entropy}, loss_name, "loss");
 }
 
+std::int64_t parameter_count(const std::vector<int>& dims) {
+  std::int64_t n = 0;
+  for (std::size_t l = 0; l + 1 < dims.size(); ++l) {
+    // Widths up to max_width keep each product within 2^49, so the sum is checked before it can overflow.
+    const std::int64_t in = std::min<std::int64_t>(dims[l], max_width), out = std::min<std::int64_t>(dims[l + 1], max_width);
+    n += (in + 1) * out;
+    if (n > (std::int64_t{1} << 62)) return std::int64_t{1} << 62;
+  }
+  return n;
+}
+
+namespace {
+
+// Why these widths are too large, or "" when they are not.
+std::string too_large(const std::vector<int>& dims) {
+  for (int d : dims)
+    if (d > max_width) return "width " + std::to_string(d) + " is larger than " + std::to_string(max_width);
+  if (const std::int64_t n = parameter_count(dims); n > max_parameters)
+    return std::to_string(n) + " parameters, more than the " + std::to_string(max_parameters) +
+           " (2^31 - 1) dpcheck handles";
+  return {};
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   if (dims.size() < 2) throw UsageError("a model needs at least two widths (input and output)");
   for (int d : dims)
     if (d < 1) throw UsageError("model widths must be positive, got " + dims_string(dims));
+  if (const std::string why = too_large(dims); !why.empty())
+    throw UsageError("model " + dims_string(dims) + " is too large: " + why);
 }
 
-std::vector<int> parse_dims(std::string_view text) {
+std::vector<int> parse_dims(std::string_view text, std::string_view option) {
   std::vector<int> dims;
+  const std::string model =
+      option.empty() ? "bad model '" + std::string(text) + "'" : std::string(option) + " " + std::string(text);
   std::size_t pos = 0;
   while (pos <= text.size()) {
     const std::size_t comma = std::min(text.find(',', pos), text.size());
     const std::string_view item = text.substr(pos, comma - pos);
-    int value = 0;
+    std::int64_t value = 0;
     const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (!item.empty() && ec == std::errc::result_out_of_range && item.front() != '-')
+      throw UsageError(model + ": width " + std::string(item) + " is larger than " + std::to_string(max_width));
     if (item.empty() || ec != std::errc() || end != item.data() + item.size() || value < 1)
-      throw UsageError("bad model '" + std::string(text) +
-                       "': expected comma-separated positive widths such as 784,256,10");
-    dims.push_back(value);
+      throw UsageError(model + ": expected comma-separated positive widths such as 784,256,10");
+    if (value > max_width)
+      throw UsageError(model + ": width " + std::string(item) + " is larger than " + std::to_string(max_width));
+    dims.push_back(static_cast<int>(value));
     pos = comma + 1;
   }
-  if (dims.size() < 2)
-    throw UsageError("bad model '" + std::string(text) + "': give at least an input and an output width");
+  if (dims.size() < 2) throw UsageError(model + ": give at least an input and an output width");
+  if (const std::string why = too_large(dims); !why.empty()) throw UsageError(model + ": " + why);
   return dims;
 }
 

@@ -21,6 +21,14 @@ std::string_view loss_name(Loss l);
 Activation parse_activation(std::string_view name);  // relu | tanh | identity; else UsageError
 Loss parse_loss(std::string_view name);              // mse | cross-entropy; else UsageError
 
+// Limits that keep every index and count of a model within what the engines, the .npy files and the
+// collectives (MPI counts are int) handle; what fits in this machine's memory is checked by the commands.
+inline constexpr std::int64_t max_width = std::int64_t{1} << 24;
+inline constexpr std::int64_t max_parameters = 2147483647;  // 2^31 - 1
+
+// Weights and biases of an MLP with these widths: the sum of (in + 1) * out (saturating at 2^62).
+std::int64_t parameter_count(const std::vector<int>& dims);
+
 struct ModelConfig {
   std::vector<int> dims;  // widths: input, hidden..., output; at least two, each >= 1
   Activation activation = Activation::relu;  // between layers, not after the last
@@ -29,11 +37,13 @@ struct ModelConfig {
   int layers() const { return static_cast<int>(dims.size()) - 1; }
   int in_dim() const { return dims.front(); }
   int out_dim() const { return dims.back(); }
-  void validate() const;  // throws UsageError
+  void validate() const;  // throws UsageError, also beyond max_width or max_parameters
 };
 
-// "4,16,1" -> {4, 16, 1}; UsageError on anything but a list of at least two positive integers.
-std::vector<int> parse_dims(std::string_view text);
+// "4,16,1" -> {4, 16, 1}; UsageError on anything but a list of at least two positive integers, and for
+// a width beyond max_width or more than max_parameters parameters. The message names `option` ("--model")
+// when given.
+std::vector<int> parse_dims(std::string_view text, std::string_view option = {});
 std::string dims_string(const std::vector<int>& dims);
 
 // A named tensor inside a flat buffer.

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cmath>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -21,6 +23,7 @@
 #include <utility>
 
 #include "src/error.hpp"
+#include "src/files.hpp"
 
 namespace dpcheck {
 
@@ -548,6 +551,29 @@ std::vector<float> NpyArray::as_float32() const {
   bad_conversion(*this, "float32");
 }
 
+std::vector<float> NpyArray::as_finite_float32(const std::filesystem::path& path) const {
+  std::vector<float> out = as_float32();
+  const auto bad = std::find_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
+  if (bad == out.end()) return out;
+  const auto i = static_cast<std::size_t>(bad - out.begin());
+  double original = *bad;
+  if (dtype == DType::f64) std::memcpy(&original, data.data() + i * sizeof(double), sizeof(double));
+  // The element's index in the array's own shape, as NumPy would index it.
+  std::string where = "element [";
+  std::size_t rest = i;
+  std::vector<std::size_t> index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = rest % static_cast<std::size_t>(shape[d]);
+    rest /= static_cast<std::size_t>(shape[d]);
+  }
+  for (std::size_t d = 0; d < index.size(); ++d) where += (d ? ", " : "") + std::to_string(index[d]);
+  where += "]";
+  char value[40];
+  std::snprintf(value, sizeof value, "%.9g", original);
+  if (std::isfinite(original)) fail(path, where + " is " + value + ", beyond float32's range (about 3.4e38)");
+  fail(path, where + " is " + value + "; the values must be finite");
+}
+
 std::vector<double> NpyArray::as_float64() const {
   check_consistent(*this);
   if (dtype == DType::f32) return convert<double, float>(*this);
@@ -564,7 +590,9 @@ std::vector<std::int64_t> NpyArray::as_int64() const {
 // ---- reading ------------------------------------------------------------------------------------
 
 NpyArray read_npy(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever if none comes;
+  // the file type is checked before anything is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) fail(path, "no such file");
@@ -578,7 +606,7 @@ NpyArray read_npy(const std::filesystem::path& path) {
   }
   if (S_ISDIR(st.st_mode)) fail(path, "is a directory, not a .npy file");
   // The file's size bounds every length the header claims before anything is allocated from it.
-  if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file");
+  if (!S_ISREG(st.st_mode)) fail(path, "is " + file_kind(st.st_mode) + ", not a regular .npy file");
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
 
   unsigned char prefix[12] = {};

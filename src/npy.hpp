@@ -27,6 +27,10 @@ struct NpyArray {
   std::vector<float> as_float32() const;
   std::vector<double> as_float64() const;
   std::vector<std::int64_t> as_int64() const;
+
+  // as_float32, for data and parameters that must be finite: a NaN, an infinity or a float64 beyond
+  // float32's range is a UsageError naming `path`, the element ("element [3, 1]") and its value.
+  std::vector<float> as_finite_float32(const std::filesystem::path& path) const;
 };
 
 NpyArray read_npy(const std::filesystem::path& path);

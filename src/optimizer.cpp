@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
 
 #include "src/choice.hpp"
 #include "src/error.hpp"
@@ -23,17 +26,21 @@ OptimizerKind parse_optimizer(std::string_view name) {
 }
 
 void OptimizerConfig::validate() const {
-  const auto finite_nonnegative = [](double v) { return v >= 0.0 && std::isfinite(v); };
-  if (!finite_nonnegative(lr)) throw UsageError("learning rate must be a finite number >= 0");
-  if (kind == OptimizerKind::momentum && !finite_nonnegative(momentum))
-    throw UsageError("momentum must be a finite number >= 0");
-  if (kind == OptimizerKind::adam) {
-    // beta1 = 1 would make the first bias correction 0 and every parameter NaN -- identically on every
-    // rank, so the replica check could not notice.
-    if (!(beta1 >= 0.0 && beta1 < 1.0)) throw UsageError("beta1 must be in [0, 1)");
-    if (!(beta2 >= 0.0 && beta2 < 1.0)) throw UsageError("beta2 must be in [0, 1)");
-    if (!finite_nonnegative(eps)) throw UsageError("eps must be a finite number >= 0");
-  }
+  // Every field, whichever optimizer uses it, so that a bad value is never silently carried along. The
+  // float32 optimizers round each one to float32, so "finite" means finite there: 1e300 would be inf.
+  const auto check = [](double v, std::string_view name, bool ok, std::string_view range) {
+    if (ok && std::abs(v) <= std::numeric_limits<float>::max()) return;
+    char got[32];
+    std::snprintf(got, sizeof got, "%.9g", v);
+    throw UsageError(std::string(name) + " must be " + std::string(range) + ", got " + got);
+  };
+  check(lr, "the learning rate (--lr)", lr >= 0.0, "a finite float32 number >= 0");
+  check(momentum, "momentum (--momentum)", momentum >= 0.0, "a finite float32 number >= 0");
+  // beta1 = 1 would make the first bias correction 0 and every parameter NaN -- identically on every
+  // rank, so the replica check could not notice.
+  check(beta1, "Adam's beta1", beta1 >= 0.0 && beta1 < 1.0, "in [0, 1)");
+  check(beta2, "Adam's beta2", beta2 >= 0.0 && beta2 < 1.0, "in [0, 1)");
+  check(eps, "Adam's eps", eps >= 0.0, "a finite float32 number >= 0");
 }
 
 std::vector<std::string> Optimizer::state_names() const {

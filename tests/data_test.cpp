@@ -11,8 +11,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "src/error.hpp"
@@ -326,6 +328,30 @@ TEST(ArrayDataLoad, MissingFileNamesIt) {
   const fs::path y = write_fixture(dir, "y.npy", {1}, std::vector<float>{1});
   expect_load_error(dir / "absent-x.npy", y, m, dir / "absent-x.npy");
   expect_load_error(x, dir / "absent-y.npy", m, dir / "absent-y.npy");
+}
+
+// Non-finite inputs or targets would turn every gradient into NaN and the comparison into a failure
+// that blames rounding; they are refused up front, naming the file and the element.
+TEST(ArrayDataLoad, RejectsNonFiniteInputsAndTargetsNamingFileAndElement) {
+  const ScratchDir dir;
+  const ModelConfig m = model_of({2, 1}, Loss::mse);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const fs::path x = write_fixture(dir, "x.npy", {2, 2}, std::vector<float>{1, 2, 3, 4});
+  const fs::path y = write_fixture(dir, "y.npy", {2, 1}, std::vector<float>{1, 2});
+  const fs::path x_nan = write_fixture(dir, "x_nan.npy", {2, 2}, std::vector<float>{1, 2, nan, 4});
+  const fs::path y_inf = write_fixture(dir, "y_inf.npy", {2, 1}, std::vector<float>{1, -inf});
+  const fs::path x_big = write_fixture(dir, "x_big.npy", {2, 2}, std::vector<double>{1, 1e39, 3, 4});
+  for (const auto& [bad_x, bad_y, culprit, element] :
+       {std::tuple{x_nan, y, x_nan, "element [1, 0] is nan"}, std::tuple{x, y_inf, y_inf, "element [1, 0] is -inf"},
+        std::tuple{x_big, y, x_big, "element [0, 1] is 1e+39, beyond float32's range"}}) {
+    expect_load_error(bad_x, bad_y, m, culprit);
+    try {
+      ArrayDataset::load(bad_x, bad_y, m);
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(element), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(ArrayDataset::load(x, y, m).size(), 2);
 }
 
 }  // namespace

@@ -85,6 +85,36 @@ TEST(ModelConfigCheck, ValidateRejectsTooFewOrNonPositiveWidths) {
   EXPECT_THROW(ParamLayout(model_of({4})), UsageError);
 }
 
+// Widths beyond max_width, or more parameters than max_parameters (2^31 - 1: MPI's int counts), are
+// refused by the parser and by validate() with the count, before anything is allocated.
+TEST(ModelConfigCheck, RefusesAbsurdWidthsAndParameterCounts) {
+  EXPECT_EQ(parameter_count({4, 3, 1}), 4 * 3 + 3 + 3 + 1);
+  EXPECT_EQ(parameter_count({100000, 100000}), 10000100000);
+  const struct {
+    const char* text;
+    const char* words;
+  } cases[] = {
+      {"100000,100000", "10000100000 parameters, more than the 2147483647"},
+      {"50000,50000,50000", "5000100000 parameters"},
+      {"16777217,1", "width 16777217 is larger than 16777216"},
+      {"4,99999999999", "width 99999999999 is larger than 16777216"},
+      {"4,99999999999999999999999", "width 99999999999999999999999 is larger"},
+  };
+  for (const auto& c : cases) {
+    try {
+      parse_dims(c.text);
+      ADD_FAILURE() << c.text << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.words), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.text), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(model_of({100000, 100000}).validate(), UsageError);
+  EXPECT_THROW(ParamLayout(model_of({46341, 46341})), UsageError);  // (46341 + 1) * 46341 > 2^31 - 1
+  EXPECT_NO_THROW(model_of({46340, 46340}).validate());             // (46340 + 1) * 46340 < 2^31 - 1
+  EXPECT_EQ(parse_dims("16777216,1"), (std::vector<int>{16777216, 1}));
+}
+
 // ---- layout ---------------------------------------------------------------------------------------
 
 TEST(ParamLayoutNames, MatchesPytorchModuleListOfLinear) {

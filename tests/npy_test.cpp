@@ -4,11 +4,13 @@
 #include "src/npy.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -588,6 +590,58 @@ TEST_F(NpyTest, RejectsMissingFile) { expect_rejected(dir_ / "absent.npy", "no s
 TEST_F(NpyTest, RejectsDirectory) {
   fs::create_directory(dir_ / "d.npy");
   expect_rejected(dir_ / "d.npy", "is a directory");
+}
+
+// A FIFO would block open(2) until a writer came, forever if none does: it is refused at once, by type.
+TEST_F(NpyTest, RejectsFifoWithoutBlockingAndOtherSpecialFiles) {
+  const fs::path fifo = dir_ / "x.npy";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const auto start = std::chrono::steady_clock::now();
+  expect_rejected(fifo, "is a FIFO (named pipe), not a regular .npy file");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  expect_rejected("/dev/zero", "is a character device, not a regular .npy file");
+}
+
+// ---- finite values ------------------------------------------------------------------------------
+
+TEST_F(NpyTest, FiniteFloat32PassesFiniteValuesThrough) {
+  const fs::path p = dir_ / "x.npy";
+  const std::vector<double> v{0.5, -1e38, 3.4e38, 1e-45};
+  write_npy(p, std::vector<std::int64_t>{2, 2}, std::span<const double>(v));
+  const std::vector<float> f = read_npy(p).as_finite_float32(p);
+  ASSERT_EQ(f.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(f[i], static_cast<float>(v[i])) << i;
+}
+
+// NaN, infinities and float64 values beyond float32's range are named with the file, the index in
+// the array's shape and the value.
+TEST_F(NpyTest, FiniteFloat32NamesTheFileTheElementAndTheValue) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const struct {
+    std::vector<double> values;
+    bool as_float32;
+    std::string words;
+  } cases[] = {
+      {{1, 2, 3, std::numeric_limits<double>::quiet_NaN(), 5, 6}, true, "element [1, 0] is nan; the values must be finite"},
+      {{1, 2, 3, 4, inf, 6}, false, "element [1, 1] is inf; the values must be finite"},
+      {{1, -inf, 3, 4, 5, 6}, true, "element [0, 1] is -inf"},
+      {{1, 2, 1e300, 4, 5, 6}, false, "element [0, 2] is 1e+300, beyond float32's range"},
+      {{1, 2, 3, 4, 5, -5e38}, false, "element [1, 2] is -5e+38, beyond float32's range"},
+  };
+  for (const auto& c : cases) {
+    const fs::path p = dir_ / "bad.npy";
+    const std::vector<std::int64_t> shape{2, 3};
+    if (c.as_float32) {
+      const std::vector<float> f(c.values.begin(), c.values.end());
+      write_npy(p, shape, std::span<const float>(f));
+    } else {
+      write_npy(p, shape, std::span<const double>(c.values));
+    }
+    const NpyArray a = read_npy(p);
+    const std::string msg = message_of<UsageError>([&] { (void)a.as_finite_float32(p); });
+    EXPECT_EQ(msg.rfind(p.string() + ": ", 0), 0u) << msg;
+    EXPECT_NE(msg.find(c.words), std::string::npos) << msg;
+  }
 }
 
 // ---- expected shapes ----------------------------------------------------------------------------

@@ -115,6 +115,41 @@ TEST(OptimizerConfigCheck, RejectsHyperparametersPytorchRejects) {
   EXPECT_NO_THROW(make_cpu_optimizer(mom, 4));
 }
 
+// Every field is checked whichever optimizer is chosen (a bad --momentum is never carried along
+// silently), and "finite" means finite in float32, where the optimizers compute: 1e39 would be inf.
+TEST(OptimizerConfigCheck, ChecksEveryFieldAndFloat32Range) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const struct {
+    void (*set)(OptimizerConfig&, double);
+    double value;
+    const char* words;
+  } cases[] = {
+      {[](OptimizerConfig& c, double v) { c.lr = v; }, 1e39, "--lr"},
+      {[](OptimizerConfig& c, double v) { c.lr = v; }, -inf, "--lr"},
+      {[](OptimizerConfig& c, double v) { c.momentum = v; }, std::nan(""), "--momentum"},
+      {[](OptimizerConfig& c, double v) { c.momentum = v; }, 1e300, "--momentum"},
+      {[](OptimizerConfig& c, double v) { c.beta1 = v; }, inf, "beta1"},
+      {[](OptimizerConfig& c, double v) { c.beta2 = v; }, 1.0, "beta2"},
+      {[](OptimizerConfig& c, double v) { c.eps = v; }, 1e39, "eps"},
+  };
+  for (OptimizerKind k : kKinds) {
+    for (const auto& c : cases) {
+      OptimizerConfig config = config_of(k, 0.1f);
+      c.set(config, c.value);
+      try {
+        config.validate();
+        ADD_FAILURE() << optimizer_name(k) << " accepted " << c.words << " " << c.value;
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(c.words), std::string::npos) << e.what();
+      }
+    }
+  }
+  OptimizerConfig largest = config_of(OptimizerKind::adam, 0.1f);
+  largest.lr = std::numeric_limits<float>::max();
+  largest.momentum = std::numeric_limits<float>::max();
+  EXPECT_NO_THROW(largest.validate());
+}
+
 TEST(OptimizerState, NamesAndSizesPerKind) {
   const std::size_t n = 7;
   const auto sgd = make_cpu_optimizer(config_of(OptimizerKind::sgd, 0.1f), n);

@@ -1,0 +1,326 @@
+// Bad input to the dpcheck command, end to end. One table: each row is a command line, the exit status
+// it must end with, and words its message must contain; the rows run against fixtures made in a fresh
+// directory -- a FIFO, symbolic links, a file where a directory belongs, .npy files holding NaN, an
+// infinity or a float64 beyond float32, parameter directories with a bad or an extra file -- and against
+// /dev/full, /dev/null and /proc. Every row must end within seconds with exactly one line,
+// "dpcheck: error: ...", and leave every file as it was: nothing created, nothing replaced, the devices
+// still devices. Sizes are refused before anything is allocated, so no row trains a big model.
+//
+// Beside the table: a symbolic link given as --report is written through to its target and stays a link;
+// a run whose loss stops being finite fails naming the step and checkpoints nothing that is not finite;
+// processes of one MPI job started with different arguments are refused, naming the option and the ranks.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/model.hpp"
+#include "src/npy.hpp"
+#include "tests/test_support.hpp"
+
+namespace dpcheck {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every row has this long; the slowest takes well under a second.
+constexpr int kRowLimitS = 30;
+
+std::string quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Row {
+  std::string args;                // after the program name; {d} stands for the fixtures' directory
+  int status;                      // the exit status it must end with
+  std::vector<std::string> words;  // in the one line it prints
+  long memory_kib = 0;             // run under `ulimit -v` with this limit, so that the row is the same
+                                   // on any machine; 0: no limit
+};
+
+// What the fixtures' directory holds, for "nothing created or replaced": every entry's relative path,
+// its type, a link's target and a regular file's bytes.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string name = fs::relative(e.path(), dir).string();
+    const fs::file_status st = e.symlink_status();
+    if (fs::is_symlink(st))
+      out[name] = "link to " + fs::read_symlink(e.path()).string();
+    else if (fs::is_regular_file(st))
+      out[name] = "file " + read_file(e.path());
+    else
+      out[name] = "type " + std::to_string(static_cast<int>(st.type()));
+  }
+  return out;
+}
+
+bool is_char_device(const char* path) {
+  struct stat st {};
+  return ::stat(path, &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  return s;
+}
+
+void write_params(const fs::path& dir, const ModelConfig& model, const std::vector<float>& params) {
+  fs::create_directories(dir);
+  const ParamLayout layout(model);
+  for (const Slice& s : layout.slices())
+    write_npy(dir / (s.name + ".npy"), s.shape, std::span<const float>(params).subspan(s.offset, s.size()));
+}
+
+class BadInput : public testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path d = dir_.path();
+    ASSERT_EQ(::mkfifo((d / "fifo").c_str(), 0600), 0) << std::strerror(errno);
+    std::ofstream(d / "kept.json") << "an earlier report\n";
+    fs::create_symlink(d / "kept.json", d / "link.json");
+    fs::create_symlink(d / "fifo", d / "link-to-fifo");
+    std::ofstream(d / "afile") << "not a directory\n";
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const std::vector<std::int64_t> x_shape{8, 4}, y_shape{8, 1};
+    std::vector<float> x(32, 0.5f), y(8, 0.25f);
+    write_npy(d / "x.npy", x_shape, std::span<const float>(x));
+    write_npy(d / "y.npy", y_shape, std::span<const float>(y));
+    x[5] = nan;
+    write_npy(d / "x_nan.npy", x_shape, std::span<const float>(x));
+    x[5] = -inf;
+    write_npy(d / "x_inf.npy", x_shape, std::span<const float>(x));
+    std::vector<double> big(32, 0.5);
+    big[31] = 1e300;
+    write_npy(d / "x_big.npy", x_shape, std::span<const double>(big));
+    y[7] = inf;
+    write_npy(d / "y_inf.npy", y_shape, std::span<const float>(y));
+
+    const ModelConfig model{{4, 3, 1}, Activation::relu, Loss::mse};
+    std::vector<float> params = init_params(model, 0);
+    write_params(d / "init", model, params);
+    write_params(d / "init_extra", model, params);
+    std::ofstream(d / "init_extra" / "notes.txt") << "exported by hand\n";
+    write_params(d / "init_fifo", model, params);
+    fs::remove(d / "init_fifo" / "layers.1.bias.npy");
+    ASSERT_EQ(::mkfifo((d / "init_fifo" / "layers.1.bias.npy").c_str(), 0600), 0);
+    params[2] = std::numeric_limits<float>::quiet_NaN();  // layers.0.weight[0, 2]
+    write_params(d / "init_nan", model, params);
+  }
+
+  const ScratchDir dir_;
+};
+
+TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
+  const std::vector<Row> rows{
+      // Output paths: never replaced unless a regular file, and checked before any work.
+      {"verify --cases 1 --report /dev/full", 2, {"/dev/full", "character device"}},
+      {"verify --cases 1 --report /dev/null", 2, {"/dev/null", "character device"}},
+      {"verify --cases 1 --report {d}/fifo", 2, {"fifo", "FIFO"}},
+      {"verify --cases 1 --junit {d}/link-to-fifo", 2, {"link-to-fifo", "FIFO"}},
+      {"verify --cases 1 --report {d}", 2, {"a directory"}},
+      {"verify --cases 1 --report {d}/missing/r.json", 2, {"does not exist"}},
+      {"verify --cases 1 --report {d}/r.json --junit {d}/fifo", 2, {"FIFO"}},
+      {"train --model 4,1 --log /dev/full", 2, {"--log", "/dev/full", "character device"}},
+      {"train --model 4,1 --log {d}/fifo", 2, {"--log", "FIFO"}},
+      {"train --model 4,1 --log /proc/dpcheck.log", 2, {"--log", "cannot create a file in /proc"}},
+      {"train --model 4,1 --log {d}/afile/log", 2, {"--log", "not a directory"}},
+      {"train --model 4,1 --checkpoint-dir {d}/afile", 2, {"--checkpoint-dir", "a regular file, not a directory"}},
+      {"train --model 4,1 --checkpoint-dir {d}/afile/sub", 2, {"--checkpoint-dir", "not a directory"}},
+      {"train --model 4,1 --checkpoint-dir /proc/dpcheck-ckpt", 2, {"--checkpoint-dir", "/proc"}},
+      {"train --model 4,1 --checkpoint-dir /dev/null", 2, {"--checkpoint-dir", "character device"}},
+      {"bench allreduce --sizes 4K --ranks 1 --backends local --json /dev/full", 2, {"--json", "character device"}},
+      {"bench allreduce --sizes 4K --ranks 1 --backends local --json {d}/fifo", 2, {"--json", "FIFO"}},
+      {"bench hash --json {d}/fifo", 2, {"--json", "FIFO"}},
+      {"bench step --json /proc/dpcheck.json", 2, {"--json", "/proc"}},
+      {"audit --json {d}/fifo -- true", 2, {"--json", "FIFO"}},
+      {"audit --json /proc/dpcheck.json -- true", 2, {"--json", "/proc"}},
+      // Timeouts: finite, positive, at most a day.
+      {"train --model 4,1 --timeout inf", 2, {"--timeout", "inf"}},
+      {"train --model 4,1 --timeout nan", 2, {"--timeout", "nan"}},
+      {"train --model 4,1 --timeout 1e300", 2, {"--timeout", "86400"}},
+      {"train --model 4,1 --timeout 0", 2, {"--timeout"}},
+      {"train --model 4,1 --timeout -5", 2, {"--timeout"}},
+      {"train --model 4,1 --timeout 0.0001", 2, {"--timeout"}},
+      // Sizes, against the model's own limits and the machine's memory and threads.
+      {"train --model 100000,100000", 2, {"--model 100000,100000", "10000100000 parameters"}},
+      {"grad --model 50000,50000,50000 --batch 8", 2, {"--model", "5000100000 parameters"}},
+      {"train --model 4,99999999999", 2, {"--model", "width 99999999999 is larger than 16777216"}},
+      {"train --model 4,1 --world-size 2000000000", 2, {"--world-size 2000000000", "too big for this machine"}},
+      {"grad --model 4,1 --batch 8 --world-size 2000000000", 2, {"--world-size 2000000000", "threads"}},
+      {"grad --model 4,1 --batch 100000000000000", 2, {"--batch 100000000000000", "too big for this machine"}},
+      {"train --model 4,1 --batch 100000000000000", 2, {"--batch 100000000000000", "GiB"}},
+      {"train --model 4,1 --batch 8 --dataset-size 100000000000000", 2, {"--dataset-size 100000000000000"}},
+      {"bench allreduce --sizes 4K,1000G --ranks 2 --backends local", 2, {"--sizes", "too big for this machine"}},
+      {"train --model 20000,20000", 2, {"--model 20000,20000", "ulimit -v"}, 1'000'000},
+      {"grad --model 20000,20000 --batch 8 --world-size 2", 2, {"--model 20000,20000", "ulimit -v"}, 1'000'000},
+      {"grad --model 4,1 --batch 2000000000", 2, {"--batch 2000000000", "ulimit -v"}, 1'000'000},
+      {"train --model 4,1 --world-size 4000 --batch 4000", 2, {"--world-size 4000", "ulimit -v"}, 1'000'000},
+      // Data and parameters that are not finite.
+      {"grad --model 4,1 --x {d}/x_nan.npy --y {d}/y.npy", 2, {"x_nan.npy", "element [1, 1] is nan"}},
+      {"grad --model 4,1 --x {d}/x_inf.npy --y {d}/y.npy", 2, {"x_inf.npy", "element [1, 1] is -inf"}},
+      {"grad --model 4,1 --x {d}/x_big.npy --y {d}/y.npy", 2, {"x_big.npy", "element [7, 3] is 1e+300", "float32"}},
+      {"grad --model 4,1 --x {d}/x.npy --y {d}/y_inf.npy", 2, {"y_inf.npy", "element [7, 0] is inf"}},
+      {"train --model 4,1 --x {d}/x_nan.npy --y {d}/y.npy --batch 8", 2, {"x_nan.npy", "nan"}},
+      {"grad --model 4,3,1 --batch 8 --init {d}/init_nan", 2, {"layers.0.weight.npy", "element [0, 2] is nan"}},
+      {"train --model 4,3,1 --init {d}/init_nan", 2, {"layers.0.weight.npy", "nan"}},
+      {"train --model 4,1 --lr 1e39", 2, {"--lr", "1e+39"}},
+      {"train --model 4,1 --lr nan", 2, {"--lr", "nan"}},
+      {"train --model 4,1 --lr -1", 2, {"--lr"}},
+      {"train --model 4,1 --momentum inf", 2, {"--momentum", "inf"}},
+      {"train --model 4,1 --optimizer momentum --momentum -0.5", 2, {"--momentum"}},
+      // What used to be ignored or clamped without a word.
+      {"train --model 4,1 --batch 30 --world-size 2 --accumulate 16", 2, {"--accumulate 16", "15 examples"}},
+      {"train --model 4,1 --batch 30 --world-size 2 --accumulate 100", 2, {"--accumulate 100", "at most 15"}},
+      {"grad --model 4,1 --batch 30 --world-size 2 --accumulate 16", 2, {"--accumulate 16", "15 examples"}},
+      {"grad --model 4,1 --batch 8 --accumulate 0", 2, {"--accumulate"}},
+      {"grad --model 4,3,1 --batch 8 --init {d}/init_extra", 2, {"--init", "notes.txt"}},
+      {"train --model 4,3,1 --init {d}/init_extra", 2, {"--init", "notes.txt"}},
+      {"train --model 4,3,1 --init {d}/init --resume {d}/init", 2, {"--init", "--resume"}},
+      {"grad --model 4,1 --batch 8 --mutant writer-all-ranks", 2, {"writer-all-ranks", "only_rank0_writes"}},
+      {"grad --model 4,1 --batch 8 --mutant optimizer-rank-perturb", 2, {"optimizer-rank-perturb"}},
+      {"grad --model 4,1 --batch 8 --mutant bias-grad-skip-tail", 2, {"bias-grad-skip-tail", "cuda"}},
+      {"grad --model 4,1 --batch 8 --seed -1", 2, {"--seed", "-1", "18446744073709551615"}},
+      {"grad --model 4,1 --batch 8 --seed 18446744073709551616", 2, {"--seed", "18446744073709551616"}},
+      {"train --model 4,1 --seed -1", 2, {"--seed", "-1"}},
+      {"train --model 4,1 --seed 99999999999999999999999", 2, {"--seed"}},
+      {"train --model 4,1 --seed 1.5", 2, {"--seed", "1.5"}},
+      {"train --model 4,1 --seed 0x10", 2, {"--seed", "0x10"}},
+      // A FIFO where a .npy file belongs is refused by its type, without waiting for a writer.
+      {"grad --model 4,1 --x {d}/fifo --y {d}/y.npy", 2, {"fifo", "FIFO"}},
+      {"grad --model 4,1 --x {d}/x.npy --y {d}/fifo", 2, {"fifo", "FIFO"}},
+      {"train --model 4,1 --x {d}/fifo --y {d}/y.npy", 2, {"fifo", "FIFO"}},
+      {"grad --model 4,3,1 --batch 8 --init {d}/init_fifo", 2, {"layers.1.bias.npy", "FIFO"}},
+      {"grad --model 4,1 --x /dev/zero --y {d}/y.npy", 2, {"/dev/zero", "character device"}},
+  };
+
+  const fs::path d = dir_.path();
+  const std::map<std::string, std::string> before = snapshot(d);
+  ASSERT_TRUE(before.contains("kept.json") && before.contains("init/layers.0.weight.npy"));
+  for (const Row& row : rows) {
+    const std::string args = replace_all(row.args, "{d}", d.string());
+    std::string cmd = std::string(DPCHECK_BINARY) + " " + args;
+    if (row.memory_kib > 0) cmd = "sh -c " + quoted("ulimit -v " + std::to_string(row.memory_kib) + " && exec " + cmd);
+    const CommandResult r = run_command(cmd, kRowLimitS);
+    EXPECT_EQ(r.status, row.status) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind("dpcheck: error: ", 0), 0u) << args << "\n" << r.output;
+    for (const std::string& w : row.words) EXPECT_NE(r.output.find(w), std::string::npos) << args << "\nlacks: " << w << "\n" << r.output;
+    EXPECT_LT(r.seconds, 10.0) << args;
+    EXPECT_EQ(snapshot(d), before) << args;
+    EXPECT_TRUE(is_char_device("/dev/null")) << args;
+    EXPECT_TRUE(is_char_device("/dev/full")) << args;
+  }
+}
+
+// The report goes to the file the link names, whole, and the link stays a link to it; so for a link
+// whose target does not exist yet.
+TEST_F(BadInput, ASymlinkedReportIsWrittenThroughToItsTarget) {
+  const fs::path d = dir_.path();
+  fs::create_symlink("fresh.json", d / "dangling.json");
+  const std::string cmd = std::string(DPCHECK_BINARY) + " verify --cases 1 --property sampler_shards_disjoint --report " +
+                          (d / "link.json").string() + " --junit " + (d / "dangling.json").string();
+  const CommandResult r = run_command(cmd, 120);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::is_symlink(d / "link.json"));
+  EXPECT_EQ(fs::read_symlink(d / "link.json"), d / "kept.json");
+  const nlohmann::json report = nlohmann::json::parse(read_file(d / "kept.json"));
+  EXPECT_TRUE(report["passed"].get<bool>());
+  EXPECT_TRUE(fs::is_symlink(d / "dangling.json"));
+  EXPECT_NE(read_file(d / "fresh.json").find("<testsuites>"), std::string::npos);
+  // Nothing else appeared: no temporary file left beside either target.
+  for (const auto& e : fs::directory_iterator(d))
+    EXPECT_EQ(e.path().filename().string().rfind('.', 0), std::string::npos) << e.path();
+}
+
+// A learning rate that makes the loss overflow: train fails (exit 1) at the first loss that is not
+// finite, naming the step, and every checkpoint it wrote holds finite parameters only.
+TEST_F(BadInput, TrainStopsAtTheFirstLossThatIsNotFinite) {
+  const fs::path ckpt = dir_.path() / "ckpt";
+  const std::string cmd = std::string(DPCHECK_BINARY) + " train --model 4,1 --lr 1e30 --steps 5 --checkpoint-every 1 " +
+                          "--checkpoint-dir " + ckpt.string() + " --keep 10";
+  const CommandResult r = run_command(cmd, 60);
+  EXPECT_EQ(r.status, 1) << r.output;
+  const std::size_t failed = r.output.find("FAILED: ");
+  ASSERT_NE(failed, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not finite", failed), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step ", failed), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("all steps passed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step    4"), std::string::npos) << r.output;  // stopped before the end
+  int checkpoints = 0;
+  for (const auto& step : fs::directory_iterator(ckpt)) {
+    ++checkpoints;
+    for (const auto& f : fs::directory_iterator(step.path())) {
+      if (f.path().extension() != ".npy") continue;
+      for (float v : read_npy(f.path()).as_float32()) EXPECT_TRUE(std::isfinite(v)) << f.path();
+    }
+  }
+  EXPECT_GE(checkpoints, 1);  // the steps before the overflow were checkpointed
+}
+
+// Processes of one job given different arguments: every rank stops with status 2 before any work,
+// and rank 0 alone names the option and the ranks.
+class BadInputMpi : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!DPCHECK_HAS_MPI) GTEST_SKIP() << "this build has no MPI backend";
+    if (::access(DPCHECK_MPIEXEC, X_OK) != 0) GTEST_SKIP() << "no MPI launcher at " << DPCHECK_MPIEXEC;
+  }
+  // Runs rank 1 with args1 and every other rank with args0 (through a wrapper script).
+  CommandResult run_split(const std::string& args0, const std::string& args1) const {
+    const fs::path script = dir_.path() / "ranks.sh";
+    std::ofstream(script) << "#!/bin/sh\n"
+                          << "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec " << DPCHECK_BINARY << " " << args1 << "; fi\n"
+                          << "exec " << DPCHECK_BINARY << " " << args0 << "\n";
+    return run_command(std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
+  }
+  const ScratchDir dir_;
+};
+
+// mpirun adds its own lines about the job it ended; dpcheck's are those starting "dpcheck: error: ".
+std::vector<std::string> error_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  for (std::size_t end = output.find('\n'); end != std::string::npos; start = end + 1, end = output.find('\n', start))
+    if (output.compare(start, 16, "dpcheck: error: ") == 0) lines.push_back(output.substr(start, end - start));
+  return lines;
+}
+
+TEST_F(BadInputMpi, RanksThatDisagreeOnTheCommandLineAreRefusedNamingTheOption) {
+  const struct {
+    std::string args0, args1, words;
+  } cases[] = {
+      {"train --comm mpi --model 4,1 --batch 30", "train --comm mpi --model 4,1 --batch 32",
+       "ranks disagree on the command line: --batch is 30 on rank 0 and 32 on rank 1"},
+      {"verify --comm mpi --cases 2", "verify --comm mpi --cases=3",
+       "ranks disagree on the command line: --cases is 2 on rank 0 and 3 on rank 1"},
+      {"verify --comm mpi --property sampler_shards_disjoint", "verify --comm mpi --property replicas_bitwise_synchronized",
+       "--property is sampler_shards_disjoint on rank 0 and replicas_bitwise_synchronized on rank 1"},
+      {"grad --model 4,1 --batch 8", "grad --model 4,1 --batch 8 --seed 3", "--seed on rank 1"},
+  };
+  for (const auto& c : cases) {
+    const CommandResult r = run_split(c.args0, c.args1);
+    EXPECT_EQ(r.status, 2) << c.args1 << "\n" << r.output;
+    const std::vector<std::string> lines = error_lines(r.output);
+    ASSERT_EQ(lines.size(), 1u) << c.args1 << "\n" << r.output;
+    EXPECT_NE(lines[0].find(c.words), std::string::npos) << lines[0];
+    EXPECT_LT(r.seconds, 30.0) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace dpcheck
