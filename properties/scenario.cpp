@@ -43,12 +43,6 @@ std::string Scenario::train_flags() const {
 
 void showValue(const Scenario& s, std::ostream& os) { os << s.describe(); }
 
-std::size_t parameter_count(const std::vector<int>& dims) {
-  std::size_t n = 0;
-  for (std::size_t l = 0; l + 1 < dims.size(); ++l)
-    n += static_cast<std::size_t>(dims[l + 1]) * (static_cast<std::size_t>(dims[l]) + 1);
-  return n;
-}
 
 namespace {
 
@@ -59,9 +53,9 @@ void grow_past(std::vector<int>& dims, std::size_t count) {
   std::size_t base = 0, per_unit = 0;  // parameter count = base + per_unit * width
   const std::size_t w = static_cast<std::size_t>(width);
   width = 0;
-  base = parameter_count(dims);
+  base = static_cast<std::size_t>(parameter_count(dims));
   width = 1;
-  per_unit = parameter_count(dims) - base;
+  per_unit = static_cast<std::size_t>(parameter_count(dims)) - base;
   width = static_cast<int>(std::max(w, (count - std::min(count, base)) / per_unit + 1));
 }
 

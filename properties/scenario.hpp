@@ -51,8 +51,6 @@ struct ScenarioSpace {
   std::function<std::vector<std::size_t>(int world_size)> thresholds;
 };
 
-// The number of parameters of a model with these widths.
-std::size_t parameter_count(const std::vector<int>& dims);
 
 rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space);
 

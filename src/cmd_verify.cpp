@@ -22,7 +22,9 @@ namespace {
 struct VerifyOptions {
   Target target;
   int cases = 100;
+  SeedOption seed_option{1};
   std::uint64_t seed = 1;
+  TimeoutOption timeout;
   std::vector<std::string> only;  // --property
   std::string reproduce;
   bool reproduce_given = false;
@@ -30,7 +32,6 @@ struct VerifyOptions {
   std::string report, junit;
   bool list_mutants = false;
   bool world_size_given = false;
-  double timeout_s = 60;
 };
 
 std::string number(double v, const char* fmt = "%.3g") {
@@ -176,11 +177,18 @@ int run_verify(VerifyOptions& o) {
   }
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
   if (o.reruns < 1 || o.reruns > 1000) throw UsageError("--reruns must be in [1, 1000]");
-  if (!(o.timeout_s > 0) || !(o.timeout_s <= 86400)) throw UsageError("--timeout must be a number of seconds in (0, 86400]");
-  o.target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
+  o.seed = o.seed_option.value();
+  o.target.timeout = o.timeout.value();
   const int world = resolve_world(o.target, o.target.world_size, o.world_size_given);
   if (o.target.process_world) o.target.world_size = world;
   validate_target(o.target);
+  if (o.world_size_given) {
+    // The cases draw small models; the ranks themselves must fit (threads, and their replicas).
+    RunSize run;
+    run.world_size = world;
+    run.ranks_are_threads = !o.target.process_world;
+    check_run_size(run);
+  }
   std::vector<const PropertyDef*> selected;
   if (o.reproduce_given) {
     // The token names its property: --property may repeat it, never contradict it.
@@ -195,8 +203,10 @@ int run_verify(VerifyOptions& o) {
   } else {
     for (const std::string& name : o.only) selected.push_back(&find_property(name));
   }
-  if (!o.report.empty()) check_writable(o.report);
-  if (!o.junit.empty()) check_writable(o.junit);
+  check_on_writing_rank([&] {
+    if (!o.report.empty()) check_output_path(o.report, "--report");
+    if (!o.junit.empty()) check_output_path(o.junit, "--junit");
+  });
   // Every process must draw the same cases: rank 0's seed is everyone's.
   if (o.target.process_world) o.target.process_world->broadcast(&o.seed, 1, DType::u64, 0);
 
@@ -301,7 +311,7 @@ Runner add_verify(CLI::App& app) {
                                                "(or the chosen target) and print one table");
   sub->add_option("--world-size", o->target.world_size, "Fix the number of ranks (default: each case draws 1-8)");
   sub->add_option("--cases", o->cases, "Cases per property (default 100)");
-  sub->add_option("--seed", o->seed, "RapidCheck seed (default 1); the same seed runs the same cases");
+  o->seed_option.add_to(*sub, "RapidCheck seed; the same seed runs the same cases");
   sub->add_option("--mutant", o->target.mutant, "Run against a deliberately broken part (see --list-mutants)");
   sub->add_option("--property", o->only, "Run only this property (repeatable)");
   sub->add_option("--reproduce", o->reproduce,
@@ -313,7 +323,7 @@ Runner add_verify(CLI::App& app) {
                   "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local (replicas "
                   "on one GPU, default) or nccl for the cuda engine");
   sub->add_flag("--tf32", o->target.tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
-  sub->add_option("--timeout", o->timeout_s, "Seconds a collective may wait for a peer (default 60)");
+  o->timeout.add_to(*sub);
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");
   sub->add_flag("--list-mutants", o->list_mutants, "Print the mutants' names, one a line, and exit");

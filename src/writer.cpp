@@ -285,7 +285,7 @@ std::int64_t steps_per_epoch(const TrainConfig& c, int world) {
 std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
   Fields f(json, "config");
   TrainConfig c;
-  c.model.dims = f.choice("model", parse_dims);
+  c.model.dims = f.choice("model", [](std::string_view t) { return parse_dims(t); });
   c.model.activation = f.choice("activation", parse_activation);
   c.model.loss = f.choice("loss", parse_loss);
   c.batch = f.integer("batch", 1, kMaxCount);

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "properties/replay.hpp"
 #include "src/model.hpp"
 #include "src/npy.hpp"
 #include "tests/test_support.hpp"
@@ -126,6 +127,10 @@ class BadInput : public testing::Test {
 };
 
 TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
+  // A well-formed replay token of one property, for the rows that name another.
+  const std::string token = encode_replay({"gradient_average_matches_whole_batch", {rc::Random(7), 3, {}}});
+  std::string damaged = token;
+  damaged[damaged.size() / 2] = damaged[damaged.size() / 2] == 'A' ? 'B' : 'A';
   const std::vector<Row> rows{
       // Output paths: never replaced unless a regular file, and checked before any work.
       {"verify --cases 1 --report /dev/full", 2, {"/dev/full", "character device"}},
@@ -135,6 +140,23 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"verify --cases 1 --report {d}", 2, {"a directory"}},
       {"verify --cases 1 --report {d}/missing/r.json", 2, {"does not exist"}},
       {"verify --cases 1 --report {d}/r.json --junit {d}/fifo", 2, {"FIFO"}},
+      {"verify --cases 1 --report /proc/dpcheck.json", 2, {"--report", "/proc"}},
+      {"verify --cases 1 --junit /dev/null", 2, {"--junit", "character device"}},
+      // Replays: the token is checked, and names its property, before anything runs or prints.
+      {"verify --reproduce '' --report {d}/r.json", 2, {"--reproduce", "empty"}},
+      {"verify --reproduce nonsense --report {d}/r.json", 2, {"--reproduce", "<property>:<case>:<check>"}},
+      {"verify --reproduce " + dpcheck::quoted(damaged) + " --report {d}/r.json", 2, {"--reproduce", "damaged or edited"}},
+      {"verify --reproduce " + dpcheck::quoted(token) + " --property sampler_shards_disjoint --report {d}/r.json", 2,
+       {"gradient_average_matches_whole_batch", "sampler_shards_disjoint"}},
+      {"verify --reproduce " + dpcheck::quoted(encode_replay({"no_such_property", {rc::Random(7), 3, {}}})) +
+           " --report {d}/r.json",
+       2, {"no_such_property"}},
+      {"verify --reruns 0 --report {d}/r.json", 2, {"--reruns"}},
+      {"verify --cases 0 --report {d}/r.json", 2, {"--cases"}},
+      {"verify --timeout nan --report {d}/r.json", 2, {"--timeout", "nan"}},
+      {"verify --timeout 1e300 --report {d}/r.json", 2, {"--timeout"}},
+      {"verify --seed -1 --report {d}/r.json", 2, {"--seed", "-1"}},
+      {"verify --world-size 2000000000 --report {d}/r.json", 2, {"--world-size 2000000000"}},
       {"train --model 4,1 --log /dev/full", 2, {"--log", "/dev/full", "character device"}},
       {"train --model 4,1 --log {d}/fifo", 2, {"--log", "FIFO"}},
       {"train --model 4,1 --log /proc/dpcheck.log", 2, {"--log", "cannot create a file in /proc"}},

@@ -1,0 +1,191 @@
+// The property runner (properties/runner.hpp), on properties of its own whose verdicts the tests
+// control: a closest call replays to the same case; a replay of a case that no longer fails is a pass
+// that says so; a damaged token, or one of another property, is refused; shrinking reaches the minimal
+// case; a failure that comes and goes is reported with how often it failed; and the power and
+// tightness floors fail a run whose check has gone weak. Also the replay command for every backend.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "properties/replay.hpp"
+#include "properties/runner.hpp"
+#include "src/error.hpp"
+#include "src/local_comm.hpp"
+
+namespace dpcheck {
+namespace {
+
+// What the test properties do, set by each test (the bodies are plain functions).
+struct Behaviour {
+  int fail_from = 1000;       // a drawn x in [0, 1000) fails from here on
+  bool alternate = false;     // failing cases fail on every other run only
+  double probe = -1;          // the probe ratio every case records
+  double tightness = -1;      // the tightness every case records on both paths
+  int runs = 0;
+};
+Behaviour g;
+
+void body(const Target&, CaseRecord& record) {
+  const int x = *rc::gen::inRange(0, 1000);
+  record.ratio = x / 1000.0;
+  record.note = "x = " + std::to_string(x);
+  record.probe_ratio = g.probe;
+  record.tightness[0] = record.tightness[1] = g.tightness;
+  const bool fails = x >= g.fail_from && (!g.alternate || ++g.runs % 2 == 0);
+  if (fails) fail_case("x = " + std::to_string(x) + " is too large");
+}
+
+PropertyDef test_property(double min_power = 0, double min_tightness = 0) {
+  return {"gradient_average_matches_whole_batch", "a test property", body, 1, nullptr, min_power, min_tightness};
+}
+
+RunOptions options(int cases = 100) {
+  RunOptions o;
+  o.cases = cases;
+  o.seed = 11;
+  return o;
+}
+
+class Runner : public testing::Test {
+ protected:
+  void SetUp() override { g = Behaviour{}; }
+};
+
+TEST_F(Runner, TheClosestCallReplaysToTheSameCase) {
+  const PropertyResult r = run_property(test_property(), Target{}, options());
+  ASSERT_TRUE(r.passed);
+  EXPECT_EQ(r.closest.ratio, r.max_error_ratio);
+  EXPECT_GT(r.closest.ratio, 0.5);  // a hundred draws from [0, 1000) (RapidCheck scales them with the case size)
+  RunOptions replay = options();
+  replay.reproduce = r.closest.reproduce;
+  const PropertyResult again = run_property(test_property(), Target{}, replay);
+  EXPECT_TRUE(again.passed);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.cases, 1);
+  EXPECT_EQ(again.closest.ratio, r.closest.ratio);
+  EXPECT_EQ(again.closest.note, r.closest.note);
+}
+
+TEST_F(Runner, ShrinkingReachesTheSmallestFailingCaseAndItsTokenReplaysIt) {
+  g.fail_from = 137;
+  const PropertyResult r = run_property(test_property(), Target{}, options());
+  ASSERT_FALSE(r.passed);
+  EXPECT_EQ(r.failure, "x = 137 is too large");
+  EXPECT_EQ(r.failing_runs, 5);
+  EXPECT_EQ(r.runs, 5);
+  EXPECT_FALSE(r.flaky());
+  RunOptions replay = options();
+  replay.reproduce = r.reproduce;
+  const PropertyResult again = run_property(test_property(), Target{}, replay);
+  EXPECT_FALSE(again.passed);
+  EXPECT_EQ(again.failure, r.failure);
+  // After a fix the same token replays a pass, and says so.
+  g.fail_from = 1000;
+  const PropertyResult fixed = run_property(test_property(), Target{}, replay);
+  EXPECT_TRUE(fixed.passed);
+  EXPECT_TRUE(fixed.replayed);
+  EXPECT_EQ(fixed.closest.note, "x = 137");
+}
+
+TEST_F(Runner, AFailureThatComesAndGoesIsReportedAsSuch) {
+  g.fail_from = 500;
+  g.alternate = true;
+  const PropertyResult r = run_property(test_property(), Target{}, options());
+  ASSERT_FALSE(r.passed);
+  EXPECT_TRUE(r.flaky());
+  EXPECT_GT(r.failing_runs, 0);
+  EXPECT_LT(r.failing_runs, r.runs);
+  // Shrinking still reached the smallest failing x: a candidate counts if any of its runs fails.
+  EXPECT_EQ(r.failure, "x = 500 is too large");
+}
+
+TEST_F(Runner, DamagedTokensAndTokensOfAnotherPropertyAreRefused) {
+  g.fail_from = 300;
+  const PropertyResult r = run_property(test_property(), Target{}, options());
+  ASSERT_FALSE(r.reproduce.empty());
+  EXPECT_EQ(decode_replay(r.reproduce).property, "gradient_average_matches_whole_batch");
+  for (std::size_t at : {std::size_t{0}, r.reproduce.size() / 2, r.reproduce.size() - 1}) {
+    std::string bad = r.reproduce;
+    bad[at] = bad[at] == 'x' ? 'y' : 'x';
+    RunOptions replay = options();
+    replay.reproduce = bad;
+    EXPECT_THROW(run_property(test_property(), Target{}, replay), UsageError) << bad;
+  }
+  EXPECT_THROW(decode_replay(""), UsageError);
+  EXPECT_THROW(decode_replay("a:b"), UsageError);
+  PropertyDef other = test_property();
+  other.name = "replicas_bitwise_synchronized";
+  RunOptions replay = options();
+  replay.reproduce = r.reproduce;
+  EXPECT_THROW(run_property(other, Target{}, replay), UsageError);
+}
+
+TEST_F(Runner, TokensRoundTrip) {
+  rc::Random random(1234);
+  random.split();
+  const ReplayToken t{"checkpoint_resume_bitwise", {random, 42, {3, 0, 1, 7}}};
+  const ReplayToken back = decode_replay(encode_replay(t));
+  EXPECT_EQ(back.property, t.property);
+  EXPECT_EQ(back.reproduce, t.reproduce);
+}
+
+TEST_F(Runner, ACheckThatLostItsPowerFails) {
+  g.probe = 0.5;  // the dropped example is never caught
+  const PropertyResult weak = run_property(test_property(0.9), Target{}, options());
+  EXPECT_FALSE(weak.passed);
+  EXPECT_EQ(weak.probed, 100);
+  EXPECT_EQ(weak.probe_caught, 0);
+  EXPECT_NE(weak.failure.find("lost its power"), std::string::npos) << weak.failure;
+  g.probe = 2;
+  const PropertyResult strong = run_property(test_property(0.9), Target{}, options());
+  EXPECT_TRUE(strong.passed) << strong.failure;
+  EXPECT_EQ(strong.power(), 1.0);
+  // Too few probed cases to judge: reported, not failed.
+  g.probe = 0.5;
+  EXPECT_TRUE(run_property(test_property(0.9), Target{}, options(min_probed_cases - 1)).passed);
+}
+
+TEST_F(Runner, ABoundGrownLooseFails) {
+  g.tightness = 0.05;
+  const PropertyResult loose = run_property(test_property(0, 0.12), Target{}, options());
+  EXPECT_FALSE(loose.passed);
+  EXPECT_NE(loose.failure.find("grown loose"), std::string::npos) << loose.failure;
+  g.tightness = 0.3;
+  EXPECT_TRUE(run_property(test_property(0, 0.12), Target{}, options()).passed);
+}
+
+// Every backend's replay line: a process backend starts under its launcher with the launcher's world;
+// a thread backend names its world size when one was fixed; a GPU engine's default communicator is
+// implied. (A backend with no process world must not be asked for one.)
+TEST(ReplayCommand, EveryBackend) {
+  const std::string t = "p:c:0";
+  Target local;
+  EXPECT_EQ(replay_command(local, t), "dpcheck verify --reproduce 'p:c:0'");
+  local.world_size = 4;
+  local.mutant = "allreduce-rank-order";
+  EXPECT_EQ(replay_command(local, t), "dpcheck verify --mutant allreduce-rank-order --world-size 4 --reproduce 'p:c:0'");
+  LocalWorld world(3);
+  Target mpi;
+  mpi.comm = "mpi";
+  mpi.process_world = &world.comm(0);
+  mpi.world_size = 3;
+  EXPECT_EQ(replay_command(mpi, t), "mpirun -np 3 dpcheck verify --comm mpi --reproduce 'p:c:0'");
+  Target cuda_local;
+  cuda_local.engine = "cuda";
+  cuda_local.comm = "cuda-local";
+  cuda_local.world_size = 2;
+  EXPECT_EQ(replay_command(cuda_local, t), "dpcheck verify --engine cuda --world-size 2 --reproduce 'p:c:0'");
+  Target nccl_threads = cuda_local;
+  nccl_threads.comm = "nccl";
+  nccl_threads.tf32 = true;
+  EXPECT_EQ(replay_command(nccl_threads, t),
+            "dpcheck verify --engine cuda --comm nccl --tf32 --world-size 2 --reproduce 'p:c:0'");
+  Target nccl_processes = nccl_threads;
+  nccl_processes.process_world = &world.comm(0);
+  EXPECT_EQ(replay_command(nccl_processes, t),
+            "mpirun -np 3 dpcheck verify --engine cuda --comm nccl --tf32 --reproduce 'p:c:0'");
+  EXPECT_EQ(replay_command(local, "it's"), "dpcheck verify --mutant allreduce-rank-order --world-size 4 --reproduce 'it'\\''s'");
+}
+
+}  // namespace
+}  // namespace dpcheck
