@@ -431,7 +431,7 @@ AnyOrderOutcome check_any_order(const AnyOrderCase& c, const reference::BoundOpt
       if (cmp.max_ratio <= o.max_ratio && !(o.worst.empty() && e == 0 && !sharded)) continue;
       o.max_ratio = cmp.max_ratio;
       char buf[256];
-      std::snprintf(buf, sizeof buf, "%s gradient at %s: float32 %.9g, float64 %.17g, error ratio %.4g (gamma_%lld); ",
+      std::snprintf(buf, sizeof buf, "%s gradient at %s: float32 %.9g, float64 %.17g, error ratio %.6g (gamma_%lld); ",
                     sharded ? "sharded" : "whole-batch", layout.describe_element(cmp.worst).c_str(), cmp.worst_value,
                     cmp.worst_reference, cmp.max_ratio, static_cast<long long>(m));
       o.worst = buf + bound.terms(cmp.worst, m).describe() + "; orders: " + plan.describe();

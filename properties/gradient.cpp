@@ -26,7 +26,7 @@ std::string describe(std::string_view path, const reference::Comparison& c, cons
                      const ParamLayout& layout, std::int64_t roundings) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "%.*s gradient at %s: float32 %.9g, float64 reference %.17g, error %.3g, error ratio %.4g "
+                "%.*s gradient at %s: float32 %.9g, float64 reference %.17g, error %.3g, error ratio %.6g "
                 "(gamma_%lld); ",
                 static_cast<int>(path.size()), path.data(), layout.describe_element(c.worst).c_str(), c.worst_value,
                 c.worst_reference, std::abs(c.worst_value - c.worst_reference), c.max_ratio,

@@ -46,6 +46,14 @@ void showValue(const Scenario& s, std::ostream& os) { os << s.describe(); }
 
 namespace {
 
+// RapidCheck scales a range with the case's size, so early cases draw near its start: right for widths
+// and batches (small cases first), wrong for what every case should cover whatever its size (which step,
+// how many steps, which side of a threshold). Those draw from the whole range, and still shrink.
+template <class T>
+rc::Gen<T> uniform(rc::Gen<T> g) {
+  return rc::gen::resize(100, std::move(g));
+}
+
 // Widens the first hidden layer (the input, for one layer) until the model has more than `count`
 // parameters, so that one all-reduce of its gradient crosses that threshold.
 void grow_past(std::vector<int>& dims, std::size_t count) {
@@ -88,14 +96,14 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     // From one batch to three, not only whole batches, so epochs have several steps and a short last
     // one. (With uneven shares drawn, the data set stays one batch: every step is then a whole epoch
     // whose shares differ in size.)
-    const std::int64_t extra = *rc::gen::inRange<std::int64_t>(0, 2 * t.batch + 1);
+    const std::int64_t extra = *uniform(rc::gen::inRange<std::int64_t>(0, 2 * t.batch + 1));
     t.dataset_size = space.uneven_only ? t.batch : t.batch + extra;
     t.split = *rc::gen::element(Split::strided, Split::contiguous);
     t.shuffle = *rc::gen::element(false, true);
     t.optimizer.kind = *rc::gen::element(OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam);
     t.optimizer.lr = *rc::gen::element(0.1, 0.01, 0.001);
-    t.steps = *rc::gen::inRange(space.min_steps, std::max(space.min_steps, space.max_steps) + 1);
-    s.at_step = *rc::gen::inRange(std::min(space.min_at_step, t.steps - 1), t.steps);
+    t.steps = *uniform(rc::gen::inRange(space.min_steps, std::max(space.min_steps, space.max_steps) + 1));
+    s.at_step = *uniform(rc::gen::inRange(std::min(space.min_at_step, t.steps - 1), t.steps));
     const int accumulate = *rc::gen::inRange(2, 5);
     t.accumulate = space.accumulate ? accumulate : 1;
     t.seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
@@ -105,7 +113,7 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     if (space.thresholds) limits = space.thresholds(s.world_size);
     std::sort(limits.begin(), limits.end());
     limits.erase(std::unique(limits.begin(), limits.end()), limits.end());
-    const auto past = *rc::gen::inRange<std::size_t>(0, limits.size() + 1);
+    const auto past = *uniform(rc::gen::inRange<std::size_t>(0, limits.size() + 1));
     const int layers = *rc::gen::inRange(1, space.max_layers + 1);
     std::vector<int> widths(static_cast<std::size_t>(space.max_layers) + 1);
     for (int& w : widths) w = *rc::gen::inRange(1, space.max_width + 1);

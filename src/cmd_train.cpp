@@ -123,7 +123,7 @@ int run_train(TrainOptions& o) {
                 static_cast<long long>(t.data_size()), o.optimizer.c_str(), t.optimizer_for(world).lr,
                 t.linear_scaling ? " (linear scaling)" : "", t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(),
                 t.shuffle ? ", shuffled" : "", target.describe().c_str());
-    for (const std::string& s : skipped) std::printf("skipped incomplete checkpoint %s\n", s.c_str());
+    for (const std::string& s : skipped) std::printf("skipped checkpoint %s\n", s.c_str());
     if (resume) std::printf("resuming from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(resume->step));
     std::fflush(stdout);
   }
@@ -220,7 +220,7 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--checkpoint-dir", o->checkpoint_dir, "Write checkpoints here (rank 0 only)");
   sub->add_option("--checkpoint-every", o->checkpoint_every, "Checkpoint every K steps (default: only at the end)");
   sub->add_option("--keep", o->keep, "Checkpoints to keep (default 2)");
-  sub->add_option("--resume", o->resume, "Continue from the newest complete checkpoint in this directory");
+  sub->add_option("--resume", o->resume, "Continue from the newest usable checkpoint in this directory");
   sub->add_option("--log", o->log, "Append one JSON line a step to this file (rank 0 only)");
   sub->add_option("--mutant", o->mutant, "Train with a deliberately broken part (see dpcheck verify --list-mutants)");
   sub->add_option("--engine", o->engine, "Engine: cpu (default) or cuda");

@@ -40,7 +40,9 @@ std::string number(double v, const char* fmt = "%.3g") {
   return buf;
 }
 
-std::string ratio_text(const PropertyResult& r) { return r.has_error_ratio ? number(r.max_error_ratio) : "-"; }
+// Three digits, or six where three would round a ratio just under the bound to 1.
+std::string ratio(double v) { return v >= 0.9995 && v <= 1.0 ? number(v, "%.6f") : number(v); }
+std::string ratio_text(const PropertyResult& r) { return r.has_error_ratio ? ratio(r.max_error_ratio) : "-"; }
 std::string probabilistic_text(const PropertyResult& r) {
   return r.has_probabilistic_ratio ? number(r.max_probabilistic_ratio) : "-";
 }
@@ -94,6 +96,10 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                                                 {"required", r.min_power},
                                                 {"weakest_probe_ratio", r.weakest_probe}})
                               : nlohmann::json(nullptr);
+    p["tightness"] = r.tightness[0] >= 0 ? nlohmann::json({{"whole_batch", r.tightness[0]},
+                                                           {"sharded", r.tightness[1]},
+                                                           {"required", r.min_tightness}})
+                                         : nlohmann::json(nullptr);
     p["closest_call"] = r.closest.ratio >= 0 ? nlohmann::json({{"error_ratio", r.closest.ratio},
                                                                {"where", r.closest.note},
                                                                {"case", r.closest.example},
@@ -133,6 +139,7 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
     property("cases", std::to_string(r.cases));
     property("max_error_ratio", ratio_text(r));
     property("max_probabilistic_ratio", probabilistic_text(r));
+    if (r.tightness[0] >= 0) property("tightness", ratio(r.tightness[0]) + " whole batch, " + ratio(r.tightness[1]) + " sharded");
     if (r.probed > 0) {
       property("power", std::to_string(r.probe_caught) + " of " + std::to_string(r.probed));
       property("power_required", number(100 * r.min_power, "%.0f%%"));
@@ -269,13 +276,19 @@ int run_verify(VerifyOptions& o) {
                  "failure probability of "
               << number(kProbabilisticFailure, "%g") << "):\n";
     any_closest = true;
-    details << "  " << r.name << ": error ratio " << number(r.closest.ratio, "%.4g")
+    details << "  " << r.name << ": error ratio " << ratio(r.closest.ratio)
             << (r.replayed ? " (the replayed case passes, " + std::to_string(r.runs) + " of " + std::to_string(r.runs) +
                                  " runs)"
                            : "")
             << "\n"
             << indented("    where: ", r.closest.note) << indented("    case:  ", r.closest.example)
             << "    replay: " << replay_command(o.target, r.closest.reproduce) << "\n";
+  }
+  for (const PropertyResult& r : results) {
+    if (r.tightness[0] < 0 && r.tightness[1] < 0) continue;
+    details << "\n" << r.name << ": tightness: plain rounding (no kink term) came to " << ratio(r.tightness[0])
+            << " of the bound on the whole batch and " << ratio(r.tightness[1]) << " sharded (at least "
+            << number(r.min_tightness) << " required over " << min_tightness_cases << " cases or more)\n";
   }
   for (const PropertyResult& r : results) {
     if (r.probed == 0) continue;

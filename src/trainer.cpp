@@ -25,6 +25,12 @@ SamplerConfig TrainConfig::sampler(int world_size) const {
   return s;
 }
 
+std::int64_t TrainConfig::steps_per_epoch(int world_size) const {
+  const DistributedSampler sampler(this->sampler(world_size));
+  const std::int64_t slice = (batch + world_size - 1) / world_size;
+  return std::max<std::int64_t>(1, (sampler.share_size(0) + slice - 1) / slice);
+}
+
 OptimizerConfig TrainConfig::optimizer_for(int world_size) const {
   OptimizerConfig o = optimizer;
   if (linear_scaling) o.lr *= world_size;
@@ -54,9 +60,7 @@ Trainer::Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, 
   DPCHECK_ASSERT(sampler.config().dataset_size == data.size());
   DPCHECK_ASSERT(engine.param_count() == optimizer.size());
   slice_ = (config_.batch + world - 1) / world;
-  std::int64_t largest = 0;
-  for (int r = 0; r < world; ++r) largest = std::max(largest, sampler.share_size(r));
-  steps_per_epoch_ = std::max<std::int64_t>(1, (largest + slice_ - 1) / slice_);
+  steps_per_epoch_ = config_.steps_per_epoch(world);
 }
 
 Trainer::Slot Trainer::slot(int rank, std::int64_t step) const {

@@ -43,6 +43,9 @@ struct TrainConfig {
   std::int64_t data_size() const { return dataset_size > 0 ? dataset_size : batch; }
   SamplerConfig sampler(int world_size) const;
   OptimizerConfig optimizer_for(int world_size) const;  // with the linear scaling rule applied
+  // Steps in an epoch: each rank walks its share in slices of ceil(batch / N) examples, and the epoch
+  // lasts as long as the largest share, rank 0's (shares are equal, or the first ranks hold one more).
+  std::int64_t steps_per_epoch(int world_size) const;
   void validate(int world_size) const;                  // throws UsageError
 
   // What a checkpoint records of the run, and what must match to resume from one: everything but the

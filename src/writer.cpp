@@ -270,16 +270,6 @@ nlohmann::json parse_json(std::string_view text) {
   return j;
 }
 
-// Steps in an epoch of the recorded run, as Trainer's constructor computes them: each rank walks its
-// share in slices of ceil(batch / N) examples, and the epoch lasts as long as the largest share. Rank
-// 0's share is the largest (shares are equal, or the first ranks hold one more), so the sampler is
-// asked for no other: a manifest's world size costs nothing to check.
-std::int64_t steps_per_epoch(const TrainConfig& c, int world) {
-  const DistributedSampler sampler(c.sampler(world));
-  const std::int64_t slice = (c.batch + world - 1) / world;
-  return std::max<std::int64_t>(1, (sampler.share_size(0) + slice - 1) / slice);
-}
-
 // The recorded configuration back as a TrainConfig (and its world size), with every field checked;
 // it must be one that TrainConfig::to_json could have written.
 std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
@@ -343,7 +333,7 @@ Manifest parse_manifest(std::string_view text) {
   const auto [config, world] = recorded_config(f.at("config"));
   m.config = f.at("config");
   m.model = config.model;
-  m.steps_per_epoch = steps_per_epoch(config, world);
+  m.steps_per_epoch = config.steps_per_epoch(world);
   const std::string per_epoch = " (the recorded configuration has " + std::to_string(m.steps_per_epoch) + " steps an epoch)";
   if (m.step_in_epoch >= m.steps_per_epoch)
     refuse("\"step_in_epoch\" is " + std::to_string(m.step_in_epoch) + ", beyond the end of an epoch" + per_epoch);
