@@ -1,6 +1,6 @@
 // The derived error bound (reference/bound.cpp): it must hold for every correct float32 path (no false
 // alarms) and be tight enough that a different batch -- one example more or less -- lies outside it,
-// at a batch of 4096 too.
+// at a batch of 4096 too; likewise its probabilistic form.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -63,6 +63,65 @@ TEST(Gamma, MatchesHighamsDefinition) {
   EXPECT_EQ(reference::gamma(0, 0x1p-24), 0.0);
   EXPECT_TRUE(std::isinf(reference::gamma(1 << 24, 0x1p-24)));
   EXPECT_TRUE(std::isinf(reference::gamma(2048, 0x1p-11)));
+}
+
+// Higham and Mary's gamma~_n = exp(lambda sqrt(n) u + n u^2 / (1 - u)) - 1 with lambda = sqrt(2 ln(2n / p))
+// / (1 - u), written out again here, and three values worked out separately (Python's math.expm1).
+TEST(Gamma, ProbabilisticMatchesHighamAndMarysFormula) {
+  struct Row {
+    std::int64_t n;
+    double u, p;
+  };
+  for (const Row& row : {Row{1, 0x1p-24, 1e-9}, Row{64, 0x1p-24, 1e-9}, Row{4102, 0x1p-24, 1e-9},
+                         Row{100, 0x1p-11, 1e-6}, Row{1 << 20, 0x1p-24, 1e-3}, Row{7, 0x1p-8, 0.5}}) {
+    const auto n = static_cast<double>(row.n);
+    const double lambda = std::sqrt(-2.0 * std::log(row.p / (2.0 * n))) / (1.0 - row.u);
+    const double want = std::exp(lambda * std::sqrt(n) * row.u + n * row.u * row.u / (1.0 - row.u)) - 1.0;
+    const double got = reference::gamma_probabilistic(row.n, row.u, row.p);
+    EXPECT_NEAR(got, want, 1e-8 * want) << "n " << row.n << " u " << row.u << " p " << row.p;
+  }
+  EXPECT_NEAR(reference::gamma_probabilistic(4096, 0x1p-24, 1e-9), 2.941776549397677e-05, 1e-14);
+  EXPECT_NEAR(reference::gamma_probabilistic(1, 0x1p-24, 1e-9), 3.90093382704783e-07, 1e-19);
+  EXPECT_NEAR(reference::gamma_probabilistic(100, 0x1p-11, 1e-6), 0.0306898214320358, 1e-13);
+  EXPECT_EQ(reference::gamma_probabilistic(0, 0x1p-24, 1e-9), 0.0);
+  // A smaller failure probability costs a larger bound.
+  EXPECT_GT(reference::gamma_probabilistic(1000, 0x1p-24, 1e-12), reference::gamma_probabilistic(1000, 0x1p-24, 1e-6));
+}
+
+// To first order gamma~_n is lambda_n sqrt(n) u against gamma_n's n u: it is the smaller exactly when
+// n > lambda_n^2 = 2 ln(2n / p) / (1 - u)^2, i.e. from 51 terms on at p = 1e-9 (37 at 1e-6, 22 at
+// 1e-3). Below that -- the short dot products of narrow layers -- the "probabilistic" bound is the
+// looser of the two.
+TEST(Gamma, ProbabilisticIsBelowWorstCaseExceptForTinyN) {
+  constexpr double u = 0x1p-24;
+  for (double p : {1e-9, 1e-6, 1e-3}) {
+    for (std::int64_t n = 1; n <= 5000; ++n) {
+      const auto nn = static_cast<double>(n);
+      const double lambda_sq = 2.0 * std::log(2.0 * nn / p) / ((1.0 - u) * (1.0 - u));
+      const bool larger = reference::gamma_probabilistic(n, u, p) > reference::gamma(n, u);
+      ASSERT_EQ(larger, nn < lambda_sq) << "n " << n << " p " << p;
+    }
+    for (std::int64_t n = 5000; n < (1 << 24) / 2; n *= 3)
+      EXPECT_LT(reference::gamma_probabilistic(n, u, p), reference::gamma(n, u)) << "n " << n << " p " << p;
+  }
+  EXPECT_GT(reference::gamma_probabilistic(50, u, 1e-9), reference::gamma(50, u));
+  EXPECT_LT(reference::gamma_probabilistic(51, u, 1e-9), reference::gamma(51, u));
+  // At a batch of 4096 it is about 8 times smaller.
+  EXPECT_LT(reference::gamma_probabilistic(4096, u, 1e-9), reference::gamma(4096, u) / 8);
+  EXPECT_GT(reference::gamma_probabilistic(4096, u, 1e-9), reference::gamma(4096, u) / 9);
+}
+
+TEST(Gamma, GammaForFollowsTheOptions) {
+  reference::BoundOptions options;
+  for (std::int64_t n : {1, 17, 4102}) EXPECT_EQ(reference::gamma_for(n, options), reference::gamma(n, 0x1p-24));
+  options.unit_roundoff = 0x1p-11;
+  EXPECT_EQ(reference::gamma_for(300, options), reference::gamma(300, 0x1p-11));
+  options.failure_probability = 1e-6;
+  for (std::int64_t n : {1, 17, 300})
+    EXPECT_EQ(reference::gamma_for(n, options), reference::gamma_probabilistic(n, 0x1p-11, 1e-6));
+  options.unit_roundoff = 0x1p-24;
+  options.failure_probability = 1e-9;
+  EXPECT_EQ(reference::gamma_for(4102, options), reference::gamma_probabilistic(4102, 0x1p-24, 1e-9));
 }
 
 // The float32 instantiation of the reference is a different float path (other loops, exp(z - lse)
