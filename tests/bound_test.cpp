@@ -1,6 +1,6 @@
 // The derived error bound (reference/bound.cpp): it must hold for every correct float32 path (no false
 // alarms) and be tight enough that a different batch -- one example more or less -- lies outside it,
-// at a batch of 4096 too; likewise its probabilistic form.
+// at a batch of 4096 too; likewise its probabilistic form and its parts (kink, underflow).
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "properties/any_order.hpp"
 #include "properties/scenario.hpp"
 #include "reference/bound.hpp"
 #include "src/engine.hpp"
@@ -316,6 +317,116 @@ TEST(GradientBound, OneSampleDropInABatchOf4096IsCaughtByOneOfTheBounds) {
   EXPECT_GE(worst_case_catches, cases / 2);
   RecordProperty("worst_case_catches", worst_case_catches);
   RecordProperty("only_probabilistic_catches", only_probabilistic_catches);
+}
+
+// The parts of an element's bound: what it was carried in with, the batch reduction's own rounding
+// (gamma_m * magnitude and an underflow allowance per rounding), the floor; the kink part is inside
+// the carried part.
+TEST(GradientBound, TermsAddUpToTheBound) {
+  AnyOrderCase c;
+  c.model = {{4, 6, 5, 3}, Activation::relu, Loss::cross_entropy};
+  c.batch = 9;
+  c.near_kink = true;
+  c.seed = 21;
+  const std::vector<float> params = any_order_params(c);
+  const Batch b = any_order_batch(c);
+  reference::BoundOptions probabilistic;
+  probabilistic.failure_probability = 1e-9;
+  for (const reference::BoundOptions& options : {reference::BoundOptions{}, probabilistic}) {
+    const auto bound = reference::gradient_bound(c.model, params, b, options);
+    ASSERT_GT(bound.uncertain_units, 0);
+    for (std::int64_t m :
+         {std::int64_t{1}, reference::whole_batch_roundings(b.size), reference::sharded_roundings(3, 3)})
+      for (std::size_t i = 0; i < bound.magnitude.size(); ++i) {
+        const reference::BoundTerms t = bound.terms(i, m);
+        EXPECT_EQ(t.total(), bound.bound(i, m));
+        EXPECT_EQ(t.total(), t.propagated + t.rounding + t.floor);
+        EXPECT_EQ(t.propagated, bound.propagated[i]);
+        EXPECT_EQ(t.kink, bound.kink[i]);
+        EXPECT_EQ(t.floor, bound.floor[i]);
+        EXPECT_DOUBLE_EQ(t.rounding, reference::gamma_for(m, options) * bound.magnitude[i] +
+                                         2.0 * static_cast<double>(m) * 0x1p-150);
+        EXPECT_LE(t.kink, t.propagated);
+        EXPECT_GT(t.rounding, 0.0);
+        EXPECT_GT(t.floor, 0.0);
+      }
+  }
+}
+
+TEST(GradientBound, KinkPartIsZeroWithoutUncertainUnits) {
+  int relu_cases = 0;
+  for (int i = 0; i < 12; ++i) {
+    const ModelConfig m = listed_model(i);
+    const auto seed = static_cast<std::uint64_t>(40 + i);
+    const auto bound = reference::gradient_bound(m, init_params(m, seed), first_examples(m, 64, seed));
+    if (m.activation != Activation::relu) {
+      EXPECT_EQ(bound.uncertain_units, 0) << model_text(m);
+    }
+    if (bound.uncertain_units != 0) continue;
+    relu_cases += m.activation == Activation::relu;
+    for (double k : bound.kink) EXPECT_EQ(k, 0.0) << model_text(m);
+  }
+  EXPECT_GT(relu_cases, 0);  // ReLU models away from their kinks were among them
+}
+
+// any_order_params sets the bias of the first layer's unit 0 to cancel example 0's dot product, so that
+// its pre-activation there is within rounding of 0. Its whole contribution then goes into the bound of
+// the elements it feeds, and is most of the bound of that unit's own bias gradient.
+TEST(GradientBound, KinkPartDominatesAtAUnitOnItsKink) {
+  AnyOrderCase c;
+  c.model = {{5, 6, 4}, Activation::relu, Loss::mse};
+  c.batch = 8;
+  c.near_kink = true;
+  c.seed = 7;
+  const std::vector<float> params = any_order_params(c);
+  const Batch b = any_order_batch(c);
+  const auto bound = reference::gradient_bound(c.model, params, b);
+  EXPECT_EQ(bound.uncertain_units, 1);
+  const ParamLayout layout(c.model);
+  const std::int64_t r = reference::whole_batch_roundings(b.size);
+  const std::size_t unit0_bias = layout.bias(0).offset;
+  const reference::BoundTerms t = bound.terms(unit0_bias, r);
+  EXPECT_GT(t.kink, 0.9 * t.total()) << t.describe();
+  for (int i = 0; i < c.model.in_dim(); ++i)
+    EXPECT_GT(bound.kink[layout.weight(0).offset + static_cast<std::size_t>(i)], 0.0) << i;
+  // The other first-layer units are away from their kinks.
+  for (std::size_t j = 1; j < layout.bias(0).size(); ++j) EXPECT_EQ(bound.kink[layout.bias(0).offset + j], 0.0) << j;
+  // Without the kink term that element's bound is a fraction of it.
+  reference::BoundOptions no_kinks;
+  no_kinks.uncertain_kinks = false;
+  EXPECT_LT(reference::gradient_bound(c.model, params, b, no_kinks).bound(unit0_bias, r), 0.1 * t.total());
+  EXPECT_TRUE(reference::compare(engine_result(c.model, params, b).grad, bound, r).passed());
+}
+
+// Below the normal range an operation's error is absolute (up to half the smallest subnormal spacing),
+// not relative: with inputs around 2^-137 and zero first-layer biases, the first layer's products are
+// subnormal and its outputs carry errors of order 2^-150 on values of order 2^-137, 2^-13 relative.
+// Outputs far from their targets (2^40) make delta large, which carries that error into the normal
+// range of the gradient, beyond the floor's few subnormal spacings. The bound holds with the underflow
+// term, and without it (underflow_unit = 0) it does not: the term is needed.
+TEST(GradientBound, UnderflowTermCoversSubnormalInputs) {
+  const ModelConfig m{{6, 5, 2}, Activation::identity, Loss::mse};
+  std::vector<float> params = init_params(m, 5);
+  const ParamLayout layout(m);
+  for (std::size_t j = 0; j < layout.bias(0).size(); ++j) params[layout.bias(0).offset + j] = 0.0f;
+  Batch b = first_examples(m, 8, 5);
+  for (float& x : b.x) x = std::ldexp(x, -136);
+  for (float& y : b.y) y = std::ldexp(y, 40);
+  std::size_t subnormal = 0;
+  for (float x : b.x) subnormal += std::fpclassify(x) == FP_SUBNORMAL;
+  EXPECT_GT(subnormal, b.x.size() / 2);
+  const std::int64_t r = reference::whole_batch_roundings(b.size);
+  const std::vector<float> g = engine_result(m, params, b).grad;
+  const auto bound = reference::gradient_bound(m, params, b);
+  const reference::Comparison with = reference::compare(g, bound, r);
+  EXPECT_TRUE(with.passed()) << "error ratio " << with.max_ratio << " at " << layout.describe_element(with.worst);
+  reference::BoundOptions no_underflow;
+  no_underflow.underflow_unit = 0;
+  const reference::Comparison without = reference::compare(g, reference::gradient_bound(m, params, b, no_underflow), r);
+  EXPECT_GT(without.max_ratio, 1.0)
+      << "without the underflow term the bound still holds: the test no longer shows that it is needed";
+  std::printf("subnormal inputs: error ratio %.3g with the underflow term, %.3g without (at %s)\n", with.max_ratio,
+              without.max_ratio, layout.describe_element(without.worst).c_str());
 }
 
 }  // namespace
