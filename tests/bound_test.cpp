@@ -1,6 +1,7 @@
 // The derived error bound (reference/bound.cpp): it must hold for every correct float32 path (no false
 // alarms) and be tight enough that a different batch -- one example more or less -- lies outside it,
-// at a batch of 4096 too; likewise its probabilistic form and its parts (kink, underflow).
+// at a batch of 4096 too; likewise its probabilistic form, its parts (kink, underflow), and the bound
+// on the mean loss.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -427,6 +428,48 @@ TEST(GradientBound, UnderflowTermCoversSubnormalInputs) {
       << "without the underflow term the bound still holds: the test no longer shows that it is needed";
   std::printf("subnormal inputs: error ratio %.3g with the underflow term, %.3g without (at %s)\n", with.max_ratio,
               without.max_ratio, layout.describe_element(without.worst).c_str());
+}
+
+// The loss a step reports: forward_backward's return value (a double sum of the float32 outputs' losses)
+// and the float32 reference's loss (float32 throughout) against the float64 mean loss.
+RC_GTEST_PROP(LossBound, HoldsForTheCpuEngineAndTheFloat32Reference, ()) {
+  ScenarioSpace space;
+  space.world_size = 1;
+  const Scenario s = *gen_scenario(space);
+  const ModelConfig& m = s.train.model;
+  const Batch b = first_examples(m, s.train.batch, s.train.seed);
+  const std::vector<float> params = init_params(m, s.train.seed);
+  const auto bound = reference::gradient_bound(m, params, b);
+  const double engine_loss = engine_result(m, params, b).loss;
+  const double f32_loss = reference::loss_and_gradient<float>(m, params, b).loss;
+  RC_LOG() << "loss " << bound.loss << " bound " << bound.loss_bound << " engine error " << engine_loss - bound.loss
+           << " float32 error " << f32_loss - bound.loss << "\n";
+  RC_ASSERT(bound.loss_bound > 0.0);
+  RC_ASSERT(std::abs(engine_loss - bound.loss) <= bound.loss_bound);
+  RC_ASSERT(std::abs(f32_loss - bound.loss) <= bound.loss_bound);
+}
+
+// A mean of the shares' means is not the mean when the shares differ in size: with shares of 3 and 1
+// examples it is off by (L_1 - L_3) / 4, the last example's loss against the first three's mean. The
+// loss bound must see that in the large majority of cases (95% asserted; 240 of 240 when written); it
+// can miss only where the two nearly agree.
+TEST(LossBound, MeanOfUnequalSharesMeansIsCaught) {
+  constexpr int cases = 240;
+  int caught = 0;
+  for (int i = 0; i < cases; ++i) {
+    const ModelConfig m = listed_model(i);
+    const auto seed = static_cast<std::uint64_t>(700 + i);
+    const Batch b = first_examples(m, 4, seed);
+    const std::vector<float> params = init_params(m, seed);
+    const auto bound = reference::gradient_bound(m, params, b);
+    EXPECT_LE(std::abs(engine_result(m, params, b).loss - bound.loss), bound.loss_bound) << model_text(m);
+    const double mean_of_means =
+        (engine_result(m, params, b.slice(0, 3)).loss + engine_result(m, params, b.slice(3, 4)).loss) / 2;
+    caught += std::abs(mean_of_means - bound.loss) > bound.loss_bound;
+  }
+  std::printf("a mean of means (shares of 3 and 1) is caught in %d of %d cases\n", caught, cases);
+  RecordProperty("mean_of_means_caught", caught);
+  EXPECT_GE(caught, cases * 95 / 100);
 }
 
 }  // namespace
