@@ -1,9 +1,11 @@
 // Tests for src/optimizer (the float32 CPU optimizers) against PyTorch's formulas: closed forms worked
 // by hand for the first steps, several steps against the float64 reference (reference/optimizer)
-// within a rounding bound carried element by element beside it, the state's names and blocks, and a
-// stored-and-reloaded optimizer that continues bit for bit like one that was never interrupted. With
-// CUDA, the GPU optimizers (kernels/optimizer.cu) face the same reference with the same bound, and
-// must repeat themselves bit for bit.
+// within a rounding bound carried element by element beside it, single steps from drawn inputs against
+// reference::optimizer_step_bound (which must also reject dampened momentum, a step count stuck at 1
+// and eps inside the square root), the state's names and blocks, and a stored-and-reloaded optimizer
+// that continues bit for bit like one that was never interrupted. With CUDA, the GPU optimizers
+// (kernels/optimizer.cu) face the same reference with the same bound, and must repeat themselves bit
+// for bit.
 #include "src/optimizer.hpp"
 
 #include <gtest/gtest.h>
@@ -11,16 +13,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "reference/optimizer.hpp"
 #include "src/error.hpp"
 #include "src/rng.hpp"
+#include "tests/test_support.hpp"
 
 #if DPCHECK_HAVE_CUDA
 #include "kernels/device.hpp"
@@ -422,6 +428,207 @@ TEST(OptimizerVsReference, MomentumAndBetasOtherThanDefaults) {
   adam.beta2 = 0.75f;
   adam.eps = 1e-6f;
   EXPECT_LE(worst_ratio(run_against_reference(adam, adam, 140, 5), adam.kind), 1.0);
+}
+
+// ---- one step against reference::optimizer_step_bound ------------------------------------------------
+
+// One optimizer step's inputs, drawn: the hyperparameters, the step count before it, and parameters,
+// gradients and state over many binades. A third of Adam's elements get a second moment whose
+// bias-corrected square root is within a factor 8 of eps, where eps and sqrt(v) weigh alike in the
+// denominator.
+struct StepInput {
+  OptimizerConfig config;
+  std::int64_t steps_before = 0;
+  std::vector<float> params, grads, state;
+};
+
+float scaled(std::uint64_t key, std::uint64_t stream, std::size_t i, int lo, int hi) {
+  const int k = lo + static_cast<int>(random_below(key, stream + 100, i, static_cast<std::uint64_t>(hi - lo + 1)));
+  return std::ldexp(random_symmetric(key, stream, i), k);
+}
+
+// The state blocks for in.config.kind after in.steps_before steps: zero for a fresh optimizer.
+void draw_state(StepInput& in, std::uint64_t key) {
+  const OptimizerConfig& c = in.config;
+  const std::size_t n = in.params.size();
+  const std::size_t blocks = c.kind == OptimizerKind::sgd ? 0 : c.kind == OptimizerKind::momentum ? 1 : 2;
+  in.state.assign(blocks * n, 0.0f);
+  if (in.steps_before == 0) return;
+  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(in.steps_before + 1));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (blocks >= 1) in.state[i] = scaled(key, 3, i, -30, 4);
+    if (blocks == 2) {
+      // sqrt(v / bc2): within a factor 8 of eps for every third element, anywhere in 2^-30 .. 2^4 otherwise.
+      const double near_eps = std::ldexp(std::abs(random_symmetric(key, 4, i)) + 0.5, static_cast<int>(i % 7) - 3);
+      const double root = i % 3 == 0 ? c.eps * near_eps : std::abs(scaled(key, 4, i, -30, 4));
+      in.state[n + i] = static_cast<float>(root * root * bc2);
+    }
+  }
+}
+
+StepInput draw_step_input(std::uint64_t seed) {
+  constexpr double kLr[] = {1e-5, 1e-3, 0.01, 0.1, 0.37, 1.0};
+  constexpr double kMomentum[] = {0.0, 0.5, 0.9, 0.99, 0.123};
+  constexpr double kBeta1[] = {0.9, 0.5, 0.0, 0.99, 0.8};
+  constexpr double kBeta2[] = {0.999, 0.99, 0.5, 0.9999, 0.0};
+  constexpr double kEps[] = {1e-8, 1e-6, 1e-3, 0.1};
+  constexpr std::int64_t kSteps[] = {0, 1, 2, 3, 10, 100, 1000, 100000};
+  const std::uint64_t key = mix_key(seed, 0x5743);
+  const auto pick = [&](std::uint64_t what, std::size_t n) {
+    return static_cast<std::size_t>(random_below(key, 0, what, n));
+  };
+  StepInput in;
+  OptimizerConfig& c = in.config;
+  c.kind = kKinds[pick(0, 3)];
+  c.lr = kLr[pick(1, std::size(kLr))];
+  c.momentum = kMomentum[pick(2, std::size(kMomentum))];
+  c.beta1 = kBeta1[pick(3, std::size(kBeta1))];
+  c.beta2 = kBeta2[pick(4, std::size(kBeta2))];
+  c.eps = kEps[pick(5, std::size(kEps))];
+  in.steps_before = kSteps[pick(6, std::size(kSteps))];
+  for (std::size_t i = 0; i < 48; ++i) {
+    in.params.push_back(scaled(key, 1, i, -8, 4));
+    in.grads.push_back(scaled(key, 2, i, -30, 4));
+  }
+  draw_state(in, key);
+  return in;
+}
+
+std::string describe(const StepInput& in) {
+  const OptimizerConfig& c = in.config;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s lr %g momentum %g betas %g %g eps %g, %lld steps before",
+                std::string(optimizer_name(c.kind)).c_str(), c.lr, c.momentum, c.beta1, c.beta2, c.eps,
+                static_cast<long long>(in.steps_before));
+  return buf;
+}
+
+// The largest error ratio of a step's parameters and state against the bound.
+double step_ratio(const reference::OptimizerStepBound& want, std::span<const double> params,
+                  std::span<const double> state) {
+  double worst = 0;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    worst = std::max(worst, error_ratio(params[i], want.params[i], want.params_bound[i]));
+  for (std::size_t i = 0; i < state.size(); ++i)
+    worst = std::max(worst, error_ratio(state[i], want.state[i], want.state_bound[i]));
+  return worst;
+}
+
+reference::OptimizerStepBound bound_of(const StepInput& in) {
+  return reference::optimizer_step_bound(in.config, in.params, in.grads, in.state, in.steps_before);
+}
+
+// The parameter bound is met to within 0.2% where the new parameter lies just above a power of two: its
+// last rounding is then half an ulp, u |p'|, all of the bound's own allowance for it. A ratio near 1 is
+// that, and not a missing term.
+TEST(OptimizerStepBound, HoldsForTheCpuOptimizerOverDrawnSteps) {
+  constexpr int cases = 20000;
+  double worst = 0;
+  for (int k = 0; k < cases; ++k) {
+    const StepInput in = draw_step_input(static_cast<std::uint64_t>(k));
+    const auto opt = make_cpu_optimizer(in.config, in.params.size());
+    opt->load_state(in.state, in.steps_before);
+    std::vector<float> p = in.params;
+    opt->step(p.data(), in.grads.data());
+    std::vector<float> st(opt->state_size());
+    opt->store_state(st);
+    EXPECT_EQ(opt->steps(), in.steps_before + 1);
+    const std::vector<double> p64(p.begin(), p.end()), st64(st.begin(), st.end());
+    const double ratio = step_ratio(bound_of(in), p64, st64);
+    EXPECT_LE(ratio, 1.0) << "case " << k << ": " << describe(in);
+    worst = std::max(worst, ratio);
+  }
+  std::printf("largest error ratio over %d drawn steps: %.3g\n", cases, worst);
+  RecordProperty("error_ratio", std::to_string(worst));
+  EXPECT_GT(worst, 0.0);  // the float32 steps were not all exact
+}
+
+// Wrong formulas, evaluated in double from the same float32 inputs (what a float32 implementation of
+// them approximates, far closer than the bound):
+//   momentum with dampening       buf = mu buf + (1 - mu) g   (PyTorch's dampening = momentum)
+//   Adam with its step count stuck at 1 (bias corrections 1 - beta, every step)
+//   Adam with eps inside the square root, sqrt(v_hat + eps)
+// and the right ones by the same hand, which must stay within the bound (so that what the wrong ones
+// miss by is the mistake, not the hand). Each was caught in 1000 of the 1000 drawn steps when written.
+struct StepByHand {
+  std::vector<double> params, state;
+};
+
+StepByHand momentum_by_hand(const StepInput& in, bool dampened) {
+  const double mu = in.config.momentum;
+  const std::size_t n = in.params.size();
+  StepByHand out;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double g = in.grads[i];
+    const double b = in.steps_before == 0 ? g : mu * in.state[i] + (dampened ? 1.0 - mu : 1.0) * g;
+    out.state.push_back(b);
+    out.params.push_back(in.params[i] - in.config.lr * b);
+  }
+  return out;
+}
+
+StepByHand adam_by_hand(const StepInput& in, bool stuck_at_one, bool eps_inside) {
+  const OptimizerConfig& c = in.config;
+  const std::size_t n = in.params.size();
+  const double t = stuck_at_one ? 1.0 : static_cast<double>(in.steps_before + 1);
+  const double bc1 = 1.0 - std::pow(c.beta1, t), bc2 = 1.0 - std::pow(c.beta2, t);
+  StepByHand out;
+  out.state.resize(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double g = in.grads[i];
+    const double m = c.beta1 * in.state[i] + (1.0 - c.beta1) * g;
+    const double v = c.beta2 * in.state[n + i] + (1.0 - c.beta2) * g * g;
+    out.state[i] = m;
+    out.state[n + i] = v;
+    const double den = eps_inside ? std::sqrt(v / bc2 + c.eps) : std::sqrt(v / bc2) + c.eps;
+    out.params.push_back(in.params[i] - c.lr / bc1 * m / den);
+  }
+  return out;
+}
+
+// The same draws where the mistakes change the formula: at least one step before (at the first step
+// dampening and the bias corrections change nothing), momentum above 0 (where dampening is 1 - 0), and
+// not both betas 0 (where both bias corrections are 1 at every step).
+StepInput draw_mutant_input(std::uint64_t seed, OptimizerKind kind) {
+  StepInput in = draw_step_input(seed);
+  in.config.kind = kind;
+  if (in.config.momentum == 0.0) in.config.momentum = 0.9;
+  if (in.config.beta1 == 0.0 && in.config.beta2 == 0.0) in.config.beta1 = 0.9;
+  if (in.steps_before == 0) in.steps_before = 1 + static_cast<std::int64_t>(seed % 5);
+  draw_state(in, mix_key(seed, 0x5744));
+  return in;
+}
+
+TEST(OptimizerStepBound, CatchesDampenedMomentumAStuckStepCountAndEpsInsideTheRoot) {
+  constexpr int cases = 1000;
+  int dampened = 0, stuck = 0, eps_inside = 0;
+  for (int k = 0; k < cases; ++k) {
+    const auto seed = static_cast<std::uint64_t>(50'000 + k);
+    const StepInput mom = draw_mutant_input(seed, OptimizerKind::momentum);
+    const auto mom_bound = bound_of(mom);
+    const StepByHand right_mom = momentum_by_hand(mom, false);
+    ASSERT_LE(step_ratio(mom_bound, right_mom.params, right_mom.state), 1.0) << describe(mom);
+    const StepByHand damp = momentum_by_hand(mom, true);
+    dampened += step_ratio(mom_bound, damp.params, damp.state) > 1.0;
+
+    const StepInput adam = draw_mutant_input(seed, OptimizerKind::adam);
+    const auto adam_bound = bound_of(adam);
+    const StepByHand right_adam = adam_by_hand(adam, false, false);
+    ASSERT_LE(step_ratio(adam_bound, right_adam.params, right_adam.state), 1.0) << describe(adam);
+    const StepByHand stuck_step = adam_by_hand(adam, true, false);
+    stuck += step_ratio(adam_bound, stuck_step.params, stuck_step.state) > 1.0;
+    const StepByHand inside = adam_by_hand(adam, false, true);
+    eps_inside += step_ratio(adam_bound, inside.params, inside.state) > 1.0;
+  }
+  std::printf("of %d drawn steps, the bound catches dampened momentum in %d, Adam's step count stuck at 1 in %d, "
+              "eps inside the square root in %d\n",
+              cases, dampened, stuck, eps_inside);
+  RecordProperty("dampened_caught", dampened);
+  RecordProperty("stuck_step_caught", stuck);
+  RecordProperty("eps_inside_caught", eps_inside);
+  EXPECT_GE(dampened, cases * 99 / 100);
+  EXPECT_GE(stuck, cases * 99 / 100);
+  EXPECT_GE(eps_inside, cases * 99 / 100);
 }
 
 // ---- state round trip -----------------------------------------------------------------------------
