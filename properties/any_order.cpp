@@ -447,6 +447,7 @@ void any_order_body(const Target& target, CaseRecord& record) {
   // target's mutant (which may drop a term of the bound).
   reference::BoundOptions options;
   options.uncertain_kinks = bound_options(target).uncertain_kinks;
+  options.looseness = bound_options(target).looseness;
   record.size = {c.batch, c.shares, c.model.layers(), *std::max_element(c.model.dims.begin(), c.model.dims.end())};
   const AnyOrderOutcome o = check_any_order(c, options);
   record.ratio = o.max_ratio;

@@ -65,6 +65,7 @@ std::string replay_command(const Target& target, const std::string& token) {
 reference::BoundOptions bound_options(const Target& target) {
   reference::BoundOptions o;
   o.uncertain_kinks = target.mutant != "bound-without-kink-term";
+  if (target.mutant == "bound-three-times-loose") o.looseness = 3;
   if (target.tf32) {
     o.unit_roundoff = 0x1p-11;  // TF32 keeps 10 explicit mantissa bits
     o.product_input_roundings = 4;

@@ -65,8 +65,10 @@ double GradientBound::bound(std::size_t i, std::int64_t m) const { return terms(
 
 BoundTerms GradientBound::terms(std::size_t i, std::int64_t m) const {
   // Each of the m roundings may also underflow.
-  return {propagated[i], kink[i], gamma_for(m, options) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit,
-          floor[i]};
+  const double k = options.looseness;
+  return {k * propagated[i], k * kink[i],
+          k * (gamma_for(m, options) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit),
+          k * floor[i]};
 }
 
 GradientBound gradient_bound(const ModelConfig& model, std::span<const float> params, const Batch& batch,

@@ -67,6 +67,8 @@ struct BoundOptions {
   // The kink term (see above). Off only in the mutant that shows the adversarial property notices a
   // missing term; a bound without it raises false alarms.
   bool uncertain_kinks = true;
+  // The whole bound times this: above 1 only in the mutant that shows a loosened bound fails verify.
+  double looseness = 1;
 };
 
 double gamma(std::int64_t n, double u);  // n u / (1 - n u); +infinity once n u >= 1
