@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, and runs every test with ctest.
-# JUnit results go to build/junit.xml.
+# The test command, and what CI runs: installs what is missing, builds (the ci preset, CUDA where nvcc
+# is found) and runs every test with ctest (JUnit results in build/junit.xml); then every CPU test under
+# AddressSanitizer and UndefinedBehaviorSanitizer and the thread-backend and trainer tests under
+# ThreadSanitizer (ci/sanitize.sh), and each parser's fuzz target for 20 s over its seed corpus
+# (ci/fuzz.sh). Extra arguments go to the main build's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 bash ci/setup.sh
 bash ci/build.sh "$@"
 # The "ci" test preset: output on failure, JUnit XML in build/junit.xml, 600 s a test at most.
 ctest --preset ci --parallel "$(nproc)"
+echo "ci/test.sh: main build and tests took $((SECONDS - start)) s"
+bash ci/sanitize.sh asan tsan
+start=$SECONDS
+bash ci/fuzz.sh 20
+echo "ci/test.sh: fuzzing took $((SECONDS - start)) s"

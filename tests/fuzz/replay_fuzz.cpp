@@ -1,0 +1,59 @@
+// libFuzzer target for the `dpcheck verify --reproduce` string, decode_replay (properties/replay.hpp):
+// <property>:<case>:<check>. Each input is decoded twice: as given, which tests the check digits (they
+// refuse nearly every mutation), and with its check digits recomputed, which lets the fuzzer reach the
+// case decoder behind them. A token it accepts must encode again to one that decodes to the same
+// property and case, and carry the check digits that re_sign computes.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include "properties/replay.hpp"
+#include "src/error.hpp"
+#include "src/hash.hpp"
+#include "tests/fuzz/fuzz_support.hpp"
+
+namespace {
+
+// The check digits of a token's signed part, <property>:<case>, as properties/replay.cpp computes
+// them; check_token below fails the run if the two ever differ.
+std::string check_digits(std::string_view signed_part) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x",
+                static_cast<unsigned>(dpcheck::hash_bytes(signed_part.data(), signed_part.size(), 0x5eed) &
+                                      0xffffffffu));
+  return buf;
+}
+
+// text with its check digits replaced (with two or more ':') or added (with fewer).
+std::string re_sign(std::string_view text) {
+  const std::size_t first = text.find(':'), last = text.rfind(':');
+  const std::string_view signed_part = first != last ? text.substr(0, last) : text;
+  return std::string(signed_part) + ":" + check_digits(signed_part);
+}
+
+void check_token(std::string_view text) {
+  dpcheck::ReplayToken token;
+  try {
+    token = dpcheck::decode_replay(text);
+  } catch (const dpcheck::UsageError&) {
+    return;  // the documented refusal: empty, malformed, damaged or unreadable
+  }
+  DPCHECK_FUZZ_CHECK(token.reproduce.size >= 0);
+  DPCHECK_FUZZ_CHECK(token.property.find(':') == std::string::npos);
+  const std::string encoded = dpcheck::encode_replay(token);
+  DPCHECK_FUZZ_CHECK(re_sign(encoded) == encoded);
+  const dpcheck::ReplayToken again = dpcheck::decode_replay(encoded);
+  DPCHECK_FUZZ_CHECK(again.property == token.property);
+  DPCHECK_FUZZ_CHECK(again.reproduce == token.reproduce);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text = dpcheck::fuzz::as_text(data, size);
+  check_token(text);
+  check_token(re_sign(text));
+  return 0;
+}
