@@ -20,6 +20,8 @@ struct ReplayToken {
 };
 
 std::string encode_replay(const ReplayToken& token);
+// The check digits of a token's signed part, "<property>:<payload>".
+std::string replay_check_digits(std::string_view signed_part);
 // UsageError saying what is wrong: empty, malformed, damaged (checksum), or an unreadable payload.
 // The property name is returned as written; the caller checks that it names a property.
 ReplayToken decode_replay(std::string_view text);

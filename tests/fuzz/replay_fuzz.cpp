@@ -5,32 +5,20 @@
 // property and case, and carry the check digits that re_sign computes.
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <string_view>
 
 #include "properties/replay.hpp"
 #include "src/error.hpp"
-#include "src/hash.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 
 namespace {
-
-// The check digits of a token's signed part, <property>:<case>, as properties/replay.cpp computes
-// them; check_token below fails the run if the two ever differ.
-std::string check_digits(std::string_view signed_part) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x",
-                static_cast<unsigned>(dpcheck::hash_bytes(signed_part.data(), signed_part.size(), 0x5eed) &
-                                      0xffffffffu));
-  return buf;
-}
 
 // text with its check digits replaced (with two or more ':') or added (with fewer).
 std::string re_sign(std::string_view text) {
   const std::size_t first = text.find(':'), last = text.rfind(':');
   const std::string_view signed_part = first != last ? text.substr(0, last) : text;
-  return std::string(signed_part) + ":" + check_digits(signed_part);
+  return std::string(signed_part) + ":" + dpcheck::replay_check_digits(signed_part);
 }
 
 void check_token(std::string_view text) {
