@@ -10,6 +10,7 @@
 
 #include "properties/mutants.hpp"
 #include "properties/runner.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
@@ -90,12 +91,7 @@ TEST_P(KillMatrix, MutantIsCaughtByItsPropertyAndShrunk) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMutants, KillMatrix, testing::ValuesIn(mutants().begin(), mutants().end()),
-                         [](const testing::TestParamInfo<MutantInfo>& param) {
-                           std::string name(param.param.name);
-                           for (char& c : name)
-                             if (c == '-') c = '_';
-                           return name;
-                         });
+                         [](const testing::TestParamInfo<MutantInfo>& param) { return test_case_name(param.param.name); });
 
 }  // namespace
 }  // namespace dpcheck

@@ -16,6 +16,7 @@
 #include <iterator>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -62,6 +63,14 @@ inline CommandResult run_command(const std::string& cmd, int limit_s = 0) {
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+// A name as GoogleTest accepts it for a parameterized case: '-' (as in mutant names) becomes '_'.
+inline std::string test_case_name(std::string_view name) {
+  std::string out(name);
+  for (char& c : out)
+    if (c == '-') c = '_';
+  return out;
 }
 
 // The whole file, byte for byte; empty if it cannot be opened.

@@ -1,0 +1,183 @@
+// The kill matrix across processes: `dpcheck verify --comm mpi` under mpirun, every CPU mutant against
+// the property aimed at it. Each must be caught (exit 1, a FAILED line) with a small minimal case and a
+// replay line which, run through mpirun as printed, fails again with the same case; the correct
+// implementation must pass every property. Mutants come from the mutant table, so a new one is covered
+// without an edit here. Skips, with the reason, where mpirun or MPI is missing.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <ostream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "properties/mutants.hpp"
+#include "properties/properties.hpp"
+#include "tests/test_support.hpp"
+
+namespace dpcheck {
+namespace {
+
+// Three ranks: a sum in arrival order or from each rank's own place only changes bits with three or
+// more addends.
+constexpr int kRanks = 3;
+constexpr int kCases = 40;  // the file's cases take two to three minutes, one after another, on two cores
+// Properties whose cases launch processes run cases / case_divisor of them; their rows get this many
+// cases at least (only_rank0_writes: resume-cleanup-every-rank shows only when a resumed run meets a
+// corrupt checkpoint, a third of that property's cases).
+constexpr int kMinLaunchingCases = 10;
+constexpr std::uint64_t kSeed = 20261129;
+constexpr int kLimitS = 540;  // per dpcheck launch: a hang fails the test instead of stalling the suite
+
+// mpirun as the replay line's "mpirun" stands for, here: as root, more ranks than cores, and Open MPI's
+// all-reduce spared the slow first touch of fresh memory (BUILD-NOTES).
+std::string launcher() {
+  return std::string("env MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 ") + DPCHECK_MPIEXEC +
+         " --allow-run-as-root --oversubscribe";
+}
+
+std::string verify_command(const std::string& flags) {
+  return launcher() + " -np " + std::to_string(kRanks) + " " + DPCHECK_BINARY + " verify --comm mpi --seed " +
+         std::to_string(kSeed) + flags;
+}
+
+// The lines of `output` that follow `head` (found at a line start), the first after it and the rest
+// while indented under it, joined by newlines; nullopt when no line starts with `head`.
+std::optional<std::string> block_after(const std::string& output, const std::string& head) {
+  std::istringstream lines(output);
+  std::string line, block;
+  bool inside = false;
+  while (std::getline(lines, line)) {
+    if (!inside) {
+      if (line.rfind(head, 0) != 0) continue;
+      inside = true;
+      block = line.substr(head.size());
+    } else if (line.size() > head.size() && line.find_first_not_of(' ') == head.size()) {
+      block += "\n" + line.substr(head.size());
+    } else {
+      break;
+    }
+  }
+  return inside ? std::optional<std::string>(block) : std::nullopt;
+}
+
+// The size of a minimal case, read from its description: examples, layers and widest layer (0 when
+// the case has no model, as a sampler case).
+struct CaseSize {
+  std::int64_t examples = -1;
+  int layers = 0;
+  std::int64_t widest = 0;
+};
+
+std::optional<CaseSize> case_size(const std::string& text) {
+  CaseSize s;
+  std::smatch m;
+  if (std::regex_search(text, m, std::regex(R"(model ([0-9]+(?:,[0-9]+)+))"))) {
+    std::stringstream dims(m[1].str());
+    std::vector<std::int64_t> d;
+    for (std::string w; std::getline(dims, w, ',');) d.push_back(std::stoll(w));
+    s.layers = static_cast<int>(d.size()) - 1;
+    s.widest = *std::max_element(d.begin(), d.end());
+  }
+  // A training scenario: "batch B of N"; a summation-order case: "batch B |"; a sampler case: "data N".
+  if (std::regex_search(text, m, std::regex(R"(batch [0-9]+ of ([0-9]+))")) ||
+      std::regex_search(text, m, std::regex(R"(batch ([0-9]+) \|)")) ||
+      std::regex_search(text, m, std::regex(R"((?:^|\n)data ([0-9]+))")))
+    s.examples = std::stoll(m[1].str());
+  if (s.examples < 0) return std::nullopt;
+  return s;
+}
+
+bool has_mpi(std::string& why) {
+  if (!DPCHECK_HAS_MPI) why = "this build has no MPI backend";
+  else if (::access(DPCHECK_MPIEXEC, X_OK) != 0) why = std::string("no MPI launcher at ") + DPCHECK_MPIEXEC;
+  return why.empty();
+}
+
+bool is_cpu_mutant(const MutantInfo& m) { return m.engine.empty() || m.engine == "cpu"; }
+
+TEST(MpiVerify, CorrectImplementationPassesEveryProperty) {
+  if (std::string why; !has_mpi(why)) GTEST_SKIP() << why;
+  const CommandResult o = run_command(verify_command(" --cases " + std::to_string(kCases)), kLimitS);
+  std::printf("correct implementation: exit %d in %.1f s\n", o.status, o.seconds);
+  EXPECT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("world size " + std::to_string(kRanks)), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("all properties passed"), std::string::npos) << o.output;
+  // Every property ran; none was skipped (the launcher is here, so only_rank0_writes can run).
+  for (const PropertyDef& p : properties()) EXPECT_NE(o.output.find(std::string(p.name) + " "), std::string::npos) << p.name;
+  EXPECT_EQ(o.output.find("skipped"), std::string::npos) << o.output;
+}
+
+class MpiVerify : public testing::TestWithParam<MutantInfo> {};
+
+}  // namespace
+
+// GoogleTest names a parameter by printing it.
+void PrintTo(const MutantInfo& m, std::ostream* os) { *os << m.name; }
+
+namespace {
+
+TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
+  const MutantInfo& m = GetParam();
+  if (!is_cpu_mutant(m)) GTEST_SKIP() << m.name << " breaks the " << m.engine << " engine";
+  if (std::string why; !has_mpi(why)) GTEST_SKIP() << why;
+  const std::string name(m.name), property(m.caught_by);
+  const PropertyDef& def = find_property(property);
+  const int cases = std::max(kCases, kMinLaunchingCases * def.case_divisor);
+
+  const CommandResult o = run_command(
+      verify_command(" --cases " + std::to_string(cases) + " --mutant " + name + " --property " + property), kLimitS);
+  EXPECT_EQ(o.status, 1) << o.output;
+  const std::string failed = "FAILED " + property + " after ";
+  ASSERT_NE(o.output.find("\n" + failed), std::string::npos) << name << " survived " << property << ":\n" << o.output;
+  const std::optional<std::string> minimal = block_after(o.output, "  minimal case: ");
+  ASSERT_TRUE(minimal) << o.output;
+
+  // Shrunk: a handful of examples and units is enough to show any of these bugs.
+  const std::optional<CaseSize> size = case_size(*minimal);
+  ASSERT_TRUE(size) << "cannot read the size of the minimal case: " << *minimal;
+  EXPECT_LE(size->examples, 16) << *minimal;
+  EXPECT_LE(size->layers, 2) << *minimal;
+  if (!m.large_messages) {
+    EXPECT_LE(size->widest, 16) << *minimal;
+  }
+
+  // The replay line names this launch exactly: mpirun with the same ranks, the backend and the mutant.
+  // A failure that comes and goes (a sum in arrival order) says so in it: "replay (it fails k of n
+  // runs: run it several times): ...".
+  std::smatch replay;
+  ASSERT_TRUE(std::regex_search(o.output, replay, std::regex(R"((?:^|\n)  replay( \(it fails [^)]*\))?: ([^\n]*))")))
+      << o.output;
+  const bool comes_and_goes = replay[1].matched;
+  const std::string printed = replay[2].str();
+  const std::string printed_launch = "mpirun -np " + std::to_string(kRanks) + " dpcheck";
+  const std::string rest = " verify --comm mpi --mutant " + name + " --reproduce '";
+  ASSERT_EQ(printed.rfind(printed_launch + rest, 0), 0u) << printed;
+
+  // Run as printed, with this build's launcher and binary in place of "mpirun" and "dpcheck" -- and,
+  // as the line advises for a failure that comes and goes, run several times: as many as verify allows,
+  // so that a case failing even one run in fifty fails again but once in 10^8.
+  const std::string command = launcher() + " -np " + std::to_string(kRanks) + " " + DPCHECK_BINARY +
+                              printed.substr(printed_launch.size()) + (comes_and_goes ? " --reruns 1000" : "");
+  const CommandResult again = run_command(command, kLimitS);
+  EXPECT_EQ(again.status, 1) << command << "\n" << again.output;
+  EXPECT_NE(again.output.find("one replayed case"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("\nFAILED " + property + " after "), std::string::npos) << command << "\n" << again.output;
+  EXPECT_EQ(block_after(again.output, "  minimal case: "), minimal) << command << "\n" << again.output;
+
+  std::printf("%s: caught by %s%s, minimal case %s (examples %lld, layers %d, widest %lld), %.1f s; replay %.1f s\n",
+              name.c_str(), property.c_str(), comes_and_goes ? " (a failure that comes and goes)" : "",
+              minimal->c_str(), static_cast<long long>(size->examples), size->layers,
+              static_cast<long long>(size->widest), o.seconds, again.seconds);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllMutants, MpiVerify, testing::ValuesIn(mutants().begin(), mutants().end()),
+                         [](const testing::TestParamInfo<MutantInfo>& param) { return test_case_name(param.param.name); });
+
+}  // namespace
+}  // namespace dpcheck
