@@ -78,7 +78,7 @@ struct PropertyDef {
   double min_tightness = 0;
 };
 
-// The per-element failure probability of the probabilistic bound that the properties report beside
+// The failure probability per dot product of the probabilistic bound that the properties report beside
 // the worst-case one (reference/bound.hpp).
 inline constexpr double kProbabilisticFailure = 1e-9;
 

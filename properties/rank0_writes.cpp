@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <ostream>
 #include <set>
 #include <sstream>
 
@@ -41,25 +42,52 @@ bool corrupt_newest_checkpoint(const std::filesystem::path& dir) {
 
 }  // namespace
 
+namespace {
+
+// A third of the cases each: train from scratch; stop and resume; stop, corrupt the newest checkpoint
+// and resume (which must skip it for the one before). Shrinks towards a fresh run.
+enum class Mode { fresh, resumed, resumed_past_corrupt };
+
+struct AuditCase {
+  Scenario scenario;
+  Mode mode = Mode::fresh;
+};
+
+void showValue(const AuditCase& c, std::ostream& os) {
+  os << c.scenario.describe() << " | "
+     << (c.mode == Mode::fresh     ? "trained from scratch"
+         : c.mode == Mode::resumed ? "stopped and resumed"
+                                   : "stopped, newest checkpoint corrupted, resumed");
+}
+
+rc::Gen<AuditCase> gen_audit_case(const ScenarioSpace& base) {
+  return rc::gen::exec([base] {
+    AuditCase c;
+    c.mode = static_cast<Mode>(*rc::gen::resize(100, rc::gen::inRange(0, 3)));
+    ScenarioSpace space = base;
+    if (c.mode != Mode::fresh) {
+      // Stopping at step 2 or later leaves two checkpoints (--keep 2), so one can be corrupt.
+      space.min_steps = 3;
+      space.min_at_step = 2;
+    }
+    c.scenario = *gen_scenario(space);
+    if (c.mode == Mode::fresh) c.scenario.at_step = 0;
+    return c;
+  });
+}
+
+}  // namespace
+
 void rank0_writes_body(const Target& target, CaseRecord& record) {
-  // A third of the cases each: train from scratch; stop and resume; stop, corrupt the newest
-  // checkpoint and resume (which must skip it for the one before).
-  enum Mode { fresh, resumed, resumed_past_corrupt };
-  const Mode mode = *rc::gen::element(fresh, resumed, resumed_past_corrupt);
   ScenarioSpace space = space_for(target);
   space.min_world_size = 2;  // processes: a few, each costs a start-up
   space.max_world_size = 4;
   space.max_batch = 64;
   space.max_steps = 4;
   space.thresholds = nullptr;
-  if (mode != fresh) {
-    // Stopping at step 2 or later leaves two checkpoints (--keep 2), so one can be corrupt.
-    space.min_steps = 3;
-    space.min_at_step = 2;
-  }
-  Scenario s = *gen_scenario(space);
-  if (mode == fresh) s.at_step = 0;
-  const bool corrupt = mode == resumed_past_corrupt;
+  const AuditCase c = *gen_audit_case(space);
+  const Scenario& s = c.scenario;
+  const bool corrupt = c.mode == Mode::resumed_past_corrupt;
   record.size = size_of(s);
   // One process launches and audits the training runs; with processes of our own, rank 0 does it and
   // tells the others the verdict.

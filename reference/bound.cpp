@@ -38,8 +38,12 @@ double gamma_probabilistic(std::int64_t n, double u, double failure_probability)
 }
 
 double gamma_for(std::int64_t n, const BoundOptions& options) {
-  return options.failure_probability > 0 ? gamma_probabilistic(n, options.unit_roundoff, options.failure_probability)
-                                         : gamma(n, options.unit_roundoff);
+  const double worst = gamma(n, options.unit_roundoff);
+  // For short sums (n below about lambda^2, some 50 terms at 1e-9) the probabilistic gamma is the larger;
+  // the worst case holds always, so the smaller of the two is still a bound with that probability.
+  return options.failure_probability > 0
+             ? std::min(worst, gamma_probabilistic(n, options.unit_roundoff, options.failure_probability))
+             : worst;
 }
 
 std::string BoundTerms::describe() const {
@@ -286,7 +290,7 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   std::int64_t depth = B + 16;
   for (int d : model.dims) depth += d;
   const double ref_rel = gamma(depth, 0x1p-53) * 4;
-  const double underflow = 4.0 * static_cast<double>(depth) * 0x1p-149;
+  const double underflow = 8.0 * static_cast<double>(depth) * options.underflow_unit;
   for (std::size_t i = 0; i < out.floor.size(); ++i)
     out.floor[i] = ref_rel * (out.magnitude[i] + out.propagated[i]) + underflow;
   out.loss_bound += ref_rel * (std::abs(out.loss) + out.loss_bound) + underflow;

@@ -24,8 +24,11 @@
 //   gamma~_n(lambda) = exp(lambda sqrt(n) u + n u^2 / (1 - u)) - 1,
 // which bounds a dot product of n terms with probability at least 1 - 2n exp(-lambda^2 (1 - u)^2 / 2)
 // when the rounding errors are independent and of mean zero. lambda is chosen per n so that this
-// failure probability is the stated per-element one. It is reported beside the worst-case bound and is
-// never the verdict: its model of independent errors is an assumption, not a theorem about any order.
+// failure probability is the stated one for each dot product (an element's bound combines several: its
+// batch reduction and the fan-ins it is carried through, so its own failure probability is up to that
+// many times larger). Where gamma_n is the smaller (short sums), it is used. The probabilistic bound is
+// reported beside the worst-case one and is never the verdict: its model of independent errors is an
+// assumption, not a theorem about any order.
 //
 // Where the bound is nearly met. The kink term is the whole contribution of a unit whose ReLU input is
 // within rounding of 0, because the two float paths may take different sides of the kink; when they
@@ -62,7 +65,7 @@ struct BoundOptions {
   // 2^-25 for fp16). Every operation in the magnitude pass adds it.
   double underflow_unit = 0x1p-150;
   // 0: the worst-case bound (gamma_n). In (0, 1): the probabilistic bound, with this probability that
-  // any one element's error exceeds it (see above).
+  // any one dot product's error exceeds it (see above).
   double failure_probability = 0;
   // The kink term (see above). Off only in the mutant that shows the adversarial property notices a
   // missing term; a bound without it raises false alarms.

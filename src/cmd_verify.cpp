@@ -110,7 +110,7 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
   return {{"passed", passed},
           {"seed", o.seed},
           {"cases_per_property", o.cases},
-          {"probabilistic_failure_probability", kProbabilisticFailure},
+          {"probabilistic_failure_probability_per_dot_product", kProbabilisticFailure},
           {"target",
            {{"engine", o.target.engine},
             {"comm", o.target.comm},
@@ -272,9 +272,9 @@ int run_verify(VerifyOptions& o) {
   for (const PropertyResult& r : results) {
     if (r.closest.ratio < 0 || !r.passed) continue;
     if (!any_closest)
-      details << "\nclosest calls (the passing case nearest its bound; the probabilistic ratio uses a per-element "
-                 "failure probability of "
-              << number(kProbabilisticFailure, "%g") << "):\n";
+      details << "\nclosest calls (the passing case nearest its bound; the probabilistic ratio uses a failure "
+                 "probability of "
+              << number(kProbabilisticFailure, "%g") << " per dot product):\n";
     any_closest = true;
     details << "  " << r.name << ": error ratio " << ratio(r.closest.ratio)
             << (r.replayed ? " (the replayed case passes, " + std::to_string(r.runs) + " of " + std::to_string(r.runs) +

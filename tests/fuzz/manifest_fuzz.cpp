@@ -3,13 +3,15 @@
 // `dpcheck train --model 3,4,2 --optimizer adam --steps 2 --batch 4 --checkpoint-dir DIR`; its manifest
 // is corpus/manifest/real-adam). read_checkpoint refuses a bad manifest by returning nothing with a
 // reason; it must never throw. A checkpoint it accepts holds one parameter per element of the model and
-// one per element for each optimizer state it names. Once the manifest has a parser of its own that
-// takes the text, this target should call that, with no files to write.
+// one per element for each optimizer state it names. The text alone also goes through parse_manifest,
+// which must accept it or refuse it with a UsageError, and agree with read_checkpoint: a manifest the
+// reader accepts parses.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "src/error.hpp"
 #include "src/model.hpp"
 #include "src/writer.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
@@ -44,8 +46,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const std::size_t params = dpcheck::ParamLayout(model).size();
   const std::filesystem::path step = step_dir();
   dpcheck::fuzz::write_input(step / "manifest.json", data, size);
+  bool parses = true;
+  try {
+    dpcheck::parse_manifest(dpcheck::fuzz::as_text(data, size));
+  } catch (const dpcheck::UsageError&) {
+    parses = false;  // the documented refusal
+  }
   std::string why;
   const std::optional<dpcheck::Checkpoint> c = dpcheck::read_checkpoint(step, model, &why);
+  if (c) DPCHECK_FUZZ_CHECK(parses);
   if (!c) {
     DPCHECK_FUZZ_CHECK(!why.empty());
     return 0;
