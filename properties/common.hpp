@@ -29,6 +29,13 @@ CaseRecord::Size size_of(const Scenario& s);
 std::filesystem::path make_scratch(const Target& target, const std::string& what, bool in_memory = true);
 void remove_scratch(const Target& target, const std::filesystem::path& dir);
 
+// The body of a property whose check gives a StepOutcome: draws a scenario, runs the check, records its
+// ratio and note, classifies the case, and fails it (agreed across processes) with the check's message,
+// or `elsewhere` when only another rank saw the failure.
+void step_check_body(const Target& target, CaseRecord& record,
+                     StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
+                     void (*classify)(const Scenario& scenario) = nullptr);
+
 // Case bodies, one file per property (or family of properties).
 void gradient_average_body(const Target& target, CaseRecord& record);
 void accumulation_body(const Target& target, CaseRecord& record);

@@ -12,12 +12,7 @@
 namespace dpcheck {
 
 void loss_body(const Target& target, CaseRecord& record) {
-  const Scenario s = *gen_scenario(space_for(target));
-  record.size = size_of(s);
-  const StepOutcome o = check_reported_loss(s, target);
-  record.ratio = o.ratio;
-  record.note = o.note;
-  if (!agree(target, o.passed)) fail_case(o.message.empty() ? "another rank's reported loss left the bound" : o.message);
+  step_check_body(target, record, check_reported_loss, "another rank's reported loss left the bound");
 }
 
 StepOutcome check_reported_loss(const Scenario& s, const Target& target) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "src/error.hpp"
@@ -34,7 +35,7 @@ constexpr std::array<MutantInfo, 24> kMutants{{
      "each rank after the first starts its share one example early, repeating its neighbour's last example "
      "and leaving out its own last"},
     {"optimizer-rank-perturb", "replicas_bitwise_synchronized",
-     "the last rank's learning rate is one ULP larger than everyone else's"},
+     "the last rank's learning rate is one ULP larger than everyone else's", {}, true},
     {"writer-all-ranks", "only_rank0_writes", "the checkpoint writer does not check the rank: every rank writes"},
     {"side-channel-log", "only_rank0_writes",
      "every rank but 0 fopen()s a log file of its own, bypassing the writer"},
@@ -429,25 +430,33 @@ OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig
   return config;
 }
 
+namespace {
+
+template <class T>
+std::unique_ptr<Trainer> trainer_of(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
+                                    const DistributedSampler& sampler, const Dataset& data) {
+  return std::make_unique<T>(config, comm, engine, optimizer, sampler, data);
+}
+
+// The mutants that break the trainer, and the trainer each makes.
+constexpr std::pair<std::string_view, decltype(&trainer_of<Trainer>)> kTrainerMutants[] = {
+    {"mean-of-means", trainer_of<MeanOfMeansTrainer>},
+    {"drop-one-sample", trainer_of<DropOneSampleTrainer>},
+    {"accumulate-sum-of-means", trainer_of<SumOfMeansTrainer>},
+    {"resume-skips-optimizer-state", trainer_of<ResumeSkipsOptimizerTrainer>},
+    {"sampler-epoch-frozen", trainer_of<EpochFrozenTrainer>},
+    {"short-last-step-dropped", trainer_of<ShortLastStepDroppedTrainer>},
+    {"resume-restarts-epoch", trainer_of<ResumeRestartsEpochTrainer>},
+    {"loss-mean-of-rank-means", trainer_of<LossMeanOfRankMeansTrainer>},
+};
+
+}  // namespace
+
 std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConfig& config, Communicator& comm,
                                         Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
                                         const Dataset& data) {
-  if (mutant == "mean-of-means")
-    return std::make_unique<MeanOfMeansTrainer>(config, comm, engine, optimizer, sampler, data);
-  if (mutant == "drop-one-sample")
-    return std::make_unique<DropOneSampleTrainer>(config, comm, engine, optimizer, sampler, data);
-  if (mutant == "accumulate-sum-of-means")
-    return std::make_unique<SumOfMeansTrainer>(config, comm, engine, optimizer, sampler, data);
-  if (mutant == "resume-skips-optimizer-state")
-    return std::make_unique<ResumeSkipsOptimizerTrainer>(config, comm, engine, optimizer, sampler, data);
-  if (mutant == "sampler-epoch-frozen")
-    return std::make_unique<EpochFrozenTrainer>(config, comm, engine, optimizer, sampler, data);
-  if (mutant == "short-last-step-dropped")
-    return std::make_unique<ShortLastStepDroppedTrainer>(config, comm, engine, optimizer, sampler, data);
-  if (mutant == "resume-restarts-epoch")
-    return std::make_unique<ResumeRestartsEpochTrainer>(config, comm, engine, optimizer, sampler, data);
-  if (mutant == "loss-mean-of-rank-means")
-    return std::make_unique<LossMeanOfRankMeansTrainer>(config, comm, engine, optimizer, sampler, data);
+  for (const auto& [name, make] : kTrainerMutants)
+    if (name == mutant) return make(config, comm, engine, optimizer, sampler, data);
   return nullptr;
 }
 

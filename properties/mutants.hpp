@@ -21,9 +21,9 @@ struct MutantInfo {
   std::string_view caught_by;  // the property aimed at it
   std::string_view bug;        // what is broken
   std::string_view engine = {};  // the engine whose part it breaks, when only one has it ("cuda")
-  // The bug lives on a communicator's path for messages beyond its algorithm thresholds, so its
-  // minimal case holds a model wide enough to cross them.
-  bool large_messages = false;
+  // The bug shows only in a wide model -- beyond a communicator's algorithm thresholds, or with enough
+  // elements that a one-ulp difference reaches a bit -- so its minimal case keeps the width it needs.
+  bool wide_minimal_case = false;
 };
 
 std::span<const MutantInfo> mutants();

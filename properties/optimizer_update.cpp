@@ -39,14 +39,11 @@ void compare(std::span<const float> got, const std::vector<double>& want, const 
 }  // namespace
 
 void optimizer_update_body(const Target& target, CaseRecord& record) {
-  const Scenario s = *gen_scenario(space_for(target));
-  record.size = size_of(s);
-  const StepOutcome o = check_optimizer_update(s, target);
-  record.ratio = o.ratio;
-  record.note = o.note;
-  RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::adam, "adam");
-  RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::momentum, "momentum");
-  if (!agree(target, o.passed)) fail_case(o.message.empty() ? "another rank's update left the formula's bound" : o.message);
+  step_check_body(target, record, check_optimizer_update, "another rank's update left the formula's bound",
+                  [](const Scenario& s) {
+                    RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::adam, "adam");
+                    RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::momentum, "momentum");
+                  });
 }
 
 StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {

@@ -36,6 +36,18 @@ CaseRecord::Size size_of(const Scenario& s) {
           *std::max_element(s.train.model.dims.begin(), s.train.model.dims.end())};
 }
 
+void step_check_body(const Target& target, CaseRecord& record,
+                     StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
+                     void (*classify)(const Scenario& scenario)) {
+  const Scenario s = *gen_scenario(space_for(target));
+  record.size = size_of(s);
+  const StepOutcome o = check(s, target);
+  record.ratio = o.ratio;
+  record.note = o.note;
+  if (classify) classify(s);
+  if (!agree(target, o.passed)) fail_case(o.message.empty() ? elsewhere : o.message);
+}
+
 std::filesystem::path make_scratch(const Target& target, const std::string& what, bool in_memory) {
   static std::atomic<unsigned> counter{0};
   std::int64_t id[2] = {static_cast<std::int64_t>(::getpid()), static_cast<std::int64_t>(counter++)};

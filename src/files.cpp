@@ -39,9 +39,10 @@ fs::path unique_name(const fs::path& dir, const std::string& stem) {
 
 std::string file_kind(unsigned mode) {
   if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISSOCK(mode)) return "a socket";
   if (S_ISREG(mode)) return "a regular file";
   return "a special file";

@@ -27,7 +27,7 @@ void write_all(int fd, const void* data, std::size_t size, const std::filesystem
 // not it exists; `path` itself when it is not a link. UsageError for a loop.
 std::filesystem::path resolve_links(const std::filesystem::path& path);
 
-// "a regular file", "a directory", "a FIFO (named pipe)", "a character device", ... for a stat st_mode.
+// "a regular file", "a directory", "a FIFO", "a symbolic link", "a character device", ... for a (l)stat st_mode.
 std::string file_kind(unsigned mode);
 
 // How a command will write an output file: replaced whole (write_file_atomic), or appended to (a log).

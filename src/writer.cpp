@@ -69,16 +69,6 @@ std::int64_t step_of(const std::string& name) {
   return v < kMaxCount && checkpoint_name(v) == name ? v : -1;
 }
 
-std::string file_type(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISREG(mode)) return "a regular file";
-  return "a special file";
-}
 
 // Every entry named like a checkpoint, of whatever type (the reader says why a non-directory is
 // unusable), newest first.
@@ -132,7 +122,7 @@ void fsync_dir(const fs::path& dir) {
 }
 
 UsageError not_a_regular_log(const fs::path& path, mode_t mode) {
-  return UsageError("log " + path.string() + " is " + file_type(mode) + ", not a regular file");
+  return UsageError("log " + path.string() + " is " + file_kind(mode) + ", not a regular file");
 }
 
 class FileDescriptor {
@@ -509,11 +499,11 @@ FileDescriptor open_regular(int dir, const std::string& name, struct stat& st) {
     const int err = errno;
     refuse(name + (err == ENOENT ? std::string(" is missing") : ": " + std::string(std::strerror(err))));
   }
-  if (!S_ISREG(st.st_mode)) refuse(name + " is " + file_type(st.st_mode) + ", not a regular file");
+  if (!S_ISREG(st.st_mode)) refuse(name + " is " + file_kind(st.st_mode) + ", not a regular file");
   FileDescriptor fd(::openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (fd.get() < 0) refuse(name + ": cannot open: " + std::strerror(errno));
   if (::fstat(fd.get(), &st) != 0) refuse(name + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) refuse(name + " is " + file_type(st.st_mode) + ", not a regular file");
+  if (!S_ISREG(st.st_mode)) refuse(name + " is " + file_kind(st.st_mode) + ", not a regular file");
   return fd;
 }
 
@@ -585,7 +575,7 @@ std::optional<Checkpoint> read_checkpoint(const fs::path& step_dir, const ModelC
   try {
     struct stat st {};
     if (::lstat(step_dir.c_str(), &st) != 0) refuse(std::string("cannot stat: ") + std::strerror(errno));
-    if (!S_ISDIR(st.st_mode)) refuse(file_type(st.st_mode) + ", not a directory");
+    if (!S_ISDIR(st.st_mode)) refuse(file_kind(st.st_mode) + ", not a directory");
     const FileDescriptor dir(::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (dir.get() < 0) refuse(std::string("cannot open: ") + std::strerror(errno));
 

@@ -119,8 +119,13 @@ TEST(Gamma, GammaForFollowsTheOptions) {
   options.unit_roundoff = 0x1p-11;
   EXPECT_EQ(reference::gamma_for(300, options), reference::gamma(300, 0x1p-11));
   options.failure_probability = 1e-6;
+  // The smaller of the two: the worst case for short sums (n below about lambda^2), the probabilistic
+  // one beyond.
   for (std::int64_t n : {1, 17, 300})
-    EXPECT_EQ(reference::gamma_for(n, options), reference::gamma_probabilistic(n, 0x1p-11, 1e-6));
+    EXPECT_EQ(reference::gamma_for(n, options),
+              std::min(reference::gamma(n, 0x1p-11), reference::gamma_probabilistic(n, 0x1p-11, 1e-6)));
+  EXPECT_EQ(reference::gamma_for(1, options), reference::gamma(1, 0x1p-11));
+  EXPECT_EQ(reference::gamma_for(300, options), reference::gamma_probabilistic(300, 0x1p-11, 1e-6));
   options.unit_roundoff = 0x1p-24;
   options.failure_probability = 1e-9;
   EXPECT_EQ(reference::gamma_for(4102, options), reference::gamma_probabilistic(4102, 0x1p-24, 1e-9));
@@ -129,12 +134,7 @@ TEST(Gamma, GammaForFollowsTheOptions) {
 // The float32 instantiation of the reference is a different float path (other loops, exp(z - lse)
 // instead of exp(z - max) / sum): the bound must cover it as well as the engine.
 RC_GTEST_PROP(GradientBound, HoldsForTheFloat32Reference, ()) {
-  ScenarioSpace space;
-  space.world_size = 1;
-  const Scenario s = *gen_scenario(space);
-  const ModelConfig& m = s.train.model;
-  const Batch b = first_examples(m, s.train.batch, s.train.seed);
-  const std::vector<float> params = init_params(m, s.train.seed);
+  const auto [s, m, b, params] = draw_batch();
   const auto bound = reference::gradient_bound(m, params, b);
   const auto g32 = reference::loss_and_gradient<float>(m, params, b);
   const auto cmp = reference::compare(g32.grad, bound, reference::whole_batch_roundings(b.size));
@@ -433,12 +433,7 @@ TEST(GradientBound, UnderflowTermCoversSubnormalInputs) {
 // The loss a step reports: forward_backward's return value (a double sum of the float32 outputs' losses)
 // and the float32 reference's loss (float32 throughout) against the float64 mean loss.
 RC_GTEST_PROP(LossBound, HoldsForTheCpuEngineAndTheFloat32Reference, ()) {
-  ScenarioSpace space;
-  space.world_size = 1;
-  const Scenario s = *gen_scenario(space);
-  const ModelConfig& m = s.train.model;
-  const Batch b = first_examples(m, s.train.batch, s.train.seed);
-  const std::vector<float> params = init_params(m, s.train.seed);
+  const auto [s, m, b, params] = draw_batch();
   const auto bound = reference::gradient_bound(m, params, b);
   const double engine_loss = engine_result(m, params, b).loss;
   const double f32_loss = reference::loss_and_gradient<float>(m, params, b).loss;

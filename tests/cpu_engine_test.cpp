@@ -21,12 +21,7 @@ void poison(Engine& e) {
 }
 
 RC_GTEST_PROP(CpuEngine, GradientWithinDerivedBoundOfFloat64Reference, ()) {
-  ScenarioSpace space;
-  space.world_size = 1;
-  const Scenario s = *gen_scenario(space);
-  const ModelConfig& m = s.train.model;
-  const Batch b = first_examples(m, s.train.batch, s.train.seed);
-  const std::vector<float> params = init_params(m, s.train.seed);
+  const auto [s, m, b, params] = draw_batch();
   auto engine = make_cpu_engine(m);
   engine->load_params(params);
   poison(*engine);

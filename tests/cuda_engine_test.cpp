@@ -90,13 +90,7 @@ void check_gradient(const cuda::EngineOptions& options, std::int64_t max_batch, 
   }
   double worst = 0;
   check_cases(cases, [&] {
-    ScenarioSpace space;
-    space.world_size = 1;
-    space.max_batch = max_batch;
-    const Scenario s = *gen_scenario(space);
-    const ModelConfig& m = s.train.model;
-    const Batch b = first_examples(m, s.train.batch, s.train.seed);
-    const std::vector<float> params = init_params(m, s.train.seed);
+    const auto [s, m, b, params] = draw_batch(max_batch);
     const auto engine = cuda::make_engine(m, options);
     engine->load_params(params);
     poison(*engine);

@@ -75,8 +75,8 @@ TEST_P(KillMatrix, MutantIsCaughtByItsPropertyAndShrunk) {
     EXPECT_LE(s.examples, 16) << r.counterexample;
     EXPECT_LE(s.world_size, 4) << r.counterexample;
     EXPECT_LE(s.layers, 2) << r.counterexample;
-    if (!m.large_messages) {
-      EXPECT_LE(s.widest, 16) << r.counterexample;
+    if (!m.wide_minimal_case) {
+      EXPECT_LE(s.widest, 32) << r.counterexample;
     }
     EXPECT_FALSE(r.reproduce.empty());
     // The reproduce string replays exactly the minimal case, which fails again.

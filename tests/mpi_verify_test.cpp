@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "properties/mutants.hpp"
+#include "properties/runner.hpp"
 #include "properties/properties.hpp"
 #include "tests/test_support.hpp"
 
@@ -128,7 +129,10 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   if (std::string why; !has_mpi(why)) GTEST_SKIP() << why;
   const std::string name(m.name), property(m.caught_by);
   const PropertyDef& def = find_property(property);
-  const int cases = std::max(kCases, kMinLaunchingCases * def.case_divisor);
+  // Enough cases for the run-level floors to be judged (power, tightness).
+  const int cases = std::max({kCases, kMinLaunchingCases * def.case_divisor,
+                              def.min_tightness > 0 ? static_cast<int>(min_tightness_cases) : 0,
+                              def.min_power > 0 ? static_cast<int>(min_probed_cases) : 0});
 
   const CommandResult o = run_command(
       verify_command(" --cases " + std::to_string(cases) + " --mutant " + name + " --property " + property), kLimitS);
@@ -136,15 +140,21 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   const std::string failed = "FAILED " + property + " after ";
   ASSERT_NE(o.output.find("\n" + failed), std::string::npos) << name << " survived " << property << ":\n" << o.output;
   const std::optional<std::string> minimal = block_after(o.output, "  minimal case: ");
-  ASSERT_TRUE(minimal) << o.output;
+  if (!minimal) {
+    // A verdict on the whole run (a check that lost its power, a bound grown loose): no case to shrink.
+    EXPECT_TRUE(o.output.find("lost its power") != std::string::npos || o.output.find("grown loose") != std::string::npos)
+        << o.output;
+    return;
+  }
 
-  // Shrunk: a handful of examples and units is enough to show any of these bugs.
+  // Shrunk: a handful of examples and units is enough to show any of these bugs (a one-ulp learning
+  // rate may need some thirty parameters before any of their bits differ).
   const std::optional<CaseSize> size = case_size(*minimal);
   ASSERT_TRUE(size) << "cannot read the size of the minimal case: " << *minimal;
   EXPECT_LE(size->examples, 16) << *minimal;
   EXPECT_LE(size->layers, 2) << *minimal;
-  if (!m.large_messages) {
-    EXPECT_LE(size->widest, 16) << *minimal;
+  if (!m.wide_minimal_case) {
+    EXPECT_LE(size->widest, 32) << *minimal;
   }
 
   // The replay line names this launch exactly: mpirun with the same ranks, the backend and the mutant.

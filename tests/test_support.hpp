@@ -20,6 +20,7 @@
 #include <system_error>
 #include <vector>
 
+#include "properties/scenario.hpp"
 #include "src/data.hpp"
 
 namespace dpcheck {
@@ -39,6 +40,26 @@ inline Batch first_examples(const ModelConfig& model, std::int64_t n, std::uint6
   std::vector<std::int64_t> idx(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(i)] = i;
   return data.gather(idx);
+}
+
+// One drawn case on one rank (inside a RapidCheck property): a scenario's model, the first examples of
+// its batch and its initial parameters.
+struct DrawnBatch {
+  Scenario scenario;
+  ModelConfig model;
+  Batch batch;
+  std::vector<float> params;
+};
+inline DrawnBatch draw_batch(std::int64_t max_batch = ScenarioSpace{}.max_batch) {
+  ScenarioSpace space;
+  space.world_size = 1;
+  space.max_batch = max_batch;
+  DrawnBatch d;
+  d.scenario = *gen_scenario(space);
+  d.model = d.scenario.train.model;
+  d.batch = first_examples(d.model, d.scenario.train.batch, d.scenario.train.seed);
+  d.params = init_params(d.model, d.scenario.train.seed);
+  return d;
 }
 
 struct CommandResult {
