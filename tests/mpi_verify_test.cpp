@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <optional>
 #include <ostream>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -75,21 +74,47 @@ struct CaseSize {
   std::int64_t widest = 0;
 };
 
+// The digits and commas that follow the first `key` in `text` found where `at_line_start` allows
+// (at the text's or a line's start only, when set); empty when there is none.
+std::string number_after(const std::string& text, const std::string& key, bool at_line_start = false) {
+  for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+    if (at_line_start && at != 0 && text[at - 1] != '\n') continue;
+    const std::size_t from = at + key.size();
+    const std::size_t to = text.find_first_not_of("0123456789,", from);
+    std::string digits = text.substr(from, to == std::string::npos ? std::string::npos : to - from);
+    if (!digits.empty() && digits.front() != ',') return digits;
+  }
+  return {};
+}
+
 std::optional<CaseSize> case_size(const std::string& text) {
   CaseSize s;
-  std::smatch m;
-  if (std::regex_search(text, m, std::regex(R"(model ([0-9]+(?:,[0-9]+)+))"))) {
-    std::stringstream dims(m[1].str());
+  const std::string dims_text = number_after(text, "model ");
+  if (dims_text.find(',') != std::string::npos) {
+    std::stringstream dims(dims_text);
     std::vector<std::int64_t> d;
-    for (std::string w; std::getline(dims, w, ',');) d.push_back(std::stoll(w));
+    for (std::string w; std::getline(dims, w, ',');)
+      if (!w.empty()) d.push_back(std::stoll(w));
     s.layers = static_cast<int>(d.size()) - 1;
     s.widest = *std::max_element(d.begin(), d.end());
   }
   // A training scenario: "batch B of N"; a summation-order case: "batch B |"; a sampler case: "data N".
-  if (std::regex_search(text, m, std::regex(R"(batch [0-9]+ of ([0-9]+))")) ||
-      std::regex_search(text, m, std::regex(R"(batch ([0-9]+) \|)")) ||
-      std::regex_search(text, m, std::regex(R"((?:^|\n)data ([0-9]+))")))
-    s.examples = std::stoll(m[1].str());
+  for (std::size_t at = text.find("batch "); s.examples < 0 && at != std::string::npos;
+       at = text.find("batch ", at + 1)) {
+    const std::string b = number_after(text.substr(at), "batch ");
+    if (b.empty() || b.find(',') != std::string::npos) continue;
+    const std::string after = text.substr(at + 6 + b.size());
+    if (after.rfind(" of ", 0) == 0) {
+      const std::string n = number_after(after, " of ");
+      if (!n.empty() && n.find(',') == std::string::npos) s.examples = std::stoll(n);
+    } else if (after.rfind(" |", 0) == 0) {
+      s.examples = std::stoll(b);
+    }
+  }
+  if (s.examples < 0) {
+    const std::string n = number_after(text, "data ", /*at_line_start=*/true);
+    if (!n.empty() && n.find(',') == std::string::npos) s.examples = std::stoll(n);
+  }
   if (s.examples < 0) return std::nullopt;
   return s;
 }
@@ -160,11 +185,13 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   // The replay line names this launch exactly: mpirun with the same ranks, the backend and the mutant.
   // A failure that comes and goes (a sum in arrival order) says so in it: "replay (it fails k of n
   // runs: run it several times): ...".
-  std::smatch replay;
-  ASSERT_TRUE(std::regex_search(o.output, replay, std::regex(R"((?:^|\n)  replay( \(it fails [^)]*\))?: ([^\n]*))")))
-      << o.output;
-  const bool comes_and_goes = replay[1].matched;
-  const std::string printed = replay[2].str();
+  const std::optional<std::string> replay_line = block_after(o.output, "  replay");
+  ASSERT_TRUE(replay_line.has_value()) << o.output;
+  const bool comes_and_goes = replay_line->rfind(" (it fails ", 0) == 0;
+  // The command follows the first ": " after the parenthesis, if there is one ("runs: run" is inside it).
+  const std::size_t colon = comes_and_goes ? replay_line->find("): ") + 1 : replay_line->find(": ");
+  ASSERT_TRUE(colon == (comes_and_goes ? replay_line->find(')') + 1 : 0)) << o.output;
+  const std::string printed = replay_line->substr(colon + 2, replay_line->find('\n') - colon - 2);
   const std::string printed_launch = "mpirun -np " + std::to_string(kRanks) + " dpcheck";
   const std::string rest = " verify --comm mpi --mutant " + name + " --reproduce '";
   ASSERT_EQ(printed.rfind(printed_launch + rest, 0), 0u) << printed;
