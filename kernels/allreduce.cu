@@ -26,7 +26,7 @@ __device__ T apply(ReduceOp op, T a, T b) {
     case ReduceOp::max: return b > a ? b : a;
     default:
       if constexpr (std::is_integral_v<T>) {
-        // Integer sums wrap like the host backends' (src/collective.cpp), without signed overflow.
+        // Integer sums wrap like the host backends' (src/comm/collective.cpp), without signed overflow.
         using U = std::make_unsigned_t<T>;
         return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
       } else {

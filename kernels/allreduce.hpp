@@ -1,6 +1,6 @@
 // The fixed-order reduction of the cuda-local communicator on the device: N replicas' buffers on one
 // GPU, element i reduced as ((b0[i] + b1[i]) + b2[i]) + ..., the same order as the CPU backends.
-// Reference: the local backend (src/collective.hpp); test: tests/cuda_local_comm_test.cpp.
+// Reference: the local backend (src/comm/collective.hpp); test: tests/cuda_local_comm_test.cpp.
 #pragma once
 
 #include <cuda_runtime.h>

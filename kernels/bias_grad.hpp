@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "kernels/api.hpp"
+#include "src/cuda_api.hpp"
 
 namespace dpcheck::cuda {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/api.hpp"
+#include "src/cuda_api.hpp"
 #include "kernels/bias_grad.hpp"
 #include "kernels/device.hpp"
 #include "kernels/hash.hpp"

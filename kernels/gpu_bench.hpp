@@ -1,14 +1,14 @@
 // GPU benchmarks: the CUDA trainer's step against PyTorch's on the same model in the same run, and the
 // replica hash's read bandwidth against a device-to-device copy's. Used by `dpcheck bench step` and
-// `dpcheck bench hash` (src/cmd_bench.cpp) through the plugin; their tables are printed by
-// src/gpu_report.cpp.
+// `dpcheck bench hash` (src/cli/cmd_bench.cpp) through the plugin; their tables are printed by
+// src/cli/gpu_report.cpp.
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
-#include "kernels/api.hpp"
+#include "src/cuda_api.hpp"
 
 namespace dpcheck::cuda {
 

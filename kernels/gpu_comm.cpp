@@ -12,9 +12,9 @@
 #include "kernels/allreduce.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
-#include "src/collective.hpp"
+#include "src/comm/collective.hpp"
 #include "src/error.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 
 #define DPCHECK_NCCL_CHECK(call)                                                                           \
   do {                                                                                                     \
@@ -63,7 +63,7 @@ class DeviceCommunicator : public Communicator {
   void sync() { DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   // Every rank's call and buffers, gathered on the host and judged on every rank by the host backends'
-  // own rules (src/collective.hpp): calls that disagree (count, dtype, op, root, kind) or that no
+  // own rules (src/comm/collective.hpp): calls that disagree (count, dtype, op, root, kind) or that no
   // backend supports (uint8 sums, avg of integers, a root outside the world, a null buffer) throw on
   // every rank, with the same words as the local and mpi backends, before any rank reads a peer's
   // buffer or enters NCCL. The gather is also the rendezvous that a missing rank times out in.

@@ -1,5 +1,5 @@
-// The CUDA plugin's entry: the table of functions dpcheck calls through (kernels/api.hpp).
-#include "kernels/api.hpp"
+// The CUDA plugin's entry: the table of functions dpcheck calls through (src/cuda_api.hpp).
+#include "src/cuda_api.hpp"
 #include "kernels/cuda_engine.hpp"
 #include "kernels/device.hpp"
 #include "kernels/gpu_bench.hpp"

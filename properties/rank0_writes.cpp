@@ -1,5 +1,5 @@
 // only_rank0_writes: `dpcheck train` as separate processes under mpirun, with a checkpoint every step
-// and a log, under the write audit (src/audit.hpp), which records every write-intent system call with
+// and a log, under the write audit (src/audit/audit.hpp), which records every write-intent system call with
 // its rank. A case trains from scratch, or stops partway and resumes in a second audited run -- after
 // corrupting the newest checkpoint in some cases, so that the resumed run must skip it -- since the
 // code that runs on resume (loading, skipping, pruning, cleaning up) writes too. No rank but 0 may
@@ -16,8 +16,8 @@
 #include <sstream>
 
 #include "properties/common.hpp"
-#include "src/audit.hpp"
-#include "src/mpi_comm.hpp"
+#include "src/audit/audit.hpp"
+#include "src/comm/mpi_comm.hpp"
 
 namespace dpcheck {
 

@@ -2,8 +2,8 @@
 
 #include "properties/mutants.hpp"
 #include "src/error.hpp"
-#include "src/collective.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/collective.hpp"
+#include "src/comm/local_comm.hpp"
 
 #include "src/cuda_plugin.hpp"
 

@@ -28,7 +28,7 @@
 extern char** environ;
 
 #include "src/error.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 
 namespace dpcheck::bench {
 

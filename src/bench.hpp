@@ -29,7 +29,7 @@ struct BenchBackend {
   RankLauncher run;
 };
 
-// Ranks as threads of this process (src/local_comm.hpp).
+// Ranks as threads of this process (src/comm/local_comm.hpp).
 BenchBackend local_backend(std::chrono::milliseconds timeout = Communicator::default_timeout);
 
 // This process's rank of a world of processes (one process per rank, started by a launcher): runs fn

@@ -2,7 +2,7 @@
 // counts are in elements, and every call ends within timeout() -- with a TimeoutError naming the call
 // and the rank -- rather than hang on a dead or stuck peer.
 //
-// Backends: "local" (ranks as threads of one process, src/local_comm.hpp), "mpi" (one process per
+// Backends: "local" (ranks as threads of one process, src/comm/local_comm.hpp), "mpi" (one process per
 // rank), and the GPU ones under kernels/. Buffers live in memory_space(): host pointers for the CPU
 // backends, device pointers for the GPU ones.
 #pragma once

@@ -1,5 +1,5 @@
 // RankZeroWriter: the only sanctioned way for training to write files. Rank 0 writes; every other rank
-// returns without touching the file system. (The write audit, src/audit.hpp, checks that promise at the
+// returns without touching the file system. (The write audit, src/audit/audit.hpp, checks that promise at the
 // system-call level instead of trusting this class.)
 //
 // Checkpoints are directories: DIR/step-00000012/ holds one .npy per parameter tensor (PyTorch's names),

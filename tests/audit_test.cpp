@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "src/audit.hpp"
+#include "src/audit/audit.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck::audit {

@@ -16,7 +16,7 @@
 #include "kernels/device.hpp"
 #include "kernels/gpu_comm.hpp"
 #include "src/error.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 #include "tests/comm_conformance.hpp"
 #include "tests/gpu_test_support.hpp"
 

@@ -1,9 +1,9 @@
-// Tests of the "local" Communicator (src/local_comm.cpp). The backend-independent checks are the
+// Tests of the "local" Communicator (src/comm/local_comm.cpp). The backend-independent checks are the
 // conformance suite (tests/comm_conformance.hpp), run here on every world size from 1 to 8; this file
 // adds what only threads in one process can show: a barrier watched through shared memory, a missing
 // rank that times out, run_local's error handling and LocalWorld::abort. Failure paths must end in an
 // error, not a hang. The allreduce benchmark (src/bench.cpp) gets a short smoke run here too.
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Tests of the "mpi" Communicator (src/mpi_comm.cpp), run by ctest under mpirun with 2 and 4 processes:
+// Tests of the "mpi" Communicator (src/comm/mpi_comm.cpp), run by ctest under mpirun with 2 and 4 processes:
 // the conformance suite (tests/comm_conformance.hpp) on the MPI world, the same bits as the local
 // backend for the same inputs, MPI's own collectives (the benchmark baseline), and a rank that never
 // makes a call, which must end its peers' call with a TimeoutError naming it, not a hang.
@@ -6,7 +6,7 @@
 // Every rank runs every test. Rank 0 prints GoogleTest's output; the other ranks print only their
 // failures, each line marked with the rank. The exit status is the AND of every rank's verdict, the
 // same on all of them, so mpirun's status is the suite's.
-#include "src/mpi_comm.hpp"
+#include "src/comm/mpi_comm.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "src/error.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 #include "tests/comm_conformance.hpp"
 
 namespace dpcheck {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 #include "src/model.hpp"
 
 namespace dpcheck {

@@ -10,7 +10,7 @@
 #include "properties/replay.hpp"
 #include "properties/runner.hpp"
 #include "src/error.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 
 namespace dpcheck {
 namespace {

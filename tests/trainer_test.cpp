@@ -19,7 +19,7 @@
 
 #include "reference/bound.hpp"
 #include "src/error.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 
 namespace dpcheck {
 namespace {

@@ -24,7 +24,7 @@
 #include "properties/target.hpp"
 #include "src/error.hpp"
 #include "src/hash.hpp"
-#include "src/local_comm.hpp"
+#include "src/comm/local_comm.hpp"
 #include "src/npy.hpp"
 #include "src/writer.hpp"
 #include "tests/test_support.hpp"

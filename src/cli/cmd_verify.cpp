@@ -10,8 +10,8 @@
 
 #include "properties/mutants.hpp"
 #include "properties/runner.hpp"
-#include "src/cli_common.hpp"
-#include "src/commands.hpp"
+#include "src/cli/cli_common.hpp"
+#include "src/cli/commands.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
 

@@ -1,4 +1,4 @@
-// The "local" backend (src/local_comm.hpp): ranks are threads that meet in a LocalHub, a mutex and a
+// The "local" backend (src/comm/local_comm.hpp): ranks are threads that meet in a LocalHub, a mutex and a
 // condition variable guarding each rank's posted call. Every collective is two phases:
 //
 //   1. arrive  each rank posts its call (kind, count, dtype, op, root, buffers) and waits for all N;
@@ -10,8 +10,8 @@
 // All-reduce splits the buffer into N slices (on 64-byte boundaries); rank r reduces slice r for
 // everyone, reading all N buffers once and writing the result into all N once. Each element is
 // reduced in rank order, ((b0 + b1) + b2) + ..., whichever thread computes it (the kernel both host
-// backends share, src/collective.hpp), so every rank ends with bitwise identical values.
-#include "src/local_comm.hpp"
+// backends share, src/comm/collective.hpp), so every rank ends with bitwise identical values.
+#include "src/comm/local_comm.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/collective.hpp"
+#include "src/comm/collective.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck {

@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "src/bench.hpp"
-#include "src/cli_common.hpp"
+#include "src/cli/cli_common.hpp"
 #include "src/files.hpp"
 #include "src/model.hpp"
 #include "src/cuda_plugin.hpp"
-#include "src/gpu_report.hpp"
-#include "src/commands.hpp"
+#include "src/cli/gpu_report.hpp"
+#include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/mpi_comm.hpp"
+#include "src/comm/mpi_comm.hpp"
 
 namespace dpcheck::cli {
 

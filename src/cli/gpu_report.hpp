@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/api.hpp"
+#include "src/cuda_api.hpp"
 
 namespace dpcheck::cuda {
 

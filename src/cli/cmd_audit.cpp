@@ -1,6 +1,6 @@
 // `dpcheck audit`: runs a command (usually an MPI launch of a training program) with the write-audit
 // library preloaded into every process, then prints every write-intent call grouped by rank and judges
-// them: only rank 0 may write outside the allowed paths (src/audit.hpp).
+// them: only rank 0 may write outside the allowed paths (src/audit/audit.hpp).
 #include <CLI/CLI.hpp>
 #include <signal.h>
 
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "src/audit.hpp"
-#include "src/cli_common.hpp"
-#include "src/commands.hpp"
+#include "src/audit/audit.hpp"
+#include "src/cli/cli_common.hpp"
+#include "src/cli/commands.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
 

@@ -1,6 +1,6 @@
-#include "src/cli_common.hpp"
+#include "src/cli/cli_common.hpp"
 
-#include "src/commands.hpp"
+#include "src/cli/commands.hpp"
 #include "src/comm.hpp"
 
 #include <sys/resource.h>

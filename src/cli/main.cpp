@@ -9,10 +9,10 @@
 #include <utility>
 #include <vector>
 
-#include "src/cli_common.hpp"
-#include "src/commands.hpp"
+#include "src/cli/cli_common.hpp"
+#include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/mpi_comm.hpp"
+#include "src/comm/mpi_comm.hpp"
 
 int main(int argc, char** argv) {
   using namespace dpcheck;

@@ -1,6 +1,6 @@
-// What the host communicators share (src/collective.hpp): call descriptions and their verdict, error
+// What the host communicators share (src/comm/collective.hpp): call descriptions and their verdict, error
 // texts, the split of an all-reduce among ranks, and the rank-order reduction kernel.
-#include "src/collective.hpp"
+#include "src/comm/collective.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -12,8 +12,8 @@
 #include "properties/mutants.hpp"
 #include "properties/target.hpp"
 #include "reference/bound.hpp"
-#include "src/cli_common.hpp"
-#include "src/commands.hpp"
+#include "src/cli/cli_common.hpp"
+#include "src/cli/commands.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck::cli {

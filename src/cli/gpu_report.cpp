@@ -1,4 +1,4 @@
-#include "src/gpu_report.hpp"
+#include "src/cli/gpu_report.hpp"
 
 #include <cstdio>
 #include <ostream>

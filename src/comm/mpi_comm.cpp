@@ -1,4 +1,4 @@
-// The "mpi" backend (src/mpi_comm.hpp): one process per rank. Every collective is built from
+// The "mpi" backend (src/comm/mpi_comm.hpp): one process per rank. Every collective is built from
 // non-blocking point-to-point messages (MPI_Isend / MPI_Irecv) on a private duplicate of
 // MPI_COMM_WORLD, polled against the call's deadline, in up to three rounds:
 //
@@ -8,7 +8,7 @@
 //                call is the one whose description does not arrive. This round alone is the barrier.
 //   1. scatter   (allreduce) rank r receives slice r of the buffer from every rank and reduces it in
 //                rank order, ((b0 + b1) + b2) + ..., element by element, with the local backend's
-//                kernel (src/collective.hpp), so the two give the same bits for the same inputs.
+//                kernel (src/comm/collective.hpp), so the two give the same bits for the same inputs.
 //   2. gather    rank r sends its reduced slice to every rank (allreduce); root sends its buffer
 //                (broadcast); every rank sends its block to every rank (allgather).
 //
@@ -16,7 +16,7 @@
 // since on a machine with more ranks than cores every round costs a trip through the scheduler.
 // A message's tag holds the call's sequence number and its round, so it can only match the call and
 // round it was sent for. Without MPI at build time this file is the fallback that says so.
-#include "src/mpi_comm.hpp"
+#include "src/comm/mpi_comm.hpp"
 
 #include <cstdlib>
 
@@ -37,7 +37,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "src/collective.hpp"
+#include "src/comm/collective.hpp"
 
 #endif
 

@@ -1,9 +1,9 @@
 // The write audit: checks the promise that only rank 0 writes files without trusting the code that
-// writes. A command runs with the audit library (src/audit_preload.cpp) preloaded into every process it
+// writes. A command runs with the audit library (src/audit/audit_preload.cpp) preloaded into every process it
 // starts; the library records each write-intent call (open for writing, creat, fopen "w", rename,
 // unlink, mkdir, truncate, link, symlink, ...) with the rank the launcher gave the process. This file
 // reads those records and judges them: a process with a rank other than 0 may write only inside the
-// allowed paths. Used by `dpcheck audit` (src/cmd_audit.cpp) and by properties that run training under
+// allowed paths. Used by `dpcheck audit` (src/cli/cmd_audit.cpp) and by properties that run training under
 // a real launcher.
 #pragma once
 

@@ -1,4 +1,4 @@
-// What the host communicators (src/local_comm.cpp, src/mpi_comm.cpp) have in common: how a rank's call
+// What the host communicators (src/comm/local_comm.cpp, src/comm/mpi_comm.cpp) have in common: how a rank's call
 // is described and judged against its peers', the text of the errors a collective throws, how an
 // all-reduce's work is split among the ranks, and the fixed rank-order reduction. Both backends judge
 // calls and reduce with the same code, so a mismatch reads the same on either and an all-reduce gives

@@ -1,6 +1,6 @@
-// The write audit's reading, judging, running and reporting side (see src/audit.hpp); the recording side
-// is the preload library, src/audit_preload.cpp.
-#include "src/audit.hpp"
+// The write audit's reading, judging, running and reporting side (see src/audit/audit.hpp); the recording side
+// is the preload library, src/audit/audit_preload.cpp.
+#include "src/audit/audit.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

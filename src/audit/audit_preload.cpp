@@ -1,7 +1,7 @@
 // The write-audit library (libdpcheck_audit.so). `dpcheck audit` loads it with LD_PRELOAD into every
 // process of an audited run: the launcher, its daemons and the ranks. It interposes the calls that
 // create, change, rename or remove files, and appends one JSON line per call to the log named by
-// DPCHECK_AUDIT_LOG, with the caller's rank as the launcher's environment gives it. src/audit.hpp
+// DPCHECK_AUDIT_LOG, with the caller's rank as the launcher's environment gives it. src/audit/audit.hpp
 // reads the log and judges it (DESIGN.md, "Rank-0 writes, checked for real").
 //
 // It runs inside programs it knows nothing about, so it keeps to what is safe anywhere: no exceptions,

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The dependency rule between dpcheck's folders, checked on every #include:
+#   src/cli -> properties -> {reference, core};  kernels -> core
+# where the core is src/ without src/cli/. So: the core includes nothing from src/cli/, properties/,
+# reference/ or kernels/; reference/ (the oracle) nothing from kernels/ or above it; kernels/ nothing from
+# reference/, properties/ or src/cli/; properties/ nothing from kernels/ or src/cli/; src/cli/ nothing from
+# kernels/ (it reaches the CUDA plugin through the core's contract, src/cuda_api.hpp); and no file in
+# src/ includes a CUDA header. Prints each include that breaks the rule and exits 1; ctest runs it
+# (Layers.IncludesRunOneWay). The libraries follow the same rule in CMake (dpcheck_kernels links the
+# core only).
+#   bash ci/layers.sh [SOURCE-DIR]
+set -euo pipefail
+cd "${1:-$(dirname "$0")/..}"
+
+broken=0
+# check FOLDER[:!NESTED] FORBIDDEN-PREFIX... : the sources under FOLDER (less those under NESTED, when
+# given) must include nothing under the forbidden prefixes.
+check() {
+  local folder=${1%%:!*} nested=
+  [[ $1 == *':!'* ]] && nested=${1#*:!}
+  local -a files
+  mapfile -t files < <(find "$folder" -type f \( -name '*.c' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \
+                         -o -name '*.hpp' -o -name '*.cuh' \) | { if [ -n "$nested" ]; then grep -v "^$nested"; else cat; fi; } | sort)
+  shift
+  local prefix hits
+  for prefix in "$@"; do
+    ((${#files[@]})) || continue
+    hits=$(grep -Hn "^[[:space:]]*#[[:space:]]*include[[:space:]]*\"$prefix" "${files[@]}" || true)
+    if [ -n "$hits" ]; then
+      echo "$hits" | sed "s|\$|   <- may not include $prefix|"
+      broken=1
+    fi
+  done
+}
+
+check 'src/:!src/cli/' src/cli/ properties/ reference/ kernels/
+check 'reference/' kernels/ properties/ src/cli/
+check 'kernels/' reference/ properties/ src/cli/
+check 'properties/' kernels/ src/cli/
+check 'src/cli/' kernels/
+# The core loads the CUDA plugin through the contract it owns: no CUDA header anywhere in src/.
+cuda_headers=$(grep -rHnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(cuda|cublas|nccl|curand|cub/|thrust/)' src || true)
+if [ -n "$cuda_headers" ]; then
+  echo "$cuda_headers" | sed 's|$|   <- the core includes no CUDA header|'
+  broken=1
+fi
+
+if ((broken)); then
+  echo "ci/layers.sh: includes that run against the dependency rule (see the top of ci/layers.sh)"
+  exit 1
+fi
+echo "ci/layers.sh: every include runs one way"
