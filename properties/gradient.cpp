@@ -83,23 +83,34 @@ void uneven_body(const Target& target, CaseRecord& record) {
 }
 
 GradientOutcome check_sharded_gradient(const Scenario& s, const Target& target) {
-  const TrainConfig& c = s.train;
-  const SyntheticDataset data(c.data_size(), c.model, c.seed);
+  const SyntheticDataset data(s.train.data_size(), s.train.model, s.train.seed);
+  GradientRun run;
+  run.train = s.train;
+  run.world_size = s.world_size;
+  run.at_step = s.at_step;
+  run.data = &data;
+  return check_sharded_gradient(run, target);
+}
+
+GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& target, GradientDetail* detail) {
+  const TrainConfig& c = run.train;
+  const Dataset& data = *run.data;
   std::vector<float> averaged, params;
-  run_world(target, s.world_size, [&](Communicator& comm) {
+  run_world(target, run.world_size, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, c, comm, data);
-    while (rt.trainer->next_step() < s.at_step) rt.trainer->step();
+    if (run.params) rt.engine->load_params(*run.params);
+    while (rt.trainer->next_step() < run.at_step) rt.trainer->step();
     std::vector<float> p(rt.engine->param_count());
     rt.engine->store_params(p);
-    rt.trainer->compute_gradient(s.at_step);
+    rt.trainer->compute_gradient(run.at_step);
     if (!records(target, comm)) return;
     averaged.resize(rt.engine->param_count());
     rt.engine->store_grads(averaged);
     params = std::move(p);
   });
 
-  const DistributedSampler sampler(c.sampler(s.world_size));
-  const reference::StepExamples step = reference::step_examples(c, sampler, s.at_step);
+  const DistributedSampler sampler(c.sampler(run.world_size));
+  const reference::StepExamples step = reference::step_examples(c, sampler, run.at_step);
   const Batch whole = data.gather(step.global());
   const reference::BoundOptions options = bound_options(target);
   reference::BoundOptions probabilistic = options;
@@ -111,7 +122,7 @@ GradientOutcome check_sharded_gradient(const Scenario& s, const Target& target) 
   o.uncertain_units = bound.uncertain_units;
   o.parameters = layout.size();
 
-  const std::int64_t m_sharded = reference::sharded_roundings(step.largest_share(), s.world_size, options);
+  const std::int64_t m_sharded = reference::sharded_roundings(step.largest_share(), run.world_size, options);
   const reference::Comparison sharded = reference::compare(averaged, bound, m_sharded);
   o.sharded_ratio = sharded.max_ratio;
 
@@ -136,11 +147,28 @@ GradientOutcome check_sharded_gradient(const Scenario& s, const Target& target) 
   if (whole.size >= 2 && !(c.model.loss == Loss::cross_entropy && c.model.out_dim() == 1))
     o.probe_ratio = reference::compare(gradient_of(*engine, whole.slice(0, whole.size - 1)), bound, m_sharded).max_ratio;
 
+  if (detail) {
+    for (const std::vector<std::int64_t>& share : step.ranks) {
+      detail->share_sizes.push_back(static_cast<std::int64_t>(share.size()));
+      detail->shares.push_back(share.empty() ? std::vector<float>(layout.size(), 0.0f)
+                                             : gradient_of(*engine, data.gather(share)));
+    }
+    detail->m_sharded = m_sharded;
+    detail->m_whole = m_whole;
+    detail->sharded = sharded;
+    detail->whole_cmp = whole_cmp;
+  }
+
   o.passed = sharded.passed() && whole_cmp.passed();
   if (!sharded.passed())
     o.message = "the " + describe("all-reduced", sharded, bound, layout, m_sharded) + "; it exceeds the bound";
   else if (!whole_cmp.passed())
     o.message = "the " + describe("whole-batch", whole_cmp, bound, layout, m_whole) + "; it exceeds the bound";
+  if (detail) {
+    detail->averaged = std::move(averaged);
+    detail->whole = g;
+    detail->bound = bound;
+  }
   return o;
 }
 

@@ -103,6 +103,26 @@ struct GradientOutcome {
 };
 GradientOutcome check_sharded_gradient(const Scenario& scenario, const Target& target);
 
+// The same check on any data and parameters (what `dpcheck grad` runs): step `at_step` of a run of
+// `train` on `world_size` ranks over `data`, from `params` (nullptr: init_params(train.model, train.seed)).
+struct GradientRun {
+  TrainConfig train;
+  int world_size = 1;
+  std::int64_t at_step = 0;
+  const Dataset* data = nullptr;
+  const std::vector<float>* params = nullptr;
+};
+// What the check computed, for a report of it: the gradients beside the float64 reference and the bound.
+struct GradientDetail {
+  std::vector<float> averaged, whole;        // the all-reduced gradient; the engine's whole-batch gradient
+  std::vector<std::vector<float>> shares;    // each rank's share alone, through the same engine
+  std::vector<std::int64_t> share_sizes;
+  reference::GradientBound bound;
+  std::int64_t m_sharded = 0, m_whole = 0;   // roundings per term of each path (the bound's gamma_m)
+  reference::Comparison sharded, whole_cmp;
+};
+GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& target, GradientDetail* detail = nullptr);
+
 struct ReplicaOutcome {
   bool passed = true;
   bool parameters_moved = false;

@@ -33,8 +33,26 @@ TEST(KillMatrix, CorrectImplementationPassesEveryProperty) {
   for (const PropertyDef& p : properties()) {
     const PropertyResult r = run_property(p, Target{}, options(p));
     EXPECT_TRUE(r.passed) << p.name << ": " << r.failure << "\n" << r.counterexample;
-    if (r.skipped.empty()) EXPECT_EQ(r.cases, options(p).cases) << p.name;
-    else std::printf("%s skipped: %s\n", std::string(p.name).c_str(), r.skipped.c_str());
+    if (!r.skipped.empty()) {
+      std::printf("%s skipped: %s\n", std::string(p.name).c_str(), r.skipped.c_str());
+      continue;
+    }
+    EXPECT_EQ(r.cases, options(p).cases) << p.name;
+    // The run-level floors hold on correct code, and are judged: a check with a power share must have
+    // probed enough cases to be held to it, and one with a tightness floor must come that close to
+    // its bound on some case (else a loosened bound would pass here unseen).
+    if (p.min_power > 0) {
+      EXPECT_GE(r.probed, min_probed_cases) << p.name;
+      EXPECT_GE(r.power(), p.min_power) << p.name << ": " << r.probe_caught << " of " << r.probed;
+    }
+    if (p.min_tightness > 0) {
+      EXPECT_GE(r.cases, min_tightness_cases) << p.name;
+      EXPECT_GE(std::max(r.tightness[0], r.tightness[1]), 0.0) << p.name << ": no path measured";
+      for (const double t : r.tightness)
+        if (t >= 0) {
+          EXPECT_GE(t, p.min_tightness) << p.name;
+        }
+    }
   }
 }
 
