@@ -38,6 +38,31 @@ if(NOT DPCHECK_CUDA STREQUAL "OFF")
   endif()
 endif()
 
+# dpcheck_kernels' link libraries, followed through the libraries they bring, must not reach the reference
+# or the properties: a wrong constant must not live on both sides of a check (ci/layers.sh checks the
+# includes the same way).
+function(dpcheck_check_kernels_links)
+  get_target_property(pending dpcheck_kernels LINK_LIBRARIES)
+  set(seen)
+  while(pending)
+    list(POP_FRONT pending lib)
+    string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" lib "${lib}")
+    if(NOT TARGET "${lib}" OR lib IN_LIST seen)
+      continue()
+    endif()
+    list(APPEND seen "${lib}")
+    if(lib STREQUAL "dpcheck_reference" OR lib STREQUAL "dpcheck_properties")
+      message(FATAL_ERROR "dpcheck_kernels links ${lib}, directly or through another library: kernels/ never "
+                          "calls the reference or the properties that check it; a test that pairs a kernel with "
+                          "its reference links both itself")
+    endif()
+    get_target_property(more "${lib}" INTERFACE_LINK_LIBRARIES)
+    if(more)
+      list(APPEND pending ${more})
+    endif()
+  endwhile()
+endfunction()
+
 if(DPCHECK_WITH_CUDA)
   message(STATUS "dpcheck: CUDA engine: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${NCCL_LIBRARY})")
   add_library(dpcheck_nccl INTERFACE IMPORTED)
@@ -59,7 +84,11 @@ if(DPCHECK_WITH_CUDA)
     kernels/gpu_comm.cpp
     kernels/gpu_bench.cu
   )
-  target_link_libraries(dpcheck_kernels PUBLIC dpcheck_reference CUDA::cudart CUDA::cublas dpcheck_nccl)
+  # The core only: kernels/ never calls the oracle that checks it, nor the properties (tests that pair a
+  # kernel with its reference link both themselves, tests/CMakeLists.txt).
+  target_link_libraries(dpcheck_kernels PUBLIC dpcheck_core CUDA::cudart CUDA::cublas dpcheck_nccl)
+  # Checked once every CMakeLists.txt has run, so that a link added anywhere later is seen too.
+  cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL dpcheck_check_kernels_links)
   target_compile_definitions(dpcheck_kernels PUBLIC DPCHECK_HAVE_CUDA=1)
   target_compile_options(dpcheck_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
   dpcheck_warnings(dpcheck_kernels)

@@ -15,7 +15,6 @@
 #include "kernels/gpu_bench.hpp"
 #include "kernels/hash.hpp"
 #include "kernels/optimizer.hpp"
-#include "reference/hash.hpp"
 #include "src/data.hpp"
 #include "src/error.hpp"
 
@@ -178,13 +177,6 @@ HashBenchRow bench_hash(std::size_t bytes, int repeats) {
   });
   row.hash_gbs = static_cast<double>(bytes) / (row.hash_ms * 1e-3) / 1e9;
   row.copy_gbs = 2.0 * static_cast<double>(bytes) / (row.copy_ms * 1e-3) / 1e9;
-
-  // The kernel against its host restatement, on a size with a partial tail (never past the buffer:
-  // `dpcheck bench hash --bytes 4K` asks for less than the usual 1 MiB + 13).
-  const std::size_t small = std::min<std::size_t>((1u << 20) + 13, bytes);
-  std::vector<unsigned char> host(small);
-  DPCHECK_CUDA_CHECK(cudaMemcpy(host.data(), src.get(), small, cudaMemcpyDeviceToHost));
-  row.matches_reference = hasher.hash(src.get(), small, 7, stream.get()) == reference::replica_hash(host.data(), small, 7);
   return row;
 }
 

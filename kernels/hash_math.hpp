@@ -1,7 +1,8 @@
-// The arithmetic of the replica hash, shared by the GPU kernel (kernels/hash.cu) and its host
-// restatement (reference/hash.cpp): XXH64's round and avalanche (Collet, xxHash specification),
-// combined over a fixed assignment of 16-byte words to lanes and a fixed tree over lanes, so that the
-// result depends only on the bytes, never on scheduling.
+// The arithmetic of the replica hash on the GPU (kernels/hash.cu): XXH64's round and avalanche (Collet,
+// xxHash specification), combined over a fixed assignment of 16-byte words to lanes and a fixed tree over
+// lanes, so that the result depends only on the bytes, never on scheduling. The reference
+// (reference/hash.cpp) restates it on its own; tests/hash_test.cpp checks these XXH64 parts against
+// libxxhash on the host, and the kernel against the reference on the GPU.
 #pragma once
 
 #include <cstdint>

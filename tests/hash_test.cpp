@@ -1,9 +1,16 @@
-// The replica hash: its host restatement (reference/hash.cpp) checked on the CPU for the properties the
-// replica check relies on (deterministic, seed-sensitive, sensitive to every bit, the tail bytes and the
-// length), and the kernel (kernels/hash.cu) checked on the GPU to give exactly the host's value, on sizes
-// from empty to beyond four words a lane, with and without a partial last word.
+// The replica hash: the XXH64 parts of its host restatement (reference/hash.cpp) and of the kernel's
+// arithmetic (kernels/hash_math.hpp), each checked against libxxhash's XXH64; the host restatement
+// checked on the CPU for the properties the replica check relies on (deterministic, seed-sensitive,
+// sensitive to every bit, the tail bytes and the length); and the kernel (kernels/hash.cu) checked on the
+// GPU to give exactly the host's value, on sizes from empty to beyond four words a lane, with and without
+// a partial last word. The kernel and its reference share no code: this test is where they meet.
 #include <gtest/gtest.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <array>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <set>
@@ -36,9 +43,103 @@ std::uint64_t host_hash(const std::vector<unsigned char>& v, std::uint64_t seed)
 }
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-constexpr std::size_t kLaneBytes = 16 * hash::kLanes;  // one 16-byte word for every lane: 4 MiB
+constexpr std::size_t kLaneBytes = 16 * reference::replica_hash_lanes;  // one 16-byte word for every lane: 4 MiB
+
+// ---- the XXH64 parts, against libxxhash ----------------------------------------------------------------
+
+// One side's XXH64 primes, round and avalanche.
+struct Xxh64Parts {
+  const char* side;
+  std::array<std::uint64_t, 5> prime;  // P1..P5
+  std::uint64_t (*round)(std::uint64_t acc, std::uint64_t input);
+  std::uint64_t (*avalanche)(std::uint64_t h);
+};
+
+const Xxh64Parts kReferenceParts{"reference",
+                                 {reference::xxh64::prime_1, reference::xxh64::prime_2, reference::xxh64::prime_3,
+                                  reference::xxh64::prime_4, reference::xxh64::prime_5},
+                                 reference::xxh64::round,
+                                 reference::xxh64::avalanche};
+const Xxh64Parts kKernelParts{"kernel",
+                              {hash::kPrime1, hash::kPrime2, hash::kPrime3, hash::kPrime4, hash::kPrime5},
+                              hash::xxh_round,
+                              hash::avalanche};
+
+std::uint64_t little_endian(const unsigned char* p, int bytes) {
+  std::uint64_t v = 0;
+  for (int k = bytes - 1; k >= 0; --k) v = (v << 8) | p[k];
+  return v;
+}
+
+// XXH64 as the xxHash specification gives it, from one side's parts: every prime, the round (with and
+// without a zero accumulator) and the avalanche take part, so XXH64's value is reached only if all of
+// them are XXH64's.
+std::uint64_t xxh64_from(const Xxh64Parts& x, const unsigned char* p, std::size_t n, std::uint64_t seed) {
+  const auto [p1, p2, p3, p4, p5] = x.prime;
+  std::size_t i = 0;
+  std::uint64_t h = seed + p5;
+  if (n >= 32) {
+    std::uint64_t v[4] = {seed + p1 + p2, seed + p2, seed, seed - p1};
+    for (; i + 32 <= n; i += 32)
+      for (int k = 0; k < 4; ++k) v[k] = x.round(v[k], little_endian(p + i + 8 * k, 8));
+    h = std::rotl(v[0], 1) + std::rotl(v[1], 7) + std::rotl(v[2], 12) + std::rotl(v[3], 18);
+    for (std::uint64_t lane : v) h = (h ^ x.round(0, lane)) * p1 + p4;
+  }
+  h += n;
+  for (; i + 8 <= n; i += 8) h = std::rotl(h ^ x.round(0, little_endian(p + i, 8)), 27) * p1 + p4;
+  if (i + 4 <= n) {
+    h = std::rotl(h ^ little_endian(p + i, 4) * p1, 23) * p2 + p3;
+    i += 4;
+  }
+  for (; i < n; ++i) h = std::rotl(h ^ p[i] * p5, 11) * p1;
+  return x.avalanche(h);
+}
+
+TEST(ReplicaHashXxh64, BothSidesPrimesRoundAndAvalancheAreXxh64s) {
+  // Lengths 0 to 100 reach every branch (stripes of 32, 8-byte words, a 4-byte word, single bytes).
+  for (const Xxh64Parts& x : {kReferenceParts, kKernelParts}) {
+    for (std::size_t n = 0; n <= 100; ++n) {
+      const std::vector<unsigned char> a = random_bytes(n, 100 + n);
+      for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{0x9E3779B97F4A7C15}, ~std::uint64_t{0}})
+        ASSERT_EQ(xxh64_from(x, a.data(), n, seed), XXH64(a.data(), n, seed)) << x.side << ": " << n << " bytes, seed " << seed;
+    }
+  }
+}
+
+// The comparison above can fail: a wrong prime, a wrong rotation in the round or a wrong constant in the
+// avalanche each give another value than XXH64's.
+TEST(ReplicaHashXxh64, TheAnchorSeesAWrongPart) {
+  const std::vector<unsigned char> a = random_bytes(45, 9);  // a stripe, an 8-byte word, a 4-byte word, a byte
+  const auto differs = [&](const Xxh64Parts& x) {
+    return xxh64_from(x, a.data(), a.size(), 3) != XXH64(a.data(), a.size(), 3);
+  };
+  ASSERT_FALSE(differs(kReferenceParts));
+  for (std::size_t k = 0; k < 5; ++k) {
+    Xxh64Parts wrong = kReferenceParts;
+    wrong.prime[k] ^= std::uint64_t{1} << 40;
+    EXPECT_TRUE(differs(wrong)) << "P" << k + 1;
+  }
+  Xxh64Parts wrong_round = kReferenceParts;
+  wrong_round.round = [](std::uint64_t acc, std::uint64_t input) {
+    return std::rotl(acc + input * reference::xxh64::prime_2, 30) * reference::xxh64::prime_1;
+  };
+  EXPECT_TRUE(differs(wrong_round));
+  Xxh64Parts wrong_avalanche = kReferenceParts;
+  wrong_avalanche.avalanche = [](std::uint64_t h) {
+    h = (h ^ (h >> 33)) * reference::xxh64::prime_2;
+    h = (h ^ (h >> 29)) * reference::xxh64::prime_2;  // P3 in XXH64
+    return h ^ (h >> 32);
+  };
+  EXPECT_TRUE(differs(wrong_avalanche));
+}
 
 // ---- the host restatement ----------------------------------------------------------------------------
+
+// The kernel's fixed layout is the one the reference restates (a difference shows here without a GPU).
+TEST(ReplicaHash, KernelLayoutIsTheReferences) {
+  EXPECT_EQ(static_cast<std::uint64_t>(hash::kBlocks), reference::replica_hash_groups);
+  EXPECT_EQ(static_cast<std::uint64_t>(hash::kThreads), reference::replica_hash_lanes_per_group);
+}
 
 TEST(ReplicaHash, DeterministicAndAFunctionOfTheBytesOnly) {
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{4096}}) {
