@@ -17,6 +17,7 @@
 #include "kernels/optimizer.hpp"
 #include "src/data.hpp"
 #include "src/error.hpp"
+#include "src/process.hpp"
 
 namespace dpcheck::cuda {
 
@@ -66,20 +67,22 @@ double median_ms(cudaStream_t s, int warmup, int repeats, Work&& work) {
 double torch_step_ms(const StepBenchOptions& o, const StepModel& m, std::string* note) {
   std::string dims;
   for (int d : m.dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
-  const std::string cmd = o.python + " " + o.torch_script + " --dims " + dims + " --batch " + std::to_string(m.batch) +
-                          " --warmup " + std::to_string(o.warmup) + " --repeats " + std::to_string(o.repeats) + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    *note = "cannot start " + o.python;
+  ChildOptions child;
+  child.argv = {o.python, o.torch_script, "--dims", dims, "--batch", std::to_string(m.batch),
+                "--warmup", std::to_string(o.warmup), "--repeats", std::to_string(o.repeats)};
+  child.search_path = true;
+  child.out = ChildOptions::Output::capture;
+  child.err = ChildOptions::Output::to_stdout;
+  ChildResult ran;
+  try {
+    ran = run_child(child);
+  } catch (const ChildStartError& e) {
+    *note = e.what();
     return -1;
   }
-  std::string out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
+  const std::string& out = ran.out;
   const std::size_t brace = out.rfind('{');
-  if (status != 0 || brace == std::string::npos) {
+  if (!ran.succeeded() || brace == std::string::npos) {
     *note = "PyTorch baseline failed: " + out.substr(out.size() > 300 ? out.size() - 300 : 0);
     return -1;
   }

@@ -5,8 +5,6 @@
 // code that runs on resume (loading, skipping, pruning, cleaning up) writes too. No rank but 0 may
 // write outside the allowed paths, rank 0 must have written the log and the final checkpoint, and
 // every run must succeed: a run that fails has not shown what it would have written.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -18,6 +16,7 @@
 #include "properties/common.hpp"
 #include "src/audit/audit.hpp"
 #include "src/comm/mpi_comm.hpp"
+#include "src/process.hpp"
 
 namespace dpcheck {
 
@@ -110,22 +109,12 @@ std::string rank0_writes_unavailable(const Target&) {
   return "";
 }
 
-std::string find_mpi_launcher() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "");
-  std::string dir;
-  while (std::getline(dirs, dir, ':'))
-    for (const char* name : {"mpirun", "mpiexec"}) {
-      const std::filesystem::path p = std::filesystem::path(dir.empty() ? "." : dir) / name;
-      if (::access(p.c_str(), X_OK) == 0) return p.string();
-    }
-  return "";
-}
+std::string find_mpi_launcher() { return find_in_path({"mpirun", "mpiexec"}); }
 
 std::string dpcheck_executable() {
   if (const char* env = std::getenv("DPCHECK_BINARY"); env && *env) return env;
   std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path self = self_executable(ec);
   if (!ec && self.filename() == "dpcheck") return self.string();
   return (audit::find_library().parent_path() / "dpcheck").string();
 }

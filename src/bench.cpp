@@ -3,21 +3,12 @@
 // under mpirun.
 #include "src/bench.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <barrier>
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <memory>
 #include <new>
@@ -25,10 +16,9 @@
 #include <span>
 #include <thread>
 
-extern char** environ;
-
 #include "src/error.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/process.hpp"
 
 namespace dpcheck::bench {
 
@@ -313,93 +303,6 @@ std::vector<AllreduceRow> allreduce_rows_from_json(const nlohmann::json& j) {
 
 // ---- rows from worker processes ----------------------------------------------------------------------
 
-std::string find_on_path(std::string_view name) {
-  const char* path = std::getenv("PATH");
-  if (name.empty() || name.find('/') != std::string_view::npos || path == nullptr) return {};
-  for (std::string_view dir : split_on(path, ':')) {
-    if (dir.empty()) dir = ".";
-    const std::filesystem::path candidate = std::filesystem::path(dir) / name;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0)
-      return candidate.string();
-  }
-  return {};
-}
-
-namespace {
-
-// Closes a file descriptor when it goes out of scope.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  void reset() {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-};
-
-[[noreturn]] void throw_errno(const std::string& what) { throw Error(what + ": " + std::strerror(errno)); }
-
-}  // namespace
-
-ProgramResult run_program(const std::vector<std::string>& args, std::chrono::seconds limit) {
-  DPCHECK_ASSERT(!args.empty());
-  int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw_errno("pipe");
-  Fd out_read{out_pipe[0]}, out_write{out_pipe[1]};
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw_errno("pipe");
-  Fd err_read{err_pipe[0]}, err_write{err_pipe[1]};
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out_write.fd, 1);
-  posix_spawn_file_actions_adddup2(&actions, err_write.fd, 2);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw Error("cannot start " + args[0] + ": " + std::strerror(rc));
-  out_write.reset();
-  err_write.reset();
-
-  // Both pipes are drained together, so that a child filling one while the other is read cannot stall.
-  ProgramResult result;
-  const auto deadline = Clock::now() + limit;
-  bool terminated = false;
-  pollfd fds[2] = {{out_read.fd, POLLIN, 0}, {err_read.fd, POLLIN, 0}};
-  std::string* sinks[2] = {&result.out, &result.err};
-  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0 && !terminated) {
-      ::kill(pid, SIGTERM);  // mpirun passes it on to its ranks
-      terminated = true;
-    }
-    const int ready = ::poll(fds, 2, terminated ? 1000 : static_cast<int>(std::min<long long>(left.count(), 1000)));
-    if (ready < 0 && errno != EINTR) throw_errno("poll");
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      char buf[4096];
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n > 0) {
-        sinks[i]->append(buf, static_cast<std::size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        fds[i].fd = -1;  // end of file; the Fd closes it
-      }
-    }
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw_errno("waitpid");
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  if (terminated) result.err += "\n(stopped after " + std::to_string(limit.count()) + " s)\n";
-  return result;
-}
-
 std::vector<AllreduceRow> allreduce_rows_via_mpirun(const MpiWorkerLaunch& launch,
                                                     const std::vector<std::string>& backends,
                                                     const AllreduceConfig& cfg, const MemcpyBaseline& baseline) {
@@ -430,7 +333,13 @@ std::vector<AllreduceRow> allreduce_rows_via_mpirun(const MpiWorkerLaunch& launc
                                         std::to_string(cfg.warmup)};
     std::string command;
     for (const std::string& a : args) command += (command.empty() ? "" : " ") + a;
-    const ProgramResult r = run_program(args, launch.limit);
+    ChildOptions child;
+    child.argv = args;
+    child.input = ChildOptions::Input::null;
+    child.out = child.err = ChildOptions::Output::capture;
+    child.timeout = launch.limit;
+    const ChildResult r = run_child(child);
+    const int status = r.shell_status();
 
     std::string_view rows_json;
     for (std::string_view rest = r.out; !rest.empty();) {
@@ -439,13 +348,15 @@ std::vector<AllreduceRow> allreduce_rows_via_mpirun(const MpiWorkerLaunch& launc
       if (line.starts_with(worker_rows_prefix)) rows_json = line.substr(worker_rows_prefix.size());
       rest.remove_prefix(std::min(eol + 1, rest.size()));
     }
-    if (r.status != 0 || rows_json.empty()) {
+    if (status != 0 || rows_json.empty()) {
       // The end of the workers' standard error says what went wrong; the start is mostly launcher noise.
-      std::string err = r.err.empty() ? r.out : r.err;
+      std::string err = r.err;
+      if (r.timed_out) err += "\n(stopped after " + std::to_string(launch.limit.count()) + " s)\n";
+      if (err.empty()) err = r.out;
       while (!err.empty() && err.back() == '\n') err.pop_back();
       if (err.size() > 2000) err = "..." + err.substr(err.size() - 2000);
       throw Error("`" + command + "` " +
-                  (r.status != 0 ? "exited with status " + std::to_string(r.status) : std::string("printed no rows")) +
+                  (status != 0 ? "exited with status " + std::to_string(status) : std::string("printed no rows")) +
                   (err.empty() ? std::string() : ":\n" + err));
     }
     nlohmann::json parsed = nlohmann::json::parse(rows_json, nullptr, false);

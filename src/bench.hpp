@@ -92,22 +92,11 @@ inline constexpr std::string_view backend_local = "local";
 inline constexpr std::string_view backend_mpi = "mpi";
 inline constexpr std::string_view backend_native = "MPI_Allreduce";
 
-// The full path of an executable named `name` on PATH, or "" when there is none.
-std::string find_on_path(std::string_view name);
-
-struct ProgramResult {
-  int status = -1;  // exit status; 128 + signal number when a signal ended it
-  std::string out;  // standard output
-  std::string err;  // standard error
-};
-// Runs args[0] (a path) with args, no shell, stdin from /dev/null, capturing stdout and stderr; after
-// `limit` it is sent SIGTERM. Error when it cannot be started.
-ProgramResult run_program(const std::vector<std::string>& args, std::chrono::seconds limit);
-
 // The line prefix under which a worker prints its rows (one JSON object) on rank 0's standard output.
 inline constexpr std::string_view worker_rows_prefix = "dpcheck-allreduce-rows: ";
 
-// How the parent starts a worker: `mpirun` (a path), this dpcheck binary, and the worker's arguments.
+// How the parent starts a worker: `mpirun` (a path), this dpcheck binary, and how long one launch may
+// take before mpirun is sent SIGTERM (which it passes on to its ranks).
 struct MpiWorkerLaunch {
   std::string mpirun;
   std::string dpcheck;

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "src/error.hpp"
+#include "src/process.hpp"
 
 namespace dpcheck {
 
@@ -22,7 +23,7 @@ Loaded load() {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("DPCHECK_CUDA_PLUGIN"); env && *env) candidates.emplace_back(env);
   std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path self = self_executable(ec);
   if (!ec) candidates.push_back((self.parent_path() / "libdpcheck_cuda.so").string());
 #ifdef DPCHECK_CUDA_PLUGIN_BUILD_PATH
   candidates.emplace_back(DPCHECK_CUDA_PLUGIN_BUILD_PATH);

@@ -131,40 +131,74 @@ fs::path resolve_links(const fs::path& path) {
   }
 }
 
+void FileDescriptor::reset(int fd) noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+int FileDescriptor::close() noexcept { return ::close(release()); }
+
+void sync_directory(const fs::path& dir) {
+  const FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.is_open()) {
+    const int err = errno;
+    fail("cannot open directory", dir, err);
+  }
+  if (::fsync(fd.get()) != 0) {
+    const int err = errno;
+    fail("cannot fsync directory", dir, err);
+  }
+}
+
 void write_file_atomic(const fs::path& path, const std::function<void(int fd)>& write) {
+  const auto named = [&](const fs::path& p) { return p.has_filename() && p.filename() != "." && p.filename() != ".."; };
+  if (!named(path)) throw UsageError(path.string() + ": not a file name");
   // Renaming over a link would replace the link; the file it points to is what the caller means.
   const fs::path target = resolve_links(path);
+  if (!named(target)) throw UsageError(subject(path, {}, target) + ": not a file name");
+  // rename(2) would silently put a regular file in the place of a device, FIFO or socket. A directory
+  // it refuses by itself (EISDIR), so that one costs only the temporary file, which goes again.
   struct stat st {};
-  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
     throw UsageError(subject(path, {}, target) + ": " + file_kind(st.st_mode) + ", not a regular file");
-  const fs::path dir = parent_or_dot(target);
-  const fs::path tmp = unique_name(dir, target.filename().string() + ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create", tmp, errno);
-  try {
-    write(fd);
-    if (::fsync(fd) != 0) fail("cannot fsync", tmp, errno);
-    if (::close(fd) != 0) {
-      const int err = errno;
-      ::unlink(tmp.c_str());
-      fail("cannot close", tmp, err);
-    }
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+  // "<path>: fsync of <tmp> failed: <errno's text>"; the arguments allocate nothing, so errno is
+  // still the failed call's when it is read.
+  const auto failed = [&](const char* step, const fs::path& file, const char* after) -> Error {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot rename to", target, err);
+    return Error(path.string() + ": " + step + " " + file.string() + after + ": " + std::strerror(err));
+  };
+
+  // Beside the target, so that the rename cannot cross file systems; pid and counter make the name
+  // unique across processes and threads, and O_EXCL makes sure of it.
+  const fs::path dir = parent_or_dot(target);
+  fs::path tmp;
+  FileDescriptor fd;
+  for (int attempt = 0; !fd.is_open(); ++attempt) {
+    tmp = unique_name(dir, target.filename().string() + ".tmp");
+    fd.reset(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, new_file_mode));
+    if (!fd.is_open() && (errno != EEXIST || attempt >= 100)) throw failed("cannot create temporary file", tmp, "");
   }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail("cannot open directory", dir, errno);
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  if (rc != 0) fail("cannot fsync directory", dir, err);
+  // From here until the rename succeeds, every way out removes the temporary file.
+  struct RemoveUnlessRenamed {
+    const fs::path& p;
+    bool renamed = false;
+    ~RemoveUnlessRenamed() {
+      if (!renamed) ::unlink(p.c_str());
+    }
+  } guard{tmp};
+  write(fd.get());
+  // Synced before the rename, so that after a crash the target holds the old file or the whole new one.
+  if (::fsync(fd.get()) != 0) throw failed("fsync of", tmp, " failed");
+  if (fd.close() != 0) throw failed("close of", tmp, " failed");
+  if (::rename(tmp.c_str(), target.c_str()) != 0) throw failed("rename from", tmp, " failed");
+  guard.renamed = true;
+
+  // A failed directory fsync is an error, never ignored: the new file is in place, but its name may
+  // not survive a crash, and a caller told "written" would go on to rely on it (prune older
+  // checkpoints, report success). Throwing is the safe side: the caller says the write failed, and at
+  // worst a file that did survive is reported as not durable. The file is not removed: the old one is
+  // gone already, and the new one is whole.
+  sync_directory(dir);
 }
 
 void write_file_atomic(const fs::path& path, std::string_view contents) {

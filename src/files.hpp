@@ -1,13 +1,16 @@
-// Writing files so that a reader never sees half of one: write a temporary file beside the target,
-// fsync it, rename it over the target, and fsync the directory so the rename itself is durable.
-// A failure removes the temporary file and throws Error naming the path and the system's reason.
+// Writing files so that a reader never sees half of one, and the open-file and directory plumbing that
+// goes with it. write_file_atomic is the one way dpcheck replaces a file (reports, .npy tensors,
+// checkpoint manifests): a temporary file beside the target, fsync, rename over the target, fsync of
+// the directory so the rename itself is durable. A failure removes the temporary file and throws
+// Error naming the path and the system's reason; a file that was there before is left as it was.
 //
 // Output paths are checked before any work starts (check_output_path, check_output_dir), so that a bad
 // one costs a second, not a whole run, and nothing that is not a regular file is ever replaced: a
-// symbolic link is written through to its target (the link stays), and a device, FIFO, socket or
-// directory is refused.
+// symbolic link is written through to its target (the link stays, as with NumPy's np.save or a shell's
+// redirection), and a device, FIFO, socket or directory is refused.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -15,10 +18,51 @@
 
 namespace dpcheck {
 
+// The mode of every file dpcheck creates (before the umask): readable by all, writable by the owner,
+// whatever umask the user runs under -- outputs are shared for reading, never for writing.
+inline constexpr unsigned new_file_mode = 0644;
+
+// An open file descriptor, closed when it goes out of scope.
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(other.release()) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    reset(other.release());
+    return *this;
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() { reset(); }
+
+  int get() const { return fd_; }
+  bool is_open() const { return fd_ >= 0; }
+  int release() noexcept {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) noexcept;
+  // Closes now and returns close(2)'s result (errno set on failure), so that the caller sees its
+  // error: NFS reports failed writes there.
+  int close() noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
 // Calls write(fd) to fill the temporary file, then commits it as the file `path` names: through
-// symbolic links, to their final target, which must be a regular file or absent (UsageError otherwise).
+// symbolic links, to their final target. UsageError when `path` has no file name, or its target is a
+// device, FIFO or socket (rename would replace it); a directory is refused by rename(2) itself (Error,
+// EISDIR). The new file has new_file_mode. The temporary file, ".<name>.tmp.<pid>.<n>" beside the
+// target, never outlives the call.
 void write_file_atomic(const std::filesystem::path& path, const std::function<void(int fd)>& write);
 void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
+
+// fsyncs the directory `dir`, so that the entries created, renamed or removed in it survive a crash.
+// Throws Error when it cannot be opened or synced (write_file_atomic says why that is an error).
+void sync_directory(const std::filesystem::path& dir);
 
 // write(2) until everything is written; throws Error naming `path` on failure.
 void write_all(int fd, const void* data, std::size_t size, const std::filesystem::path& path);

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -337,26 +336,6 @@ Header parse_header(const std::filesystem::path& path, std::string_view text) {
 
 // ---- file I/O -----------------------------------------------------------------------------------
 
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now, so that the caller sees close's error (NFS reports write errors there).
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
 // Reads up to n bytes, fewer only at end of file.
 std::size_t read_fully(const std::filesystem::path& path, int fd, void* buf, std::size_t n) {
   auto* p = static_cast<unsigned char*>(buf);
@@ -372,20 +351,6 @@ std::size_t read_fully(const std::filesystem::path& path, int fd, void* buf, std
     done += static_cast<std::size_t>(r);
   }
   return done;
-}
-
-bool write_fully(int fd, const void* buf, std::size_t n) {
-  const auto* p = static_cast<const unsigned char*>(buf);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
 }
 
 std::uint32_t little_endian_u32(const unsigned char* p, std::size_t bytes) {
@@ -432,65 +397,6 @@ std::string make_header(DType dtype, std::span<const std::int64_t> shape) {
   }
   throw UsageError("write_npy: a shape of " + std::to_string(shape.size()) +
                    " dimensions does not fit in a .npy header");
-}
-
-std::atomic<unsigned> temp_counter{0};
-
-// Writes header then data to path through a temporary file in the same directory (so the rename
-// cannot cross file systems), synced before the rename so that after a crash path holds either the
-// old file or the whole new one. The temporary file is removed on every failure.
-void write_atomically(const std::filesystem::path& path, const std::string& header,
-                      const void* data, std::size_t data_bytes) {
-  const std::filesystem::path name = path.filename();
-  if (name.empty() || name == "." || name == "..") fail(path, "not a file name");
-  // pid and a counter make the name unique across processes and threads; O_EXCL makes sure of it.
-  std::filesystem::path temp;
-  int fd = -1;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    temp =
-        path.parent_path() / ("." + name.string() + ".tmp." + std::to_string(::getpid()) + "." +
-                              std::to_string(temp_counter.fetch_add(1, std::memory_order_relaxed)));
-    // 0666 before the umask, like any file NumPy or the shell creates.
-    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    const int err = errno;
-    if (fd < 0 && (err != EEXIST || attempt >= 100)) {
-      throw Error(path.string() + ": cannot create temporary file " + temp.string() + ": " +
-                  errno_text(err));
-    }
-  }
-  FileDescriptor file(fd);
-  struct RemoveUnlessRenamed {
-    const std::filesystem::path& p;
-    bool renamed = false;
-    ~RemoveUnlessRenamed() {
-      if (!renamed) ::unlink(p.c_str());
-    }
-  } guard{temp};
-
-  auto fail_with_errno = [&](std::string_view step) {
-    const int err = errno;
-    throw Error(path.string() + ": " + std::string(step) + " " + temp.string() +
-                " failed: " + errno_text(err));
-  };
-  if (!write_fully(file.get(), header.data(), header.size())) fail_with_errno("write to");
-  if (data_bytes > 0 && !write_fully(file.get(), data, data_bytes)) fail_with_errno("write to");
-  if (::fsync(file.get()) != 0) fail_with_errno("fsync of");
-  if (file.close() != 0) fail_with_errno("close of");
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    throw Error(path.string() + ": rename from " + temp.string() + " failed: " + errno_text(err));
-  }
-  guard.renamed = true;
-
-  // The new name is durable only once its directory is synced. The file is complete and in place
-  // whatever happens here, and some file systems refuse fsync on a directory, so this is best
-  // effort.
-  const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
-  }
 }
 
 template <class T>
@@ -705,7 +611,11 @@ void write_npy(const std::filesystem::path& path, DType dtype, std::span<const s
   }
   const std::size_t bytes = static_cast<std::size_t>(*n) * item;
   if (bytes > 0 && data == nullptr) fail(path, "cannot write: data is null");
-  write_atomically(path, make_header(dtype, shape), data, bytes);
+  const std::string header = make_header(dtype, shape);
+  write_file_atomic(path, [&](int fd) {
+    write_all(fd, header.data(), header.size(), path);
+    if (bytes > 0) write_all(fd, data, bytes, path);
+  });
 }
 
 void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,

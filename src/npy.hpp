@@ -35,7 +35,8 @@ struct NpyArray {
 
 NpyArray read_npy(const std::filesystem::path& path);
 
-// Writes atomically: to a temporary file beside path, then rename, so a reader never sees half a file.
+// Writes with write_file_atomic (src/files.hpp): a reader never sees half a file, and a symbolic link
+// is written through to its target, as np.save does.
 void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape,
                const void* data);
 void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,

@@ -112,35 +112,9 @@ void prune(const fs::path& dir, const fs::path& written, int keep) {
   }
 }
 
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open directory " + dir.string() + ": " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error("cannot fsync directory " + dir.string() + ": " + std::strerror(err));
-}
-
 UsageError not_a_regular_log(const fs::path& path, mode_t mode) {
   return UsageError("log " + path.string() + " is " + file_kind(mode) + ", not a regular file");
 }
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(other.release()) {}
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(FileDescriptor&&) = delete;
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
 
 // ---- the manifest ---------------------------------------------------------------------------------
 
@@ -448,7 +422,7 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
     const bool replacing = fs::exists(final_dir);
     if (replacing) fs::rename(final_dir, old);
     fs::rename(tmp, final_dir);
-    fsync_dir(checkpoint_dir_);
+    sync_directory(checkpoint_dir_);
     if (replacing) fs::remove_all(old);
 
     prune(checkpoint_dir_, final_dir, keep_);
@@ -466,7 +440,7 @@ void RankZeroWriter::log(const nlohmann::json& record) {
     // (a FIFO with no reader fails with ENXIO), fstat says what was opened, and blocking writes resume.
     struct stat st {};
     if (::stat(log_path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) throw not_a_regular_log(log_path_, st.st_mode);
-    const int fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
+    const int fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, new_file_mode);
     if (fd < 0) {
       const int err = errno;
       if (err == ENXIO && ::stat(log_path_.c_str(), &st) == 0) throw not_a_regular_log(log_path_, st.st_mode);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "src/audit/audit.hpp"
+#include "src/process.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck::audit {
@@ -23,15 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* const launcher_rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK"};
-
-bool on_path(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "");
-  std::string dir;
-  while (std::getline(dirs, dir, ':'))
-    if (!dir.empty() && ::access((fs::path(dir) / program).c_str(), X_OK) == 0) return true;
-  return false;
-}
 
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
@@ -377,7 +369,7 @@ TEST(AuditLog, LinesThatAreNotRecordsAreKept) {
 class AuditMpi : public Audit {
  protected:
   void SetUp() override {
-    if (!on_path("mpirun")) GTEST_SKIP() << "mpirun is not on PATH";
+    if (find_in_path("mpirun").empty()) GTEST_SKIP() << "mpirun is not on PATH";
     Audit::SetUp();
   }
   // MPI_Init in the writer makes Open MPI's own rank-side files, so the launcher allowance is exercised.

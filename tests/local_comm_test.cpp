@@ -298,24 +298,5 @@ TEST(Bench, MpiRowsComeBackFromWorkersUnderMpirun) {
 }
 #endif
 
-TEST(Bench, RunProgramCapturesBothStreamsAndTheStatus) {
-  const std::string sh = bench::find_on_path("sh");
-  ASSERT_FALSE(sh.empty());
-  EXPECT_TRUE(bench::find_on_path("no-such-program-dpcheck").empty());
-  EXPECT_TRUE(bench::find_on_path("bin/sh").empty());  // a path, not a name to search for
-
-  const bench::ProgramResult r = bench::run_program({sh, "-c", "echo out; echo err >&2; exit 3"}, 10s);
-  EXPECT_EQ(r.status, 3);
-  EXPECT_EQ(r.out, "out\n");
-  EXPECT_EQ(r.err, "err\n");
-  EXPECT_THROW(bench::run_program({"/no/such/program"}, 10s), Error);
-
-  const auto t0 = Clock::now();
-  const bench::ProgramResult slow = bench::run_program({sh, "-c", "exec sleep 30"}, 1s);
-  EXPECT_LT(seconds_since(t0), 10.0);
-  EXPECT_EQ(slow.status, 128 + 15);  // SIGTERM
-  EXPECT_NE(slow.err.find("stopped after 1 s"), std::string::npos) << slow.err;
-}
-
 }  // namespace
 }  // namespace dpcheck

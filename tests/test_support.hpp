@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +23,7 @@
 
 #include "properties/scenario.hpp"
 #include "src/data.hpp"
+#include "src/process.hpp"
 
 namespace dpcheck {
 
@@ -68,20 +70,28 @@ struct CommandResult {
   double seconds = 0;  // wall time
 };
 
-// Runs `cmd` through the shell. With a limit, `timeout -s KILL` ends it after `limit_s` seconds (status
-// 137), so that a hang fails the test instead of stalling the suite.
+// Runs `cmd` through the shell. With a limit, the shell and everything it started are killed
+// (SIGKILL, to their process group, as `timeout -s KILL` does) after `limit_s` seconds, and the status
+// is 137, so that a hang fails the test instead of stalling the suite.
 inline CommandResult run_command(const std::string& cmd, int limit_s = 0) {
   CommandResult r;
   const auto start = std::chrono::steady_clock::now();
-  const std::string guard = limit_s > 0 ? "timeout -s KILL " + std::to_string(limit_s) + " " : std::string();
-  const std::string full = guard + cmd + " 2>&1";
-  FILE* p = ::popen(full.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  ChildOptions child;
+  child.argv = {"/bin/sh", "-c", cmd};
+  child.out = ChildOptions::Output::capture;
+  child.err = ChildOptions::Output::to_stdout;
+  if (limit_s > 0) {
+    child.timeout = std::chrono::seconds(limit_s);
+    child.timeout_signal = SIGKILL;
+    child.new_process_group = true;
+  }
+  try {
+    const ChildResult ran = run_child(child);
+    r.output = ran.out;
+    r.status = ran.timed_out ? 128 + SIGKILL : ran.signal != 0 ? -1 : ran.exit_code;
+  } catch (const ChildStartError&) {
+    return r;
+  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }

@@ -2,11 +2,7 @@
 // is the preload library, src/audit/audit_preload.cpp.
 #include "src/audit/audit.hpp"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,8 +17,7 @@
 #include <sstream>
 
 #include "src/error.hpp"
-
-extern char** environ;
+#include "src/process.hpp"
 
 namespace dpcheck::audit {
 
@@ -200,13 +195,7 @@ std::vector<Record> offending(std::span<const Record> records, const AllowList& 
 
 // ---- running -------------------------------------------------------------------------------------------
 
-std::string RunResult::status_text() const {
-  if (signal != 0) {
-    const char* name = ::strsignal(signal);
-    return "was killed by signal " + std::to_string(signal) + (name != nullptr ? std::string(" (") + name + ")" : "");
-  }
-  return "exited with status " + std::to_string(exit_code);
-}
+std::string RunResult::status_text() const { return exit_status_text(exit_code, signal); }
 
 fs::path find_library() {
   if (const char* env = std::getenv("DPCHECK_AUDIT_LIBRARY"); env != nullptr && *env != '\0') {
@@ -214,7 +203,7 @@ fs::path find_library() {
     return fs::absolute(env);
   }
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path exe = self_executable(ec);
   if (!ec) {
     const fs::path beside = exe.parent_path() / "libdpcheck_audit.so";
     if (fs::exists(beside)) return beside;
@@ -249,31 +238,6 @@ class TempLog {
  private:
   fs::path path_;
 };
-
-std::string env_name(std::string_view entry) { return std::string(entry.substr(0, entry.find('='))); }
-
-// This process's environment with `overrides` (NAME=VALUE) replacing entries of the same name, and
-// without the variables whose names start with one of `unset`.
-std::vector<std::string> command_environment(const std::vector<std::string>& overrides,
-                                             const std::vector<std::string>& unset) {
-  std::set<std::string> replaced;
-  for (const std::string& e : overrides) replaced.insert(env_name(e));
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string name = env_name(*e);
-    const bool dropped = std::any_of(unset.begin(), unset.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
-    if (!replaced.contains(name) && !dropped) env.emplace_back(*e);
-  }
-  env.insert(env.end(), overrides.begin(), overrides.end());
-  return env;
-}
-
-std::vector<char*> c_strings(std::vector<std::string>& v) {
-  std::vector<char*> out;
-  for (std::string& s : v) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
 
 // LD_PRELOAD with the library added at the end, unless it is already there (an audit within an audit).
 std::string preload_with(const std::string& existing, const std::string& library) {
@@ -318,51 +282,31 @@ RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& 
   if (const char* p = std::getenv("LD_PRELOAD"); p != nullptr) existing_preload = p;
   for (const std::string& e : extra_env)
     if (env_name(e) == "LD_PRELOAD") existing_preload = e.substr(e.find('=') + 1);
-  std::vector<std::string> overrides = extra_env;
-  std::erase_if(overrides, [](const std::string& e) { return env_name(e) == "LD_PRELOAD"; });
-  overrides.push_back("LD_PRELOAD=" + preload_with(existing_preload, lib.string()));
-  overrides.push_back("DPCHECK_AUDIT_LOG=" + log.path().string());
-  std::vector<std::string> env = command_environment(overrides, options.unset);
-  std::vector<std::string> args = argv;
-  std::vector<char*> c_env = c_strings(env);
-  std::vector<char*> c_args = c_strings(args);
-
-  // A caller that ignores SIGINT while it waits (as `dpcheck audit` does) must not pass that on.
-  posix_spawnattr_t attr;
-  ::posix_spawnattr_init(&attr);
-  sigset_t defaults;
-  ::sigemptyset(&defaults);
-  ::sigaddset(&defaults, SIGINT);
-  ::sigaddset(&defaults, SIGQUIT);
-  ::posix_spawnattr_setsigdefault(&attr, &defaults);
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
-
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  // The output file is opened by the spawn itself, before the audit library is loaded: not a record.
-  posix_spawn_file_actions_t actions;
-  ::posix_spawn_file_actions_init(&actions);
-  const std::string output = options.output.string();
-  if (!output.empty()) {
-    ::posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  ChildOptions child;
+  child.argv = argv;
+  child.search_path = true;
+  child.env_set = extra_env;
+  std::erase_if(child.env_set, [](const std::string& e) { return env_name(e) == "LD_PRELOAD"; });
+  child.env_set.push_back("LD_PRELOAD=" + preload_with(existing_preload, lib.string()));
+  child.env_set.push_back("DPCHECK_AUDIT_LOG=" + log.path().string());
+  child.env_unset = options.unset;
+  // The output file is opened by the child before the audit library is loaded: not a record.
+  if (!options.output.empty()) {
+    child.out = ChildOptions::Output::file;
+    child.err = ChildOptions::Output::to_stdout;
+    child.output_file = options.output;
   }
-  pid_t pid = 0;
-  const int err = ::posix_spawnp(&pid, c_args[0], &actions, &attr, c_args.data(), c_env.data());
-  ::posix_spawn_file_actions_destroy(&actions);
-  ::posix_spawnattr_destroy(&attr);
-  if (err != 0) throw UsageError("cannot run '" + argv[0] + "': " + std::strerror(err));
-
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw Error(std::string("waiting for the audited command failed: ") + std::strerror(errno));
+  ChildResult ended;
+  try {
+    ended = run_child(child);
+  } catch (const ChildStartError& e) {
+    throw UsageError("cannot run '" + argv[0] + "': " + std::strerror(e.error()));
   }
 
   RunResult result;
   result.log_path = log.path();
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  result.exit_code = ended.exit_code;
+  result.signal = ended.signal;
   std::ifstream in(log.path(), std::ios::binary);
   if (!in) throw Error("cannot read the audit log " + log.path().string());
   std::stringstream text;

@@ -9,7 +9,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -20,6 +19,7 @@
 #include "src/cli/cli_common.hpp"
 #include "src/files.hpp"
 #include "src/model.hpp"
+#include "src/process.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/cli/gpu_report.hpp"
 #include "src/cli/commands.hpp"
@@ -107,16 +107,14 @@ int run_allreduce(const AllreduceArgs& args) {
   bench::MpiWorkerLaunch launch;
   std::vector<std::string> notes;
   if (!process_backends.empty()) {
-    launch.mpirun = bench::find_on_path("mpirun");
+    launch.mpirun = find_in_path("mpirun");
     const std::string why = why_no_process_backends(launch.mpirun);
     if (!why.empty()) {
       if (chosen) throw UsageError("--backends: " + process_backends.front() + " cannot run: " + why);
       notes.push_back("no mpi or MPI_Allreduce rows: " + why);
       process_backends.clear();
     } else {
-      std::error_code ec;
-      launch.dpcheck = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-      if (ec) throw Error("cannot find this program's path in /proc/self/exe: " + ec.message());
+      launch.dpcheck = self_executable().string();
       notes.push_back("mpi and MPI_Allreduce rows: " + launch.mpirun + " --oversubscribe -np N, " +
                       "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 in the ranks");
     }
