@@ -61,7 +61,7 @@ head -3 "$out/device.txt"
 
 # 1. GPU test binaries (their CPU tests run too; GPU tests skip only where there is no device).
 for t in linear activation loss bias_grad hash first_difference optimizer cuda_engine cuda_local_comm nccl_comm \
-         gpu_properties; do
+         gpu_properties backends; do
   [ -x "$bin/tests/${t}_test" ] || { record "test-$t" MISSING $SECONDS; continue; }
   run_test "$t"
 done

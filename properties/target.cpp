@@ -2,14 +2,8 @@
 
 #include "properties/mutants.hpp"
 #include "src/error.hpp"
-#include "src/comm/collective.hpp"
-#include "src/comm/local_comm.hpp"
-
 #include "src/cuda_plugin.hpp"
 
-#include <cstdlib>
-
-#include <algorithm>
 #include <vector>
 
 namespace dpcheck {
@@ -18,42 +12,40 @@ std::string Target::describe() const {
   return "engine " + engine + (tf32 ? " (tf32)" : "") + ", comm " + comm + ", mutant " + (mutant.empty() ? "none" : mutant);
 }
 
-std::string default_comm(const std::string& engine) { return engine == "cuda" ? "cuda-local" : "local"; }
+namespace {
+
+// The target's row; UsageError when its names are unknown or do not go together.
+const Backend& backend_of(const Target& target) { return backend_for(target.engine, target.comm); }
+
+}  // namespace
 
 void validate_target(const Target& target) {
-  const bool cpu = target.engine == "cpu", gpu = target.engine == "cuda";
-  if (!cpu && !gpu) throw UsageError("unknown engine '" + target.engine + "' (choose cpu or cuda)");
-  const std::vector<std::string> comms = cpu ? std::vector<std::string>{"local", "mpi"}
-                                             : std::vector<std::string>{"cuda-local", "nccl"};
-  if (std::find(comms.begin(), comms.end(), target.comm) == comms.end())
-    throw UsageError("engine " + target.engine + " runs with --comm " + comms[0] + " or " + comms[1] + ", not '" +
-                     target.comm + "'");
-  if (target.comm == "mpi" && !target.process_world)
-    throw UsageError("--comm mpi runs one process per rank: start it with a launcher, e.g. mpirun -np 4 dpcheck ...");
-  if (target.tf32 && !gpu) throw UsageError("--tf32 is for the cuda engine's matrix products");
+  const Backend& backend = backend_of(target);
+  (void)world_of_processes(backend, target.process_world);
+  if (target.tf32 && target.engine != "cuda") throw UsageError("--tf32 is for the cuda engine's matrix products");
   require_known_mutant(target.mutant);
   if (const MutantInfo* m = find_mutant(target.mutant); m && !m->engine.empty() && m->engine != target.engine)
     throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m->engine) + " engine: add --engine " +
                      std::string(m->engine));
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
-  if (gpu) require_cuda();
+  if (const EngineRow& engine = find_engine(target.engine); engine.require) engine.require();
 }
 
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {
-  if (target.comm == "mpi" && target.process_world) return target.process_world->algorithm_thresholds(DType::f32);
-  if (target.comm == "local") return host_reduction_thresholds(world_size, DType::f32);
-  return {};
+  const Backend& backend = backend_of(target);
+  return backend.thresholds ? backend.thresholds(world_size, target.process_world) : std::vector<std::size_t>{};
 }
 
 std::string replay_command(const Target& target, const std::string& token) {
+  const Backend& backend = backend_of(target);
   std::string quoted = "'";
   for (char c : token) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   quoted += "'";
   std::string cmd;
-  if (target.process_world) cmd = "mpirun -np " + std::to_string(target.process_world->size()) + " ";
+  if (target.process_world) cmd = backend.launch_prefix(target.process_world->size());
   cmd += "dpcheck verify";
-  if (target.engine != "cpu") cmd += " --engine " + target.engine;
-  if (target.comm != default_comm(target.engine)) cmd += " --comm " + target.comm;
+  if (target.engine != default_engine()) cmd += " --engine " + target.engine;
+  if (!backend.engine_default) cmd += " --comm " + target.comm;
   if (target.tf32) cmd += " --tf32";
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
@@ -78,27 +70,15 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
     std::unique_ptr<Communicator> wrapped = mutant_communicator(target.mutant, comm);
     fn(wrapped ? *wrapped : comm);
   };
-  if (target.process_world) {
-    if (target.process_world->size() != world_size)
+  const Backend& backend = backend_of(target);
+  if (Communicator* world = world_of_processes(backend, target.process_world)) {
+    if (world->size() != world_size)
       throw Error("a scenario asked for " + std::to_string(world_size) + " ranks but the launcher started " +
-                  std::to_string(target.process_world->size()));
-    target.process_world->set_timeout(target.timeout);
-    if (target.comm == "nccl") {
-      // One GPU per process: the launcher's local rank picks it.
-      const cuda::Plugin& gpu = require_cuda();
-      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-      const int devices = gpu.device_count();
-      const int device = (local ? std::atoi(local) : target.process_world->rank()) % (devices > 0 ? devices : 1);
-      const std::unique_ptr<Communicator> nccl = gpu.make_nccl_communicator(*target.process_world, device);
-      with_mutant(*nccl);
-      return;
-    }
-    with_mutant(*target.process_world);
-    return;
+                  std::to_string(world->size()));
+    world->set_timeout(target.timeout);
+    return backend.run_processes(*world, with_mutant);
   }
-  if (target.comm == "cuda-local") return require_cuda().run_cuda_local(world_size, with_mutant, target.timeout);
-  if (target.comm == "nccl") return require_cuda().run_nccl_threads(world_size, with_mutant, target.timeout);
-  run_local(world_size, with_mutant, target.timeout);
+  backend.run_threads(world_size, with_mutant, target.timeout);
 }
 
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "reference/bound.hpp"
+#include "src/backends.hpp"
 #include "src/comm.hpp"
 #include "src/engine.hpp"
 #include "src/optimizer.hpp"
@@ -20,8 +21,9 @@
 namespace dpcheck {
 
 struct Target {
-  std::string engine = "cpu";  // cpu | cuda
-  std::string comm = "local";  // local | mpi | cuda-local | nccl
+  // --engine and --comm: rows of the backend table (src/backends.hpp) that go together.
+  std::string engine{default_engine()};
+  std::string comm = default_comm(engine);
   std::string mutant;          // empty: the correct implementation
   int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
   bool tf32 = false;           // cuda engine: TF32 matrix products
@@ -32,28 +34,27 @@ struct Target {
   std::string describe() const;  // "engine cpu, comm local, mutant none"
 };
 
-// The communicator an engine runs with when --comm is not given: local for cpu, cuda-local for cuda.
-std::string default_comm(const std::string& engine);
-
-// Checks that the engine, backend and mutant names are known and go together, and that a GPU engine
-// has a device; UsageError otherwise ("no CUDA device: <the runtime's reason>").
+// Checks that the engine, backend and mutant names are known and go together (backend_for), that a
+// backend that needs a launcher has one, and that a GPU engine has a device; UsageError otherwise
+// ("no CUDA device: <the runtime's reason>").
 void validate_target(const Target& target);
 
 // The element counts at which the target's communicator changes algorithm for a world of this size
-// (Communicator::algorithm_thresholds, float32), so that scenarios can be drawn on both sides.
+// (its row's thresholds, float32), so that scenarios can be drawn on both sides.
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size);
 
 // The command that replays one case of a property on this target: `dpcheck verify` with the engine,
-// communicator, mutant and world size the target was run with, prefixed by the launcher for a process
-// backend, and --reproduce with the token (shell-quoted).
+// communicator, mutant and world size the target was run with (the defaults left out), prefixed by its
+// row's launcher when the ranks are a launcher's processes, and --reproduce with the token (shell-quoted).
 std::string replay_command(const Target& target, const std::string& token);
 
 // The unit roundoff and error model of the target's float path, for the derived bound.
 reference::BoundOptions bound_options(const Target& target);
 
-// Runs fn once for every rank of a world of world_size ranks: as threads for "local", or on this
-// process's rank alone for a process backend (whose size must equal world_size). The communicator fn
-// receives has the mutant's wrapper, if the mutant breaks communication.
+// Runs fn once for every rank of a world of world_size ranks, through the target's row: as threads of
+// this process, or on this process's rank alone when the ranks are the launcher's processes (whose
+// number must equal world_size). The communicator fn receives has the mutant's wrapper, if the mutant
+// breaks communication.
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn);
 
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model);

@@ -3,25 +3,35 @@
 #pragma once
 
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "src/error.hpp"
 
 namespace dpcheck {
+
+// "a", "a or b", "a, b or c": the choices of a message.
+template <class Range> std::string or_list(const Range& items) {
+  std::string out;
+  const std::size_t n = std::size(items);
+  std::size_t i = 0;
+  for (const auto& item : items) {
+    out += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(item);
+    ++i;
+  }
+  return out;
+}
 
 template <class E>
 E parse_choice(std::string_view text, std::initializer_list<E> all, std::string_view (*name)(E),
                std::string_view what) {
   for (E e : all)
     if (text == name(e)) return e;
-  std::string choices;
-  std::size_t i = 0;
-  for (E e : all) {
-    choices += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + std::string(name(e));
-    ++i;
-  }
-  throw UsageError("unknown " + std::string(what) + " '" + std::string(text) + "' (choose " + choices + ")");
+  std::vector<std::string_view> names;
+  for (E e : all) names.push_back(name(e));
+  throw UsageError("unknown " + std::string(what) + " '" + std::string(text) + "' (choose " + or_list(names) + ")");
 }
 
 }  // namespace dpcheck

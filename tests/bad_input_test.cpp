@@ -8,7 +8,8 @@
 //
 // Beside the table: a symbolic link given as --report is written through to its target and stays a link;
 // a run whose loss stops being finite fails naming the step and checkpoints nothing that is not finite;
-// processes of one MPI job started with different arguments are refused, naming the option and the ranks.
+// processes of one MPI job started with different arguments are refused, naming the option and the ranks;
+// under a launcher, a communicator whose ranks are threads is refused, naming the one to use instead.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -171,6 +172,23 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench step --json /proc/dpcheck.json", 2, {"--json", "/proc"}},
       {"audit --json {d}/fifo -- true", 2, {"--json", "FIFO"}},
       {"audit --json /proc/dpcheck.json -- true", 2, {"--json", "/proc"}},
+      // Engines and communicators: names from the backend table (src/backends.hpp), in pairs that go
+      // together, with a launcher where the communicator's ranks are processes.
+      {"verify --engine quantum --report {d}/r.json", 2, {"unknown engine 'quantum' (choose cpu or cuda)"}},
+      {"verify --comm carrier-pigeon --report {d}/r.json", 2,
+       {"unknown --comm 'carrier-pigeon'", "local or mpi for the cpu engine", "cuda-local or nccl for the cuda engine"}},
+      {"verify --comm nccl --report {d}/r.json", 2, {"engine cpu runs with --comm local or mpi, not 'nccl'", "--engine cuda"}},
+      {"verify --engine cuda --comm local --report {d}/r.json", 2,
+       {"engine cuda runs with --comm cuda-local or nccl, not 'local'", "--engine cpu"}},
+      {"verify --engine cuda --comm mpi --report {d}/r.json", 2, {"not 'mpi'", "--engine cpu"}},
+      {"verify --engine quantum --comm mpi --report {d}/r.json", 2, {"quantum"}},
+      {"verify --comm mpi --report {d}/r.json", 2, {"--comm mpi runs one process per rank", "mpirun -np 4 dpcheck"}},
+      {"verify --tf32 --report {d}/r.json", 2, {"--tf32", "cuda engine"}},
+      {"train --model 4,1 --engine quantum --log {d}/l.json", 2, {"unknown engine 'quantum'"}},
+      {"train --model 4,1 --comm carrier-pigeon --log {d}/l.json", 2, {"unknown --comm 'carrier-pigeon'"}},
+      {"train --model 4,1 --comm cuda-local --log {d}/l.json", 2, {"not 'cuda-local'", "--engine cuda"}},
+      {"train --model 4,1 --comm mpi --log {d}/l.json", 2, {"--comm mpi runs one process per rank"}},
+      {"train --model 4,1 --tf32 --log {d}/l.json", 2, {"--tf32"}},
       // Timeouts: finite, positive, at most a day.
       {"train --model 4,1 --timeout inf", 2, {"--timeout", "inf"}},
       {"train --model 4,1 --timeout nan", 2, {"--timeout", "nan"}},
@@ -339,6 +357,27 @@ TEST_F(BadInputMpi, RanksThatDisagreeOnTheCommandLineAreRefusedNamingTheOption) 
     EXPECT_EQ(r.status, 2) << c.args1 << "\n" << r.output;
     const std::vector<std::string> lines = error_lines(r.output);
     ASSERT_EQ(lines.size(), 1u) << c.args1 << "\n" << r.output;
+    EXPECT_NE(lines[0].find(c.words), std::string::npos) << lines[0];
+    EXPECT_LT(r.seconds, 30.0) << r.output;
+  }
+}
+
+// Under a launcher, a communicator whose ranks are threads is refused, naming the one of its engine that
+// runs under a launcher; and the launcher's processes are the world size.
+TEST_F(BadInputMpi, ALauncherWantsACommunicatorWhoseRanksAreProcesses) {
+  const struct {
+    std::string args, words;
+  } cases[] = {
+      {"verify --cases 1", "started by a launcher with 3 processes but --comm is local: add --comm mpi"},
+      {"train --model 4,1 --comm local", "started by a launcher with 3 processes but --comm is local: add --comm mpi"},
+      {"verify --engine cuda --cases 1", "started by a launcher with 3 processes but --comm is cuda-local: add --comm nccl"},
+      {"verify --comm mpi --world-size 2 --cases 1", "--world-size 2 disagrees with the launcher's 3 processes"},
+  };
+  for (const auto& c : cases) {
+    const CommandResult r = run_split(c.args, c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.output;
+    const std::vector<std::string> lines = error_lines(r.output);
+    ASSERT_EQ(lines.size(), 1u) << c.args << "\n" << r.output;
     EXPECT_NE(lines[0].find(c.words), std::string::npos) << lines[0];
     EXPECT_LT(r.seconds, 30.0) << r.output;
   }

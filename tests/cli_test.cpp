@@ -11,6 +11,7 @@
 
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
+#include "src/backends.hpp"
 #include "src/model.hpp"
 #include "src/npy.hpp"
 #include "src/cuda_plugin.hpp"
@@ -44,6 +45,28 @@ TEST_F(Cli, HelpForEverySubcommand) {
   }
   EXPECT_NE(run("verify --help").output.find("--mutant"), std::string::npos);
   EXPECT_NE(run("train --help").output.find("--accumulate"), std::string::npos);
+}
+
+// The --engine and --comm help of every subcommand that takes them lists every row of the backend
+// table (src/backends.hpp) with its line; bench allreduce describes its table backends by the same lines.
+TEST_F(Cli, HelpListsEveryEngineAndEveryBackend) {
+  // Help may wrap a long description: compare with runs of blanks as one space.
+  const auto squeezed = [](const std::string& text) {
+    std::string out;
+    for (char c : text)
+      if (!((c == ' ' || c == '\n') && !out.empty() && out.back() == ' ')) out += c == '\n' ? ' ' : c;
+    return out;
+  };
+  for (const std::string sub : {"verify", "train"}) {
+    const std::string help = squeezed(run(sub + " --help").output);
+    for (const EngineRow& e : engines())
+      EXPECT_NE(help.find(std::string(e.name) + " (" + std::string(e.help)), std::string::npos) << sub << "\n" << help;
+    for (const Backend& b : backends())
+      EXPECT_NE(help.find(b.name + " (" + b.help), std::string::npos) << sub << "\n" << help;
+  }
+  const std::string bench = squeezed(run("bench allreduce --help").output);
+  for (const char* name : {"local", "mpi"})
+    EXPECT_NE(bench.find(std::string(name) + " (" + find_backend(name)->help + ")"), std::string::npos) << bench;
 }
 
 TEST_F(Cli, ListMutantsPrintsOneNameALine) {

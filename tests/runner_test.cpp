@@ -187,5 +187,56 @@ TEST(ReplayCommand, EveryBackend) {
   EXPECT_EQ(replay_command(local, "it's"), "dpcheck verify --mutant allreduce-rank-order --world-size 4 --reproduce 'it'\\''s'");
 }
 
+// The value of `flag` among the words of a command line, or "" when the flag is absent.
+std::string flag_value(const std::string& line, const std::string& flag) {
+  const std::size_t at = line.find(" " + flag + " ");
+  if (at == std::string::npos) return {};
+  const std::size_t from = at + flag.size() + 2;
+  return line.substr(from, line.find(' ', from) - from);
+}
+
+// Every row of the backend table, as it runs (ranks as threads, a launcher's processes, or either): the
+// replay line starts with the row's launcher exactly when the ranks were the launcher's processes, names
+// the world size only when they were threads, and its --engine and --comm (or their defaults) lead back
+// to the same row.
+TEST(ReplayCommand, EveryRowOfTheBackendTable) {
+  LocalWorld launcher(3);
+  const std::string t = "p:c:0";
+  int lines = 0;
+  for (const Backend& b : backends()) {
+    for (const bool processes : {false, true}) {
+      if (processes ? !b.may_run_under_launcher() : !b.ranks_as_threads()) continue;
+      Target target;
+      target.engine = b.engine;
+      target.comm = b.name;
+      target.mutant = "allreduce-rank-order";
+      target.world_size = processes ? 3 : 2;
+      if (processes) target.process_world = &launcher.comm(0);
+      const std::string line = replay_command(target, t);
+      SCOPED_TRACE(b.name + (processes ? " under a launcher" : " as threads") + ": " + line);
+      ++lines;
+      const std::string rest = processes ? line.substr(b.launch_prefix(3).size()) : line;
+      if (processes) {
+        EXPECT_EQ(line.rfind(b.launcher + " 3 dpcheck verify ", 0), 0u);
+      }
+      EXPECT_EQ(rest.rfind("dpcheck verify ", 0), 0u);
+      EXPECT_EQ(rest.find("mpirun"), std::string::npos);
+      EXPECT_EQ(flag_value(line, "--world-size"), processes ? "" : "2");
+      EXPECT_EQ(flag_value(line, "--mutant"), "allreduce-rank-order");
+      EXPECT_TRUE(line.ends_with(" --reproduce 'p:c:0'"));
+      // Read back as verify reads it: the defaults where a flag is absent.
+      std::string engine = flag_value(line, "--engine");
+      if (engine.empty()) engine = default_engine();
+      std::string comm = flag_value(line, "--comm");
+      if (comm.empty()) comm = default_comm(engine);
+      EXPECT_EQ(&backend_for(engine, comm), &b);
+      EXPECT_EQ(flag_value(line, "--engine").empty(), b.engine == default_engine());
+      EXPECT_EQ(flag_value(line, "--comm").empty(), b.engine_default);
+    }
+  }
+  // local, mpi and cuda-local one way each; nccl both ways.
+  EXPECT_EQ(lines, 5);
+}
+
 }  // namespace
 }  // namespace dpcheck

@@ -1,5 +1,6 @@
 #include "src/cli/cli_common.hpp"
 
+#include "src/backends.hpp"
 #include "src/cli/commands.hpp"
 #include "src/comm.hpp"
 
@@ -72,20 +73,14 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
 }
 
 int resolve_world(Target& target, int requested, bool given) {
-  Communicator* world = process_world();
-  // nccl runs one process per GPU under a launcher, or ranks as threads of one process without one.
-  if (target.comm == "mpi" || (target.comm == "nccl" && world)) {
-    if (!world)
-      throw UsageError("--comm mpi runs one process per rank: start it with a launcher, e.g. mpirun -np 4 dpcheck ...");
+  const Backend& backend = backend_for(target.engine, target.comm);
+  if (Communicator* world = world_of_processes(backend, process_world())) {
     if (given && requested != world->size())
       throw UsageError("--world-size " + std::to_string(requested) + " disagrees with the launcher's " +
                        std::to_string(world->size()) + " processes");
     target.process_world = world;
     return world->size();
   }
-  if (world && world->size() > 1)
-    throw UsageError("started by a launcher with " + std::to_string(world->size()) +
-                     " processes but --comm is " + target.comm + ": add --comm mpi");
   if (given && requested < 1) throw UsageError("--world-size must be at least 1");
   return requested;
 }

@@ -35,10 +35,12 @@ struct ModelOptions {
 // files that are not parameters of this model.
 std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& model);
 
-// Fills target.comm-related fields from --comm and the launcher: with --comm mpi the world is this
-// process's MPI world (UsageError without a launcher, or when --world-size disagrees with it);
-// under a launcher with more than one process, --comm local is refused (every process would run a
-// whole world of its own). Returns the world size to use.
+// Fills target.process_world from --engine, --comm and the launcher, through the backend's row
+// (src/backends.hpp): UsageError for unknown names or a pair that does not go together; a backend whose
+// ranks may be a launcher's processes (mpi, nccl) takes this process's MPI world when a launcher started
+// it (UsageError when --world-size disagrees with it), one that needs a launcher is refused without
+// one, and one whose ranks are threads is refused under a launcher of several processes (every process
+// would run a whole world of its own). Returns the world size to use.
 int resolve_world(Target& target, int requested_world_size, bool world_size_given);
 
 // Writes "dpcheck: error: <message>" and a newline to standard error (after flushing standard output)

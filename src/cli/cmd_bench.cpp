@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "src/backends.hpp"
 #include "src/bench.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/files.hpp"
@@ -275,9 +276,15 @@ Runner add_bench(CLI::App& app) {
   allreduce->add_option("--warmup", args->warmup, "Untimed calls before timing each row")
       ->capture_default_str();
   allreduce->add_option("--json", args->json, "Also write the table as JSON to this file");
+  // local and mpi are rows of the backend table (src/backends.hpp); MPI_Allreduce is the bench's own baseline.
+  const auto described = [](std::string_view name) {
+    const Backend* row = find_backend(name);
+    return std::string(name) + (row ? " (" + row->help + ")" : std::string());
+  };
   allreduce->add_option("--backends", args->backends,
-                        "Backends, comma-separated, from local, mpi (one process per rank) and MPI_Allreduce "
-                        "(Open MPI's own, the baseline); default: every one available");
+                        "Backends, comma-separated, from " + described(bench::backend_local) + ", " +
+                            described(bench::backend_mpi) +
+                            " and MPI_Allreduce (Open MPI's own, the baseline); default: every one available");
 
   // Started by `bench allreduce` under mpirun; not for users, so hidden from --help.
   CLI::App* worker = bench->add_subcommand("allreduce-worker", "One rank of the mpi and MPI_Allreduce rows");

@@ -42,15 +42,17 @@ void require_gradient_mutant(const std::string& name) {
   if (name.empty()) return;
   require_known_mutant(name);
   const MutantInfo& m = *find_mutant(name);
+  // grad runs the default target: the default engine and its communicator.
+  const std::string_view engine = default_engine();
   std::string names;
   for (const MutantInfo& other : mutants())
     if (std::find(std::begin(kGradientProperties), std::end(kGradientProperties), other.caught_by) !=
             std::end(kGradientProperties) &&
-        (other.engine.empty() || other.engine == "cpu"))
+        (other.engine.empty() || other.engine == engine))
       names += (names.empty() ? "" : ", ") + std::string(other.name);
-  if (!m.engine.empty() && m.engine != "cpu")
-    throw UsageError("--mutant " + name + " breaks the " + std::string(m.engine) +
-                     " engine, and grad runs the cpu engine (grad takes " + names + ")");
+  if (!m.engine.empty() && m.engine != engine)
+    throw UsageError("--mutant " + name + " breaks the " + std::string(m.engine) + " engine, and grad runs the " +
+                     std::string(engine) + " engine (grad takes " + names + ")");
   if (std::find(std::begin(kGradientProperties), std::end(kGradientProperties), m.caught_by) ==
       std::end(kGradientProperties))
     throw UsageError("--mutant " + name + " breaks nothing grad runs (it is aimed at " + std::string(m.caught_by) +

@@ -28,7 +28,7 @@ namespace {
 struct TrainOptions {
   ModelOptions model;
   TrainConfig train;
-  std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine = "cpu", comm = "local";
+  std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine{default_engine()}, comm;
   std::string x, y, init, checkpoint_dir, resume, log;
   int checkpoint_every = 0;
   int keep = 2;
@@ -101,7 +101,7 @@ int run_train(TrainOptions& o) {
   needs.dataset = t.data_size();
   needs.world_size = world;
   needs.ranks_are_threads = target.process_world == nullptr;
-  needs.replicas_on_host = target.engine == "cpu";
+  needs.replicas_on_host = find_engine(target.engine).memory == MemorySpace::host;
   needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam ? 2 : t.optimizer.kind == OptimizerKind::momentum ? 1 : 0;
   check_run_size(needs);
   if (!data) data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
@@ -203,7 +203,7 @@ Runner add_train(CLI::App& app) {
   TrainConfig& t = o->train;
   sub->add_option("--batch", t.batch, "Global batch per step (default 32)");
   sub->add_option("--steps", t.steps, "Total optimizer steps, counting those before a --resume (default 1)");
-  sub->add_option("--world-size", o->world_size, "Number of ranks (default 1; with --comm mpi, the launcher's)");
+  sub->add_option("--world-size", o->world_size, "Number of ranks (default 1; under a launcher, its processes)");
   sub->add_option("--optimizer", o->optimizer, "sgd (default), momentum or adam");
   sub->add_option("--lr", t.optimizer.lr, "Learning rate (default 0.01)");
   sub->add_option("--momentum", t.optimizer.momentum, "Momentum (default 0.9)");
@@ -223,10 +223,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--resume", o->resume, "Continue from the newest usable checkpoint in this directory");
   sub->add_option("--log", o->log, "Append one JSON line a step to this file (rank 0 only)");
   sub->add_option("--mutant", o->mutant, "Train with a deliberately broken part (see dpcheck verify --list-mutants)");
-  sub->add_option("--engine", o->engine, "Engine: cpu (default) or cuda");
-  sub->add_option("--comm", o->comm,
-                  "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local "
-                  "(default) or nccl for the cuda engine");
+  sub->add_option("--engine", o->engine, engine_option_help());
+  sub->add_option("--comm", o->comm, comm_option_help());
   sub->add_flag("--tf32", o->tf32, "cuda engine: TF32 matrix products");
   o->timeout.add_to(*sub);
   sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");

@@ -331,10 +331,8 @@ Runner add_verify(CLI::App& app) {
                   "Replay one case: the minimal case of a failure, or a closest call (the string printed with it)");
   sub->add_option("--reruns", o->reruns,
                   "Runs of a failing case, to tell a steady failure from one that comes and goes (default 5)");
-  sub->add_option("--engine", o->target.engine, "Engine: cpu (default) or cuda");
-  sub->add_option("--comm", o->target.comm,
-                  "Communicator: local (threads, default) or mpi (under mpirun) for the cpu engine; cuda-local (replicas "
-                  "on one GPU, default) or nccl for the cuda engine");
+  sub->add_option("--engine", o->target.engine, engine_option_help());
+  sub->add_option("--comm", o->target.comm, comm_option_help());
   sub->add_flag("--tf32", o->target.tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
   o->timeout.add_to(*sub);
   sub->add_option("--report", o->report, "Write a JSON report to this file");

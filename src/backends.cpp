@@ -1,0 +1,205 @@
+// The table of engines and communicator backends (src/backends.hpp): the built-in rows, their lookup
+// and validation, and the help texts made from them.
+#include "src/backends.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+#include "src/choice.hpp"
+#include "src/comm/collective.hpp"
+#include "src/comm/local_comm.hpp"
+#include "src/cuda_plugin.hpp"
+#include "src/error.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+void require_cuda_device() { (void)require_cuda(); }
+
+const EngineRow kEngines[] = {
+    {"cpu", MemorySpace::host, "Eigen, float32", nullptr},
+    {"cuda", MemorySpace::device, "cuBLAS and dpcheck's kernels, from the CUDA plugin", &require_cuda_device},
+};
+
+// The launcher the process backends run under: main joins an MPI world when one started it.
+constexpr std::string_view kMpiLauncher = "mpirun -np";
+
+std::deque<Backend> built_in_rows() {
+  std::deque<Backend> rows;
+
+  Backend local;
+  local.name = "local";
+  local.engine = "cpu";
+  local.engine_default = true;
+  local.memory = MemorySpace::host;
+  local.help = "ranks as threads of this process";
+  local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) { run_local(n, fn, timeout); };
+  local.thresholds = [](int n, Communicator*) { return host_reduction_thresholds(n, DType::f32); };
+  rows.push_back(std::move(local));
+
+  Backend mpi;
+  mpi.name = "mpi";
+  mpi.engine = "cpu";
+  mpi.memory = MemorySpace::host;
+  mpi.help = "one process per rank, under mpirun";
+  // The launcher's world is dpcheck's mpi communicator itself (src/comm/mpi_comm.hpp).
+  mpi.run_processes = [](Communicator& world, const RankFunction& fn) { fn(world); };
+  mpi.launcher = kMpiLauncher;
+  mpi.thresholds = [](int, Communicator* world) {
+    return world ? world->algorithm_thresholds(DType::f32) : std::vector<std::size_t>{};
+  };
+  rows.push_back(std::move(mpi));
+
+  Backend cuda_local;
+  cuda_local.name = "cuda-local";
+  cuda_local.engine = "cuda";
+  cuda_local.engine_default = true;
+  cuda_local.memory = MemorySpace::device;
+  cuda_local.help = "replicas on one GPU, a thread each";
+  cuda_local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
+    require_cuda().run_cuda_local(n, fn, timeout);
+  };
+  rows.push_back(std::move(cuda_local));
+
+  Backend nccl;
+  nccl.name = "nccl";
+  nccl.engine = "cuda";
+  nccl.memory = MemorySpace::device;
+  nccl.help = "one GPU per rank: ranks as threads, or one process per GPU under mpirun";
+  nccl.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
+    require_cuda().run_nccl_threads(n, fn, timeout);
+  };
+  nccl.run_processes = [](Communicator& world, const RankFunction& fn) {
+    // One GPU per process: the launcher's local rank picks it.
+    const cuda::Plugin& gpu = require_cuda();
+    const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const int devices = gpu.device_count();
+    const int device = (local_rank ? std::atoi(local_rank) : world.rank()) % (devices > 0 ? devices : 1);
+    const std::unique_ptr<Communicator> comm = gpu.make_nccl_communicator(world, device);
+    fn(*comm);
+  };
+  nccl.launcher = kMpiLauncher;
+  rows.push_back(std::move(nccl));
+  return rows;
+}
+
+std::deque<Backend>& table() {
+  static std::deque<Backend> rows = built_in_rows();
+  return rows;
+}
+
+// The names of the rows that carry `engine`'s buffers, in table order; with only those that may run
+// under a launcher when `launched` is set.
+std::vector<std::string_view> comms_of(std::string_view engine, bool launched = false) {
+  std::vector<std::string_view> names;
+  for (const Backend& b : table())
+    if (b.engine == engine && (!launched || b.may_run_under_launcher())) names.push_back(b.name);
+  return names;
+}
+
+// "<a> or <b> for the cpu engine<separator><c> or <d> for the cuda engine", with item(row) for each row.
+template <class Item> std::string by_engine(const Item& item, std::string_view separator) {
+  std::string out;
+  for (const EngineRow& e : engines()) {
+    std::vector<std::string> items;
+    for (const Backend& b : table())
+      if (b.engine == e.name) items.push_back(item(b));
+    if (items.empty()) continue;
+    out += (out.empty() ? "" : std::string(separator)) + or_list(items) + " for the " + std::string(e.name) + " engine";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::span<const EngineRow> engines() { return kEngines; }
+
+std::string_view default_engine() { return kEngines[0].name; }
+
+const EngineRow& find_engine(std::string_view name) {
+  for (const EngineRow& e : kEngines)
+    if (e.name == name) return e;
+  std::vector<std::string_view> names;
+  for (const EngineRow& e : kEngines) names.push_back(e.name);
+  throw UsageError("unknown engine '" + std::string(name) + "' (choose " + or_list(names) + ")");
+}
+
+std::string Backend::launch_prefix(int processes) const {
+  if (!may_run_under_launcher() || launcher.empty()) return {};
+  return launcher + " " + std::to_string(processes) + " ";
+}
+
+const std::deque<Backend>& backends() { return table(); }
+
+const Backend* find_backend(std::string_view name) {
+  for (const Backend& b : table())
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+const Backend& backend_for(std::string_view engine, std::string_view comm) {
+  const EngineRow& e = find_engine(engine);
+  const Backend* b = find_backend(comm);
+  if (!b)
+    throw UsageError("unknown --comm '" + std::string(comm) + "' (choose " +
+                     by_engine([](const Backend& row) { return row.name; }, ", ") + ")");
+  if (b->engine != e.name)
+    throw UsageError("engine " + std::string(e.name) + " runs with --comm " + or_list(comms_of(e.name)) + ", not '" +
+                     b->name + "' (" + b->name + " is for --engine " + b->engine + ")");
+  return *b;
+}
+
+std::string default_comm(std::string_view engine) {
+  for (const Backend& b : table())
+    if (b.engine == engine && b.engine_default) return b.name;
+  return {};
+}
+
+Communicator* world_of_processes(const Backend& b, Communicator* launcher_world) {
+  if (launcher_world && b.may_run_under_launcher()) return launcher_world;
+  if (!launcher_world && b.needs_launcher())
+    throw UsageError("--comm " + b.name + " runs one process per rank: start it with a launcher, e.g. " +
+                     b.launch_prefix(4) + "dpcheck ...");
+  if (launcher_world && launcher_world->size() > 1) {
+    const std::vector<std::string_view> instead = comms_of(b.engine, true);
+    throw UsageError("started by a launcher with " + std::to_string(launcher_world->size()) +
+                     " processes but --comm is " + b.name + (instead.empty() ? "" : ": add --comm " + or_list(instead)));
+  }
+  return nullptr;
+}
+
+const Backend& register_backend(Backend row) {
+  const std::string what = "backend '" + row.name + "'";
+  if (row.name.empty()) throw UsageError("a backend needs a name");
+  if (find_backend(row.name)) throw UsageError(what + ": a backend of that name exists already");
+  const EngineRow& e = find_engine(row.engine);
+  if (row.memory != e.memory)
+    throw UsageError(what + ": its buffers must live where the " + row.engine + " engine's do (" +
+                     (e.memory == MemorySpace::host ? "host" : "device") + " memory)");
+  if (!row.run_threads && !row.run_processes) throw UsageError(what + ": it has no way to run its ranks");
+  if (row.run_processes && row.launcher.empty()) throw UsageError(what + ": it runs under a launcher but names none");
+  if (row.engine_default && !default_comm(row.engine).empty())
+    throw UsageError(what + ": the " + row.engine + " engine has a default communicator already, " +
+                     default_comm(row.engine));
+  table().push_back(std::move(row));
+  return table().back();
+}
+
+std::string engine_option_help() {
+  std::vector<std::string> items;
+  for (const EngineRow& e : kEngines)
+    items.push_back(std::string(e.name) + " (" + std::string(e.help) + (e.name == default_engine() ? "; default)" : ")"));
+  return "Engine: " + or_list(items);
+}
+
+std::string comm_option_help() {
+  return "Communicator: " + by_engine(
+                                [](const Backend& b) {
+                                  return b.name + " (" + b.help + (b.engine_default ? "; default)" : ")");
+                                },
+                                "; ");
+}
+
+}  // namespace dpcheck

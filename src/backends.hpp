@@ -1,0 +1,110 @@
+// The backends dpcheck runs on, as one table: a row per communicator backend (local, mpi, cuda-local,
+// nccl) and a row per engine (cpu, cuda). Everything that depends on which backend was asked for reads
+// it from here: validation of --engine and --comm, the default communicator of an engine, whether the
+// ranks are threads of this process or the processes of a launcher, how a world is run, the
+// communicator's algorithm thresholds, the launcher prefix of a replay line, and the help texts of
+// --engine and --comm. In the manner of nccl-tests' one struct per collective: the harness is written
+// once, and a backend is one more row (register_backend), which is how a user's plugin joins.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/comm.hpp"
+#include "src/dtype.hpp"
+
+namespace dpcheck {
+
+// What a rank runs, given its communicator.
+using RankFunction = std::function<void(Communicator&)>;
+
+// ---- engines --------------------------------------------------------------------------------------
+
+struct EngineRow {
+  std::string_view name;  // --engine
+  MemorySpace memory;     // where its parameters, gradients and replicas live
+  std::string_view help;  // a few words for --help
+  // Throws UsageError naming why this machine cannot run the engine (no GPU, no plugin); null when it
+  // always can.
+  void (*require)();
+};
+
+// The engines, the default first.
+std::span<const EngineRow> engines();
+std::string_view default_engine();
+// UsageError "unknown engine 'x' (choose cpu or cuda)".
+const EngineRow& find_engine(std::string_view name);
+
+// ---- communicator backends ------------------------------------------------------------------------
+
+// The run functions are std::function rather than bare pointers so that a row added at run time can
+// carry what it needs (a plugin's handle and its table of entry points).
+struct Backend {
+  std::string name;                        // --comm, and Communicator::backend() of its communicators
+  std::string engine;                      // the engine whose buffers it carries
+  bool engine_default = false;             // the engine's communicator when --comm is not given
+  MemorySpace memory = MemorySpace::host;  // where the buffers it reduces live: its engine's
+  std::string help;                        // one line for --help: how its ranks run
+
+  // Ranks as threads of this process: runs fn on n threads, each with its rank's communicator of a world
+  // of n, joins them, and rethrows the exception that ended the world. Empty when the ranks can only be
+  // processes.
+  std::function<void(int n, const RankFunction& fn, std::chrono::milliseconds timeout)> run_threads;
+  // Ranks as a launcher's processes: runs fn on this process's rank alone, with the backend's
+  // communicator over `world`, the launcher's world (timeout already set). Empty when the backend never
+  // runs under a launcher.
+  std::function<void(Communicator& world, const RankFunction& fn)> run_processes;
+  // The command, before the number of processes, that starts the ranks of run_processes: a replay line
+  // begins with it.
+  std::string launcher;
+  // The element counts (float32) at which the communicator changes algorithm in a world of n ranks
+  // (Communicator::algorithm_thresholds), `world` being the launcher's world or nullptr. Empty when the
+  // backend has one path, or does not say.
+  std::function<std::vector<std::size_t>(int n, Communicator* world)> thresholds;
+
+  bool ranks_as_threads() const { return static_cast<bool>(run_threads); }
+  // nccl does both: threads without a launcher, one process per GPU under one.
+  bool may_run_under_launcher() const { return static_cast<bool>(run_processes); }
+  bool needs_launcher() const { return !run_threads; }
+  // "mpirun -np 4 " for a backend that runs under a launcher, "" for one that never does.
+  std::string launch_prefix(int processes) const;
+};
+
+// The rows, built-in ones first (local, mpi, cuda-local, nccl), then those registered, in that order.
+const std::deque<Backend>& backends();
+
+// The row named `name`, or nullptr.
+const Backend* find_backend(std::string_view name);
+
+// The row of --comm `comm` for --engine `engine`. UsageError for an unknown engine, an unknown
+// communicator, or one that carries another engine's buffers ("engine cpu runs with --comm local or
+// mpi, not 'nccl' (nccl is for --engine cuda)").
+const Backend& backend_for(std::string_view engine, std::string_view comm);
+
+// The engine's communicator when --comm is not given ("local" for cpu, "cuda-local" for cuda); "" for
+// an unknown engine, which backend_for then names.
+std::string default_comm(std::string_view engine);
+
+// How backend b's ranks run in this process: the launcher's world (launcher_world, nullptr when no
+// launcher started this process) when they are its processes, nullptr when they are threads here.
+// UsageError when b needs a launcher and none started this process, or when a launcher started several
+// processes and b runs its ranks as threads (every process would run a whole world of its own).
+Communicator* world_of_processes(const Backend& b, Communicator* launcher_world);
+
+// Appends a row: how a plugin's communicator joins, with its validation, dispatch, help and replay
+// lines. UsageError when the name is taken, the engine unknown, it has no way to run (neither
+// run_threads nor run_processes), or it runs under a launcher without naming one. Not thread-safe:
+// rows are registered at start-up, before any run; earlier rows stay where they are.
+const Backend& register_backend(Backend row);
+
+// The help texts of --engine and --comm, listing every row.
+std::string engine_option_help();
+std::string comm_option_help();
+
+}  // namespace dpcheck
