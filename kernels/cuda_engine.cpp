@@ -11,8 +11,30 @@
 
 namespace dpcheck::cuda {
 
+std::uint64_t CudaMemory::hash(const float* data, std::size_t n, std::uint64_t seed) const {
+  if (!hasher_) hasher_ = std::make_unique<DeviceHasher>();
+  return hasher_->hash(data, n * sizeof(float), seed, stream_);
+}
+
+std::size_t CudaMemory::first_difference(const float* a, const float* b, std::size_t n) const {
+  return cuda::first_difference(a, b, n, stream_);
+}
+
+void CudaMemory::copy_to_host(const float* src, float* dst, std::size_t n) const {
+  if (n == 0) return;
+  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaMemory::copy_from_host(const float* src, float* dst, std::size_t n) const {
+  if (n == 0) return;
+  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  // The host buffer may go away when the caller returns: the copy must be done first.
+  DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
-    : model_(model), layout_(model), options_(options), blas_(stream_.get(), options.tf32),
+    : model_(model), layout_(model), options_(options), blas_(stream_.get(), options.tf32), memory_(stream_.get()),
       params_(layout_.size()), grads_(layout_.size()), z_(static_cast<std::size_t>(model.layers())),
       a_(static_cast<std::size_t>(model.layers())) {
   widest_ = *std::max_element(model.dims.begin(), model.dims.end());
@@ -25,41 +47,21 @@ CudaEngine::~CudaEngine() { cudaStreamSynchronize(stream_.get()); }
 
 void CudaEngine::load_params(std::span<const float> host) {
   DPCHECK_ASSERT(host.size() == params_.size());
-  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(params_.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice,
-                                     stream_.get()));
-  stream_.synchronize();
+  memory_.copy_from_host(host.data(), params_.get(), host.size());
 }
 
 void CudaEngine::store_params(std::span<float> host) const {
   DPCHECK_ASSERT(host.size() == params_.size());
-  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), params_.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream_.get()));
-  stream_.synchronize();
+  memory_.copy_to_host(params_.get(), host.data(), host.size());
 }
 
 void CudaEngine::store_grads(std::span<float> host) const {
   DPCHECK_ASSERT(host.size() == grads_.size());
-  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), grads_.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream_.get()));
-  stream_.synchronize();
-}
-
-void CudaEngine::copy_to_host(const float* src, float* dst, std::size_t n) const {
-  if (n == 0) return;
-  DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_.get()));
-  stream_.synchronize();
+  memory_.copy_to_host(grads_.get(), host.data(), host.size());
 }
 
 void CudaEngine::zero_grads() {
   DPCHECK_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.size() * sizeof(float), stream_.get()));
-}
-
-std::uint64_t CudaEngine::hash(const float* data, std::size_t n, std::uint64_t seed) const {
-  return hasher_.hash(data, n * sizeof(float), seed, stream_.get());
-}
-
-std::size_t CudaEngine::first_difference(const float* a, const float* b, std::size_t n) const {
-  return cuda::first_difference(a, b, n, stream_.get());
 }
 
 void CudaEngine::ensure_rows(int rows) {

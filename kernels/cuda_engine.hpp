@@ -1,6 +1,7 @@
 // The "cuda" engine: the MLP's forward and backward on one GPU, through cuBLAS SGEMM (pedantic FP32 by
 // default, TF32 as an option) and the kernels in this folder, into a flat gradient buffer on the device
 // laid out like the CPU engine's. Its float64 counterpart is reference/mlp.cpp, as for the CPU engine.
+// Also the device's MemoryService (src/memory_service.hpp), which the engine and the CUDA optimizer use.
 #pragma once
 
 #include <memory>
@@ -14,13 +15,34 @@
 
 namespace dpcheck::cuda {
 
+// The device's MemoryService on one stream: the replica hash (kernels/hash.hpp), the first-difference
+// kernel, and copies queued after the stream's work. Not thread-safe: one per stream's owner.
+class CudaMemory final : public MemoryService {
+ public:
+  explicit CudaMemory(cudaStream_t stream) : stream_(stream) {}
+
+  MemorySpace memory_space() const override { return MemorySpace::device; }
+  // kernels/hash.cu's own function (restated on the host by reference/hash.cpp), not XXH3: its hashes
+  // cannot be compared with the host's.
+  std::string_view hash_name() const override { return "gpu-replica-hash"; }
+  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override;
+  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override;
+  void copy_to_host(const float* src, float* dst, std::size_t n) const override;
+  void copy_from_host(const float* src, float* dst, std::size_t n) const override;
+
+ private:
+  cudaStream_t stream_;
+  // Made at the first hash: an optimizer copies its state through this service but never hashes.
+  mutable std::unique_ptr<DeviceHasher> hasher_;
+};
+
 class CudaEngine final : public Engine {
  public:
   CudaEngine(const ModelConfig& model, const EngineOptions& options);
   ~CudaEngine() override;
 
   std::string_view name() const override { return "cuda"; }
-  MemorySpace memory_space() const override { return MemorySpace::device; }
+  const MemoryService& memory() const override { return memory_; }
   const ModelConfig& model() const override { return model_; }
   std::size_t param_count() const override { return layout_.size(); }
   float* params() override { return params_.get(); }
@@ -32,9 +54,6 @@ class CudaEngine final : public Engine {
   void store_grads(std::span<float> host) const override;
   double forward_backward(const Batch& batch, float scale, bool accumulate) override;
   void zero_grads() override;
-  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override;
-  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override;
-  void copy_to_host(const float* src, float* dst, std::size_t n) const override;
   void synchronize() override { stream_.synchronize(); }
 
   // For the benchmark: the batch stays on the device, and a step can be captured in a CUDA graph.
@@ -51,7 +70,7 @@ class CudaEngine final : public Engine {
   EngineOptions options_;
   Stream stream_;
   Blas blas_;
-  mutable DeviceHasher hasher_;
+  CudaMemory memory_;
   DeviceBuffer<float> params_, grads_;
   std::vector<DeviceBuffer<float>> z_, a_;  // per layer, rows x width
   DeviceBuffer<float> delta_, next_, h_;     // rows x widest

@@ -1,5 +1,5 @@
 // The first element whose bits differ between two device buffers, for locating a replica desync
-// without copying whole replicas to the host. Reference: the CPU engine's first_difference
+// without copying whole replicas to the host. Reference: the host MemoryService's first_difference
 // (src/cpu_engine.cpp), a plain loop over the bits; test: tests/first_difference_test.cpp.
 #pragma once
 

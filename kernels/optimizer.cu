@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/cuda_engine.hpp"
 #include "kernels/device.hpp"
 #include "kernels/launch.hpp"
 #include "kernels/optimizer.hpp"
@@ -46,7 +47,7 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 class CudaOptimizer final : public Optimizer {
  public:
   CudaOptimizer(const OptimizerConfig& config, std::size_t n, cudaStream_t stream)
-      : Optimizer(config, n), stream_(stream), state_(state_size()) {
+      : Optimizer(config, n), stream_(stream), memory_(stream), state_(state_size()) {
     if (state_.size() > 0) DPCHECK_CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, state_.size() * sizeof(float), stream_));
   }
 
@@ -55,16 +56,12 @@ class CudaOptimizer final : public Optimizer {
 
   void store_state(std::span<float> host) const override {
     DPCHECK_ASSERT(host.size() == state_.size());
-    if (host.empty()) return;
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), state_.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    memory_.copy_to_host(state_.get(), host.data(), host.size());
   }
 
   void load_state(std::span<const float> host, std::int64_t steps) override {
     DPCHECK_ASSERT(host.size() == state_.size());
-    if (!host.empty())
-      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(state_.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    memory_.copy_from_host(host.data(), state_.get(), host.size());
     steps_ = steps;
   }
 
@@ -96,6 +93,7 @@ class CudaOptimizer final : public Optimizer {
 
  private:
   cudaStream_t stream_;
+  CudaMemory memory_;
   DeviceBuffer<float> state_;
 };
 

@@ -1,5 +1,6 @@
 // The "cpu" engine: float32 forward and backward with Eigen. Its float64 counterpart, written to be
-// read rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it.
+// read rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it. Also
+// the host's MemoryService (src/memory_service.hpp), which the engine and the CPU optimizer use.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,26 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 using ConstMap = Eigen::Map<const RowMatrix>;
 using Map = Eigen::Map<RowMatrix>;
 
+class HostMemory final : public MemoryService {
+ public:
+  MemorySpace memory_space() const override { return MemorySpace::host; }
+  std::string_view hash_name() const override { return "xxh3"; }
+
+  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override {
+    return hash_host(data, n, seed);
+  }
+
+  // Bits, not values: -0 differs from +0, and a NaN from the same NaN with another payload.
+  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override {
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return i;
+    return n;
+  }
+
+  void copy_to_host(const float* src, float* dst, std::size_t n) const override { std::copy_n(src, n, dst); }
+  void copy_from_host(const float* src, float* dst, std::size_t n) const override { std::copy_n(src, n, dst); }
+};
+
 class CpuEngine final : public Engine {
  public:
   explicit CpuEngine(const ModelConfig& model)
@@ -24,7 +45,7 @@ class CpuEngine final : public Engine {
         z_(static_cast<std::size_t>(model.layers())), a_(static_cast<std::size_t>(model.layers())) {}
 
   std::string_view name() const override { return "cpu"; }
-  MemorySpace memory_space() const override { return MemorySpace::host; }
+  const MemoryService& memory() const override { return host_memory(); }
   const ModelConfig& model() const override { return model_; }
   std::size_t param_count() const override { return layout_.size(); }
   float* params() override { return params_.data(); }
@@ -32,29 +53,17 @@ class CpuEngine final : public Engine {
 
   void load_params(std::span<const float> host) override {
     DPCHECK_ASSERT(host.size() == params_.size());
-    std::copy(host.begin(), host.end(), params_.begin());
+    host_memory().copy_from_host(host.data(), params_.data(), host.size());
   }
   void store_params(std::span<float> host) const override {
     DPCHECK_ASSERT(host.size() == params_.size());
-    std::copy(params_.begin(), params_.end(), host.begin());
+    host_memory().copy_to_host(params_.data(), host.data(), host.size());
   }
   void store_grads(std::span<float> host) const override {
     DPCHECK_ASSERT(host.size() == grads_.size());
-    std::copy(grads_.begin(), grads_.end(), host.begin());
+    host_memory().copy_to_host(grads_.data(), host.data(), host.size());
   }
   void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
-
-  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override {
-    return hash_host(data, n, seed);
-  }
-
-  void copy_to_host(const float* src, float* dst, std::size_t n) const override { std::copy_n(src, n, dst); }
-
-  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override {
-    for (std::size_t i = 0; i < n; ++i)
-      if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return i;
-    return n;
-  }
 
   double forward_backward(const Batch& batch, float scale, bool accumulate) override {
     DPCHECK_ASSERT(batch.in_dim == model_.in_dim() && batch.out_dim == model_.out_dim());
@@ -170,6 +179,11 @@ class CpuEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model) { return std::make_unique<CpuEngine>(model); }
+
+const MemoryService& host_memory() {
+  static const HostMemory memory;
+  return memory;
+}
 
 std::uint64_t hash_host(const float* data, std::size_t n, std::uint64_t seed) {
   return hash_bytes(data, n * sizeof(float), seed);

@@ -73,7 +73,10 @@ struct Plugin {
   std::size_t size = 0;
   bool (*device_available)(std::string* why);
   int (*device_count)();
+  // An engine whose memory() is the device's MemoryService on the engine's stream, whose hash is the
+  // GPU's own replica hash, not the host's XXH3.
   std::unique_ptr<Engine> (*make_engine)(const ModelConfig& model, const EngineOptions& options);
+  // An optimizer whose state lives on the device, its work queued on `stream` (the engine's).
   std::unique_ptr<Optimizer> (*make_optimizer)(const OptimizerConfig& config, std::size_t size, void* stream);
   void (*run_cuda_local)(int n, const RankFunction& fn, std::chrono::milliseconds timeout);
   void (*run_nccl_threads)(int n, const RankFunction& fn, std::chrono::milliseconds timeout);
@@ -82,7 +85,10 @@ struct Plugin {
   HashBenchRow (*bench_hash)(std::size_t bytes, int repeats);
 };
 
-inline constexpr int kPluginAbi = 2;  // raised with every change to the types above
+// 3: the bench's hash row lost its reference check (kernels never call the reference), and the
+// Engine's hashes, comparisons and copies moved to its MemoryService (src/memory_service.hpp), which
+// changed the Engine's virtual functions. Raised with every change to the types above.
+inline constexpr int kPluginAbi = 3;
 
 }  // namespace dpcheck::cuda
 

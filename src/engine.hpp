@@ -1,8 +1,9 @@
 // The Engine: forward and backward of the MLP on one rank's examples, into a flat gradient buffer laid
 // out like the parameters (src/model.hpp). Implementations: "cpu" (Eigen, float32, src/cpu_engine.cpp)
-// and "cuda" (kernels/). Buffers live in memory_space(); the trainer moves only the gradient through
-// the Communicator and the parameters through the Optimizer, so a device engine never copies to the
-// host on the training path.
+// and "cuda" (kernels/). Buffers live in memory_space(), whose hashes, comparisons and copies are the
+// engine's MemoryService (src/memory_service.hpp); the trainer moves only the gradient through the
+// Communicator and the parameters through the Optimizer, so a device engine never copies to the host
+// on the training path.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 
 #include "src/data.hpp"
 #include "src/dtype.hpp"
+#include "src/memory_service.hpp"
 #include "src/model.hpp"
 
 namespace dpcheck {
@@ -22,7 +24,12 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual std::string_view name() const = 0;
-  virtual MemorySpace memory_space() const = 0;
+
+  // Hashes, comparisons and copies of buffers in the engine's memory space: the parameters, the
+  // gradient, and an optimizer's state that lives beside them.
+  virtual const MemoryService& memory() const = 0;
+  MemorySpace memory_space() const { return memory().memory_space(); }
+
   virtual const ModelConfig& model() const = 0;
   virtual std::size_t param_count() const = 0;
 
@@ -38,15 +45,6 @@ class Engine {
   virtual double forward_backward(const Batch& batch, float scale, bool accumulate) = 0;
   virtual void zero_grads() = 0;
 
-  // A 64-bit hash of n floats in memory_space(), chained from seed; equal bits give equal hashes.
-  virtual std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const = 0;
-
-  // The smallest i < n whose bits differ between a and b (both in memory_space()), or n if none.
-  virtual std::size_t first_difference(const float* a, const float* b, std::size_t n) const = 0;
-
-  // Copies n floats from memory_space() to the host.
-  virtual void copy_to_host(const float* src, float* dst, std::size_t n) const = 0;
-
   // The stream the engine's work is queued on (a cudaStream_t for GPU engines), so that communicators
   // and optimizers order their work after it; nullptr on the CPU.
   virtual void* stream() { return nullptr; }
@@ -56,8 +54,5 @@ class Engine {
 };
 
 std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model);
-
-// XXH3-64 of the bytes of n floats (host memory).
-std::uint64_t hash_host(const float* data, std::size_t n, std::uint64_t seed);
 
 }  // namespace dpcheck

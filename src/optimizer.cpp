@@ -1,6 +1,5 @@
 #include "src/optimizer.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -8,6 +7,7 @@
 
 #include "src/choice.hpp"
 #include "src/error.hpp"
+#include "src/memory_service.hpp"
 
 namespace dpcheck {
 
@@ -65,12 +65,12 @@ class CpuOptimizer final : public Optimizer {
 
   void store_state(std::span<float> host) const override {
     DPCHECK_ASSERT(host.size() == state_.size());
-    std::copy(state_.begin(), state_.end(), host.begin());
+    host_memory().copy_to_host(state_.data(), host.data(), host.size());
   }
 
   void load_state(std::span<const float> host, std::int64_t steps) override {
     DPCHECK_ASSERT(host.size() == state_.size());
-    std::copy(host.begin(), host.end(), state_.begin());
+    host_memory().copy_from_host(host.data(), state_.data(), host.size());
     steps_ = steps;
   }
 

@@ -31,7 +31,7 @@ std::string ReplicaReport::describe() const {
   if (synchronized) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hashes.empty() ? 0 : hashes[0]));
-    os << "replicas identical (" << hashes.size() << " ranks, xxh3 " << buf << ")";
+    os << "replicas identical (" << hashes.size() << " ranks, " << hash_name << " " << buf << ")";
     return os.str();
   }
   os << "replicas differ after step " << step << ": first difference in " << buffer << " at " << element
@@ -59,12 +59,13 @@ namespace {
 // the engine's device; others (processes, or GPUs of their own) gather copies to the host.
 std::size_t first_differing_element(Communicator& comm, Engine& engine, Optimizer& optimizer) {
   Communicator& host = comm.host();
+  const MemoryService& memory = engine.memory();
   const std::size_t n = engine.param_count(), state = optimizer.state_size(), total = n + state;
   if (comm.shares_address_space()) {
     const std::vector<std::uint64_t> params = host.allgather_value(reinterpret_cast<std::uint64_t>(engine.params()));
     const std::vector<std::uint64_t> states = host.allgather_value(reinterpret_cast<std::uint64_t>(optimizer.state()));
-    std::size_t mine = engine.first_difference(engine.params(), reinterpret_cast<const float*>(params[0]), n);
-    if (mine == n) mine = n + engine.first_difference(optimizer.state(), reinterpret_cast<const float*>(states[0]), state);
+    std::size_t mine = memory.first_difference(engine.params(), reinterpret_cast<const float*>(params[0]), n);
+    if (mine == n) mine = n + memory.first_difference(optimizer.state(), reinterpret_cast<const float*>(states[0]), state);
     // No rank may change its buffers before every rank has compared: the gather below is that barrier.
     const std::vector<std::uint64_t> firsts = host.allgather_value<std::uint64_t>(mine);
     return static_cast<std::size_t>(*std::min_element(firsts.begin(), firsts.end()));
@@ -85,12 +86,17 @@ std::size_t first_differing_element(Communicator& comm, Engine& engine, Optimize
 
 ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step) {
   Communicator& host = comm.host();
+  // The optimizer's state is hashed, compared and copied with the engine's service: it must live beside
+  // the parameters.
+  const MemoryService& memory = engine.memory();
+  DPCHECK_ASSERT(optimizer.memory_space() == memory.memory_space());
   ReplicaReport report;
   report.step = step;
+  report.hash_name = memory.hash_name();
   engine.synchronize();
   const std::size_t n = engine.param_count();
-  std::uint64_t h = engine.hash(engine.params(), n, static_cast<std::uint64_t>(optimizer.steps()));
-  h = engine.hash(optimizer.state(), optimizer.state_size(), h);
+  std::uint64_t h = memory.hash(engine.params(), n, static_cast<std::uint64_t>(optimizer.steps()));
+  h = memory.hash(optimizer.state(), optimizer.state_size(), h);
   report.hashes = host.allgather_value<std::uint64_t>(h);
   report.optimizer_steps = host.allgather_value<std::int64_t>(optimizer.steps());
   for (std::uint64_t other : report.hashes) report.synchronized &= other == report.hashes.front();
@@ -117,7 +123,7 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
     report.element = layout.describe_element(in_block);
   }
   float mine = 0.0f;
-  engine.copy_to_host(first < n ? engine.params() + first : optimizer.state() + (first - n), &mine, 1);
+  memory.copy_to_host(first < n ? engine.params() + first : optimizer.state() + (first - n), &mine, 1);
   report.values = host.allgather_value<float>(mine);
 
   const auto bits = [&](std::size_t r) { return std::bit_cast<std::uint32_t>(report.values[r]); };

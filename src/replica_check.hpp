@@ -1,6 +1,6 @@
 // ReplicaCheck: after every step, every replica's parameters and optimizer state must be bitwise
-// identical. Each rank hashes its own state (XXH3-64 on the CPU, a device hash on the GPU) and the
-// hashes are all-gathered; only when they differ is the first differing element located (in place when
+// identical. Each rank hashes its own state with its engine's MemoryService (XXH3-64 on the CPU, the
+// replica hash of kernels/hash.hpp on the GPU) and the hashes are all-gathered; only when they differ is the first differing element located (in place when
 // the ranks share an address space -- threads, or replicas on one GPU -- else on gathered copies): its tensor and index, every rank's value (decimal and bits), the ULP distance
 // from the majority, and which ranks are in the minority.
 #pragma once
@@ -19,6 +19,7 @@ struct ReplicaReport {
   std::int64_t step = 0;
   bool synchronized = true;
   std::vector<std::uint64_t> hashes;  // one per rank
+  std::string hash_name;              // the function that made them: MemoryService::hash_name()
   std::vector<std::int64_t> optimizer_steps;  // one per rank
 
   // Filled on a mismatch.

@@ -1,12 +1,16 @@
 // The CPU engine (src/cpu_engine.cpp) against the float64 reference with the derived bound, on random
 // shapes including 1-wide layers and odd sizes, with the gradient buffer poisoned before each run so an
-// element the engine forgets to write cannot pass.
+// element the engine forgets to write cannot pass; and the host's MemoryService in the same file: XXH3-64
+// by its published values, first_difference and the copies on bits rather than values.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "properties/scenario.hpp"
 #include "reference/bound.hpp"
@@ -97,6 +101,56 @@ TEST(CpuEngine, HashSeesEveryBit) {
   b[3] = -0.0f;
   a[3] = 0.0f;
   EXPECT_NE(hash_host(a.data(), a.size(), 7), hash_host(b.data(), b.size(), 7));  // bits, not values
+}
+
+// ---- the host's MemoryService ------------------------------------------------------------------------
+
+TEST(HostMemory, IsTheCpuEnginesAndHashesWithXxh3) {
+  const MemoryService& memory = host_memory();
+  EXPECT_EQ(memory.memory_space(), MemorySpace::host);
+  EXPECT_EQ(memory.hash_name(), "xxh3");
+  const auto e = make_cpu_engine(ModelConfig{{3, 4, 2}, Activation::relu, Loss::mse});
+  EXPECT_EQ(&e->memory(), &memory);
+  EXPECT_EQ(e->memory_space(), MemorySpace::host);
+  // XXH3-64's published hash of no bytes with seed 0, and libxxhash's XXH3_64bits_withSeed of the
+  // little-endian bytes of {1, -0, 2.5} with seed 7: the name printed is the function computed.
+  const std::vector<float> three{1.0f, -0.0f, 2.5f};
+  EXPECT_EQ(memory.hash(three.data(), 0, 0), 0x2d06800538d394c2ull);
+  EXPECT_EQ(memory.hash(three.data(), three.size(), 7), 0x637f0cb39ddb2217ull);
+  EXPECT_EQ(memory.hash(three.data(), three.size(), 7), hash_host(three.data(), three.size(), 7));
+}
+
+TEST(HostMemory, FirstDifferenceComparesBitsAndFindsTheFirst) {
+  const MemoryService& memory = host_memory();
+  const std::vector<float> a{0.0f, 1.0f, std::bit_cast<float>(0x7fc00001u), 3.0f, 4.0f};
+  const std::size_t n = a.size();
+  std::vector<float> b = a;
+  EXPECT_EQ(memory.first_difference(a.data(), b.data(), n), n);
+  EXPECT_EQ(memory.first_difference(a.data(), b.data(), 0), 0u);
+  b[0] = -0.0f;  // equal values, different bits
+  EXPECT_EQ(memory.first_difference(a.data(), b.data(), n), 0u);
+  b = a;
+  b[2] = std::bit_cast<float>(0x7fc00002u);  // another NaN payload
+  b[4] = 5.0f;                                // a later difference does not hide it
+  EXPECT_EQ(memory.first_difference(a.data(), b.data(), n), 2u);
+  EXPECT_EQ(memory.first_difference(b.data(), a.data(), n), 2u);
+  EXPECT_EQ(memory.first_difference(a.data(), b.data(), 2), 2u);  // only the first two compared
+}
+
+TEST(HostMemory, CopiesKeepEveryBit) {
+  const MemoryService& memory = host_memory();
+  const std::vector<float> in{-0.0f, std::numeric_limits<float>::denorm_min(), std::bit_cast<float>(0xffc01234u), 7.5f};
+  std::vector<float> mid(in.size(), 1.0f), out(in.size(), 1.0f);
+  memory.copy_from_host(in.data(), mid.data(), in.size());
+  memory.copy_to_host(mid.data(), out.data(), in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(mid[i]), std::bit_cast<std::uint32_t>(in[i])) << i;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(out[i]), std::bit_cast<std::uint32_t>(in[i])) << i;
+  }
+  std::vector<float> untouched(in.size(), 1.0f);
+  memory.copy_to_host(in.data(), untouched.data(), 0);  // n = 0 copies nothing
+  memory.copy_from_host(in.data(), untouched.data(), 0);
+  EXPECT_EQ(untouched, std::vector<float>(in.size(), 1.0f));
 }
 
 }  // namespace

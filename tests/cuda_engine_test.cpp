@@ -2,8 +2,9 @@
 // (reference/bound.hpp), as tests/cpu_engine_test.cpp checks the CPU engine: random scenarios with
 // 1-wide layers and odd sizes, the gradient buffer poisoned (NaN) before each run, pedantic float32 with
 // u = 2^-24 and TF32 with u = 2^-11; then what the trainer and the replica check rely on: a power-of-two
-// scale is exact, accumulation adds, an empty batch zeroes, repeated runs give the same bits, the hash
-// sees every bit, parameters round-trip bit for bit, and first_difference locates a planted change.
+// scale is exact, accumulation adds, an empty batch zeroes, repeated runs give the same bits; and its
+// MemoryService: the hash sees every bit and is not the host's, buffers round-trip bit for bit both
+// ways, and first_difference locates a planted change.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -220,22 +221,22 @@ TEST(CudaEngineGpu, HashIsTheReplicaHashOfTheBytesAndSeesEveryBit) {
   a->load_params(params);
   b->load_params(params);
   const std::size_t n = a->param_count();
-  const std::uint64_t h = a->hash(a->params(), n, 7);
-  EXPECT_EQ(h, b->hash(b->params(), n, 7));
+  const std::uint64_t h = a->memory().hash(a->params(), n, 7);
+  EXPECT_EQ(h, b->memory().hash(b->params(), n, 7));
   EXPECT_EQ(h, reference::replica_hash(params.data(), n * sizeof(float), 7));
-  EXPECT_NE(h, a->hash(a->params(), n, 8));
-  EXPECT_NE(h, a->hash(a->params(), n - 1, 7));
+  EXPECT_NE(h, a->memory().hash(a->params(), n, 8));
+  EXPECT_NE(h, a->memory().hash(a->params(), n - 1, 7));
   for (std::size_t i : {std::size_t{0}, n / 2, n - 1}) {
     std::vector<float> changed = params;
     changed[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(changed[i]) ^ 1u);
     b->load_params(changed);
-    EXPECT_NE(h, b->hash(b->params(), n, 7)) << i;
+    EXPECT_NE(h, b->memory().hash(b->params(), n, 7)) << i;
   }
   std::vector<float> zeros(n, 0.0f), negative_zeros(n, 0.0f);
   negative_zeros[5] = -0.0f;
   a->load_params(zeros);
   b->load_params(negative_zeros);
-  EXPECT_NE(a->hash(a->params(), n, 7), b->hash(b->params(), n, 7));  // bits, not values
+  EXPECT_NE(a->memory().hash(a->params(), n, 7), b->memory().hash(b->params(), n, 7));  // bits, not values
 }
 
 TEST(CudaEngineGpu, ParametersAndGradientsRoundTripBitForBit) {
@@ -251,7 +252,7 @@ TEST(CudaEngineGpu, ParametersAndGradientsRoundTripBitForBit) {
   e->store_params(back);
   EXPECT_TRUE(same_bits(params, back));
   std::vector<float> one(1);
-  e->copy_to_host(e->params() + 4, one.data(), 1);
+  e->memory().copy_to_host(e->params() + 4, one.data(), 1);
   EXPECT_EQ(std::bit_cast<std::uint32_t>(one[0]), std::bit_cast<std::uint32_t>(params[4]));
   // Gradients come back as the engine holds them: the same through store_grads and copy_to_host.
   params[5] = 0.5f;
@@ -259,8 +260,35 @@ TEST(CudaEngineGpu, ParametersAndGradientsRoundTripBitForBit) {
   e->forward_backward(first_examples(m, 21, 6), 1.0f, false);
   const std::vector<float> g = grads_of(*e);
   std::vector<float> copy(g.size());
-  e->copy_to_host(e->grads(), copy.data(), copy.size());
+  e->memory().copy_to_host(e->grads(), copy.data(), copy.size());
   EXPECT_TRUE(same_bits(g, copy));
+}
+
+TEST(CudaEngineGpu, MemoryServiceIsTheDevicesAndNamesItsOwnHash) {
+  DPCHECK_REQUIRE_GPU();
+  const ModelConfig m{{5, 7, 3}, Activation::relu, Loss::mse};
+  const std::vector<float> params = init_params(m, 4);
+  const auto e = cuda::make_engine(m, {});
+  e->load_params(params);
+  const MemoryService& memory = e->memory();
+  EXPECT_EQ(memory.memory_space(), MemorySpace::device);
+  EXPECT_EQ(e->memory_space(), MemorySpace::device);
+  // A message that prints a GPU hash must not call it XXH3: the two differ on the same bits.
+  EXPECT_NE(memory.hash_name(), host_memory().hash_name());
+  const std::size_t n = e->param_count();
+  EXPECT_NE(memory.hash(e->params(), n, 7), host_memory().hash(params.data(), n, 7));
+  // copy_from_host then copy_to_host gives back the same bits, -0, subnormals and NaN payloads included.
+  std::vector<float> in(n);
+  for (std::size_t i = 0; i < n; ++i) in[i] = std::bit_cast<float>(static_cast<std::uint32_t>(0x9e3779b9u * (i + 1)));
+  in[0] = -0.0f;
+  in[1] = std::numeric_limits<float>::denorm_min();
+  in[2] = std::bit_cast<float>(0x7fc00123u);
+  memory.copy_from_host(in.data(), e->grads(), n);
+  std::vector<float> out(n, 1.0f);
+  memory.copy_to_host(e->grads(), out.data(), n);
+  EXPECT_TRUE(same_bits(in, out));
+  memory.copy_from_host(nullptr, e->grads(), 0);  // an empty copy leaves the buffer as it was
+  EXPECT_TRUE(same_bits(in, grads_of(*e)));
 }
 
 TEST(CudaEngineGpu, FirstDifferenceLocatesAPlantedChange) {
@@ -271,15 +299,15 @@ TEST(CudaEngineGpu, FirstDifferenceLocatesAPlantedChange) {
   a->load_params(params);
   b->load_params(params);
   const std::size_t n = a->param_count();
-  EXPECT_EQ(a->first_difference(a->params(), b->params(), n), n);
+  EXPECT_EQ(a->memory().first_difference(a->params(), b->params(), n), n);
   for (std::size_t i : {std::size_t{0}, std::size_t{1000}, n - 1}) {
     std::vector<float> changed = params;
     changed[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(changed[i]) ^ 0x80000000u);
     // A later difference does not hide it.
     if (i != n - 1) changed[n - 1] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(changed[n - 1]) ^ 1u);
     b->load_params(changed);
-    EXPECT_EQ(a->first_difference(a->params(), b->params(), n), i);
-    EXPECT_EQ(b->first_difference(b->params(), a->params(), n), i);
+    EXPECT_EQ(a->memory().first_difference(a->params(), b->params(), n), i);
+    EXPECT_EQ(b->memory().first_difference(b->params(), a->params(), n), i);
   }
 }
 

@@ -85,8 +85,18 @@ TEST(ReplicaCheck, IdenticalReplicasAreSynchronizedWithEqualHashes) {
       EXPECT_TRUE(r.minority.empty());
       EXPECT_TRUE(contains(r.describe(), "identical")) << r.describe();
       EXPECT_TRUE(contains(r.describe(), "3 ranks")) << r.describe();
+      EXPECT_EQ(r.hash_name, host_memory().hash_name());
+      EXPECT_TRUE(contains(r.describe(), "xxh3 ")) << r.describe();
     }
   }
+}
+
+TEST(ReplicaCheck, DescriptionNamesTheHashTheEngineComputed) {
+  // A device engine's hash is not XXH3, and the line must not say it is.
+  ReplicaReport r;
+  r.hashes = {0xabcu, 0xabcu};
+  r.hash_name = "gpu-replica-hash";
+  EXPECT_EQ(r.describe(), "replicas identical (2 ranks, gpu-replica-hash 0000000000000abc)");
 }
 
 TEST(ReplicaCheck, HashCoversParametersStateAndStepCount) {

@@ -15,61 +15,22 @@
 // A small call (up to inline_limit bytes) sends its data with its description and ends after round 0,
 // since on a machine with more ranks than cores every round costs a trip through the scheduler.
 // A message's tag holds the call's sequence number and its round, so it can only match the call and
-// round it was sent for. Without MPI at build time this file is the fallback that says so.
 #include "src/comm/mpi_comm.hpp"
-
-#include <cstdlib>
-
-#include "src/error.hpp"
-
-#if DPCHECK_HAVE_MPI
-
-#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <limits>
-#include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "src/comm/collective.hpp"
-
-#endif
+#include "src/comm/mpi_world.hpp"
+#include "src/error.hpp"
 
 namespace dpcheck {
-
-bool launched_by_mpi() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
-    if (std::getenv(name) != nullptr) return true;
-  return false;
-}
-
-#if DPCHECK_HAVE_MPI
-
-namespace {
-
-[[noreturn]] void throw_mpi_error(const char* call, int code, const char* file, int line) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
-  throw_call_error(call, code, len > 0 ? std::string_view(text, static_cast<std::size_t>(len)) : "unknown MPI error",
-                   file, line);
-}
-
-}  // namespace
-
-// Every MPI call in dpcheck goes through this: MPI_ERRORS_RETURN makes failures return codes, and this
-// turns them into an Error naming the call, MPI's own text for the code, the file and the line.
-#define DPCHECK_MPI_CHECK(call)                                                                         \
-  do {                                                                                                  \
-    const int dpcheck_mpi_rc_ = (call);                                                                 \
-    if (dpcheck_mpi_rc_ != MPI_SUCCESS) ::dpcheck::throw_mpi_error(#call, dpcheck_mpi_rc_, __FILE__, __LINE__); \
-  } while (0)
 
 namespace {
 
@@ -500,167 +461,10 @@ class MpiComm final : public Communicator {
   bool broken_by_timeout_ = false;
 };
 
-// ---- MPI's own collectives, the benchmark baseline ----------------------------------------------------
-
-MPI_Datatype mpi_type(DType t) {
-  switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u64: return MPI_UINT64_T;
-    case DType::u8: return MPI_UINT8_T;
-  }
-  throw_call_error("mpi_type", static_cast<long>(t), "not a dtype", __FILE__, __LINE__);
-}
-
-int mpi_count(std::size_t count, std::string_view call) {
-  if (count > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-    throw Error(std::string(call) + ": count " + std::to_string(count) + " is more than MPI's int counts hold");
-  return static_cast<int>(count);
-}
-
-class MpiNativeComm final : public Communicator {
- public:
-  explicit MpiNativeComm(MPI_Comm comm) : comm_(comm) {
-    DPCHECK_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    DPCHECK_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-    DPCHECK_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  }
-  ~MpiNativeComm() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
-  }
-  MpiNativeComm(const MpiNativeComm&) = delete;
-  MpiNativeComm& operator=(const MpiNativeComm&) = delete;
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string_view backend() const override { return "mpi-native"; }
-
-  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    if (dtype == DType::u8) throw Error("allreduce does not support uint8");
-    const bool is_float = dtype == DType::f32 || dtype == DType::f64;
-    if (op == ReduceOp::avg && !is_float)
-      throw Error("avg is for float32 and float64, not " + std::string(dtype_name(dtype)));
-    const MPI_Op mop = op == ReduceOp::min ? MPI_MIN : op == ReduceOp::max ? MPI_MAX : MPI_SUM;
-    DPCHECK_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, mpi_count(count, "allreduce"), mpi_type(dtype), mop, comm_));
-    if (op == ReduceOp::avg) {
-      if (dtype == DType::f32)
-        for (float& v : std::span(static_cast<float*>(buf), count)) v /= static_cast<float>(size_);
-      else
-        for (double& v : std::span(static_cast<double*>(buf), count)) v /= static_cast<double>(size_);
-    }
-  }
-
-  void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
-    if (root < 0 || root >= size_)
-      throw Error("broadcast root " + std::to_string(root) + " is not a rank of a world of size " +
-                  std::to_string(size_));
-    DPCHECK_MPI_CHECK(MPI_Bcast(buf, mpi_count(count, "broadcast"), mpi_type(dtype), root, comm_));
-  }
-
-  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
-    const int n = mpi_count(count, "allgather");
-    const void* own = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank_) * count * dtype_size(dtype);
-    DPCHECK_MPI_CHECK(MPI_Allgather(send == own ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n,
-                                    mpi_type(dtype), comm_));
-  }
-
-  void barrier() override { DPCHECK_MPI_CHECK(MPI_Barrier(comm_)); }
-
- private:
-  MPI_Comm comm_;
-  int rank_ = 0;
-  int size_ = 0;
-};
-
-MPI_Comm duplicate_world(std::string_view what) {
-  int initialized = 0, finalized = 0;
-  DPCHECK_MPI_CHECK(MPI_Initialized(&initialized));
-  DPCHECK_MPI_CHECK(MPI_Finalized(&finalized));
-  if (!initialized || finalized) throw Error(std::string(what) + " needs a live MpiSession in this process");
-  MPI_Comm comm = MPI_COMM_NULL;
-  DPCHECK_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
-  return comm;
-}
-
 }  // namespace
 
-bool mpi_available() { return true; }
-
 std::unique_ptr<Communicator> make_mpi_communicator() {
-  MPI_Comm comm = duplicate_world("make_mpi_communicator");
-  try {
-    return std::make_unique<MpiComm>(comm);
-  } catch (...) {
-    MPI_Comm_free(&comm);
-    throw;
-  }
+  return make_on_world_duplicate<MpiComm>("make_mpi_communicator");
 }
-
-std::unique_ptr<Communicator> make_mpi_native_communicator() {
-  MPI_Comm comm = duplicate_world("make_mpi_native_communicator");
-  try {
-    return std::make_unique<MpiNativeComm>(comm);
-  } catch (...) {
-    MPI_Comm_free(&comm);
-    throw;
-  }
-}
-
-MpiSession::MpiSession(int* argc, char*** argv) {
-  int initialized = 0;
-  DPCHECK_MPI_CHECK(MPI_Initialized(&initialized));
-  if (initialized) throw Error("MpiSession: MPI is already initialized in this process (one session per process)");
-  // Only the thread that made the session calls MPI; the local backend's threads never do.
-  int provided = 0;
-  DPCHECK_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
-  try {
-    DPCHECK_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-    world_ = make_mpi_communicator();
-  } catch (...) {
-    MPI_Finalize();
-    throw;
-  }
-}
-
-MpiSession::~MpiSession() {
-  world_.reset();
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
-
-Communicator& MpiSession::world() { return *world_; }
-
-void MpiSession::abort(int code) {
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::abort();  // MPI_Abort does not return; should an implementation let it, end this process at least
-}
-
-#else  // no MPI in this build
-
-bool mpi_available() { return false; }
-
-MpiSession::MpiSession(int*, char***) {
-  throw UsageError("this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");
-}
-
-MpiSession::~MpiSession() = default;
-
-// No session can exist without MPI (the constructor throws), so these are never reached.
-Communicator& MpiSession::world() { return *world_; }
-void MpiSession::abort(int) { throw_call_error("MpiSession::abort", 0, "this build has no MPI backend", __FILE__, __LINE__); }
-
-std::unique_ptr<Communicator> make_mpi_communicator() {
-  throw UsageError("this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");
-}
-std::unique_ptr<Communicator> make_mpi_native_communicator() {
-  throw UsageError("this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");
-}
-
-#endif
 
 }  // namespace dpcheck
