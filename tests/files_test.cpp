@@ -35,21 +35,6 @@ class FilesTest : public testing::Test {
   ScratchDir dir_;
 };
 
-// Runs f, which must throw E; returns the message.
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
-
 TEST_F(FilesTest, WriteReplacesTheWholeFile) {
   const fs::path p = dir_ / "out.json";
   write_file_atomic(p, std::string(10000, 'x'));

@@ -66,10 +66,10 @@ TEST(FirstDifference, CpuEngineFindsTheSmallestPlantedIndex) {
   const auto engine = make_cpu_engine(ModelConfig{{2, 1}, Activation::identity, Loss::mse});
   for (const Plant& p : plants()) {
     const std::vector<float> a = random_floats(p.n, p.n), b = planted(a, p);
-    EXPECT_EQ(engine->first_difference(a.data(), b.data(), p.n), expected(p)) << p.n;
-    EXPECT_EQ(engine->first_difference(b.data(), a.data(), p.n), expected(p)) << p.n;  // symmetric
+    EXPECT_EQ(engine->memory().first_difference(a.data(), b.data(), p.n), expected(p)) << p.n;
+    EXPECT_EQ(engine->memory().first_difference(b.data(), a.data(), p.n), expected(p)) << p.n;  // symmetric
   }
-  EXPECT_EQ(engine->first_difference(nullptr, nullptr, 0), 0u);
+  EXPECT_EQ(engine->memory().first_difference(nullptr, nullptr, 0), 0u);
 }
 
 TEST(FirstDifference, CpuEngineComparesBitsNotValues) {
@@ -77,9 +77,9 @@ TEST(FirstDifference, CpuEngineComparesBitsNotValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float other_nan = std::bit_cast<float>(std::bit_cast<std::uint32_t>(nan) | 1u);
   const std::vector<float> a{1.0f, 0.0f, nan, 2.0f}, b{1.0f, -0.0f, nan, 2.0f}, c{1.0f, 0.0f, other_nan, 2.0f};
-  EXPECT_EQ(engine->first_difference(a.data(), b.data(), 4), 1u);  // +0 == -0 as values, not as bits
-  EXPECT_EQ(engine->first_difference(a.data(), a.data(), 4), 4u);  // NaN equals itself bit for bit
-  EXPECT_EQ(engine->first_difference(a.data(), c.data(), 4), 2u);  // another NaN payload differs
+  EXPECT_EQ(engine->memory().first_difference(a.data(), b.data(), 4), 1u);  // +0 == -0 as values, not as bits
+  EXPECT_EQ(engine->memory().first_difference(a.data(), a.data(), 4), 4u);  // NaN equals itself bit for bit
+  EXPECT_EQ(engine->memory().first_difference(a.data(), c.data(), 4), 2u);  // another NaN payload differs
 }
 
 #if DPCHECK_HAVE_CUDA

@@ -182,21 +182,6 @@ std::vector<float> iota_f32(int n) {
   return v;
 }
 
-// Runs f, which must throw E; returns the message.
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
-
 // Each test gets a fresh directory, removed afterwards, so that "nothing is left behind" can be
 // checked by listing it.
 class NpyTest : public ::testing::Test {

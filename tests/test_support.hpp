@@ -143,4 +143,19 @@ class ScratchDir {
   std::filesystem::path path_;
 };
 
+// Runs f, which must throw E; returns the message.
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw the wrong exception type: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "did not throw";
+  return {};
+}
+
 }  // namespace dpcheck
