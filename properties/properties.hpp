@@ -154,9 +154,12 @@ WriteAuditOutcome check_rank0_writes(const Scenario& scenario, const Target& tar
 
 // mpirun or mpiexec from PATH, or "" when there is none.
 std::string find_mpi_launcher();
-// The dpcheck executable that processes of a property run: $DPCHECK_BINARY, this process if it is
-// dpcheck, else the dpcheck beside the audit library of this build.
+// The dpcheck executable that processes of a property run: $DPCHECK_BINARY, this process if it is the
+// dpcheck command (whatever its file is called: the command says so with this_process_is_dpcheck, as
+// an installed or copied binary may be renamed), else the dpcheck beside the audit library of this build
+// (for test programs).
 std::string dpcheck_executable();
+void this_process_is_dpcheck();
 
 struct SamplerOutcome {
   bool passed = true;

@@ -5,6 +5,7 @@
 // code that runs on resume (loading, skipping, pruning, cleaning up) writes too. No rank but 0 may
 // write outside the allowed paths, rank 0 must have written the log and the final checkpoint, and
 // every run must succeed: a run that fails has not shown what it would have written.
+#include <atomic>
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -111,11 +112,17 @@ std::string rank0_writes_unavailable(const Target&) {
 
 std::string find_mpi_launcher() { return find_in_path({"mpirun", "mpiexec"}); }
 
+namespace {
+std::atomic<bool> self_is_dpcheck{false};
+}  // namespace
+
+void this_process_is_dpcheck() { self_is_dpcheck = true; }
+
 std::string dpcheck_executable() {
   if (const char* env = std::getenv("DPCHECK_BINARY"); env && *env) return env;
   std::error_code ec;
   const std::filesystem::path self = self_executable(ec);
-  if (!ec && self.filename() == "dpcheck") return self.string();
+  if (!ec && (self_is_dpcheck || self.filename() == "dpcheck")) return self.string();
   return (audit::find_library().parent_path() / "dpcheck").string();
 }
 

@@ -14,6 +14,8 @@
 #include "src/backends.hpp"
 #include "src/model.hpp"
 #include "src/npy.hpp"
+#include "src/comm/mpi_comm.hpp"
+#include "src/process.hpp"
 #include "src/cuda_plugin.hpp"
 #include "tests/test_support.hpp"
 
@@ -235,6 +237,21 @@ TEST_F(Cli, TrainStopsAtTheFirstDesyncWithTheLocatedDifference) {
   EXPECT_NE(bad.output.find("rank 2"), std::string::npos);
   EXPECT_NE(bad.output.find("minority"), std::string::npos);
   EXPECT_EQ(bad.output.find("step    1"), std::string::npos);  // stopped at the first desync
+}
+
+// only_rank0_writes launches the dpcheck that runs it, whatever its file is called: a renamed copy with
+// the audit library beside it audits itself, not a dpcheck elsewhere (nor a missing one, which would
+// read as a failed property).
+TEST_F(Cli, ARenamedDpcheckAuditsItself) {
+  if (!mpi_available() || find_in_path({"mpirun", "mpiexec"}).empty())
+    GTEST_SKIP() << "only_rank0_writes needs the MPI backend and a launcher";
+  const std::filesystem::path dir = path("renamed"), built = DPCHECK_BINARY;
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(built, dir / "dpcheck-copy");
+  std::filesystem::copy_file(built.parent_path() / "libdpcheck_audit.so", dir / "libdpcheck_audit.so");
+  const CommandResult r =
+      run_command((dir / "dpcheck-copy").string() + " verify --property only_rank0_writes --cases 10 --seed 3");
+  EXPECT_EQ(r.status, 0) << r.output;
 }
 
 }  // namespace

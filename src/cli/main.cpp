@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "properties/properties.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
@@ -23,6 +24,8 @@ int main(int argc, char** argv) {
                "and cover the data, and only rank 0 writes files.",
                "dpcheck"};
   app.require_subcommand(1);
+  // only_rank0_writes launches this very program, whatever its file is called.
+  this_process_is_dpcheck();
   // One line naming the problem; subcommands inherit this from the app.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string("dpcheck: error: ") + e.what() + " (see --help)\n";
