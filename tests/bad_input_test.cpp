@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -34,6 +35,18 @@
 
 namespace dpcheck {
 namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
 
 namespace fs = std::filesystem;
 
@@ -253,6 +266,12 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
   ASSERT_TRUE(before.contains("kept.json") && before.contains("init/layers.0.weight.npy"));
   for (const Row& row : rows) {
     const std::string args = replace_all(row.args, "{d}", d.string());
+    if (row.memory_kib > 0 && kAddressSanitizer) {
+      // AddressSanitizer reserves terabytes of address space for its shadow memory at start, which no
+      // `ulimit -v` allows: the row runs in the other builds.
+      std::printf("not under AddressSanitizer (ulimit -v): %s\n", args.c_str());
+      continue;
+    }
     std::string cmd = std::string(DPCHECK_BINARY) + " " + args;
     if (row.memory_kib > 0) cmd = "sh -c " + quoted("ulimit -v " + std::to_string(row.memory_kib) + " && exec " + cmd);
     const CommandResult r = run_command(cmd, kRowLimitS);
