@@ -138,26 +138,18 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
   o.note = sharded.max_ratio >= whole_cmp.max_ratio ? describe("all-reduced", sharded, bound, layout, m_sharded)
                                                     : describe("whole-batch", whole_cmp, bound, layout, m_whole);
 
-  // Rank 0's share alone is a different batch: it lands outside the bound unless the check is too
-  // loose to tell batches apart.
-  if (!step.ranks[0].empty())
-    o.share_ratio = reference::compare(gradient_of(*engine, data.gather(step.ranks[0])), bound, m_sharded).max_ratio;
+  // Each rank's share alone, through the same engine (rank 0's only, unless the caller wants them all).
+  // Rank 0's is a different batch: it lands outside the bound unless the check is too loose to tell
+  // batches apart.
+  std::vector<std::vector<float>> shares;
+  for (std::size_t r = 0; r < (detail ? step.ranks.size() : 1); ++r)
+    shares.push_back(step.ranks[r].empty() ? std::vector<float>(layout.size(), 0.0f)
+                                           : gradient_of(*engine, data.gather(step.ranks[r])));
+  if (!step.ranks[0].empty()) o.share_ratio = reference::compare(shares[0], bound, m_sharded).max_ratio;
   // The power probe: the batch without its last example. A one-class cross-entropy has a zero
   // gradient whatever the batch, so there is nothing to tell apart.
   if (whole.size >= 2 && !(c.model.loss == Loss::cross_entropy && c.model.out_dim() == 1))
     o.probe_ratio = reference::compare(gradient_of(*engine, whole.slice(0, whole.size - 1)), bound, m_sharded).max_ratio;
-
-  if (detail) {
-    for (const std::vector<std::int64_t>& share : step.ranks) {
-      detail->share_sizes.push_back(static_cast<std::int64_t>(share.size()));
-      detail->shares.push_back(share.empty() ? std::vector<float>(layout.size(), 0.0f)
-                                             : gradient_of(*engine, data.gather(share)));
-    }
-    detail->m_sharded = m_sharded;
-    detail->m_whole = m_whole;
-    detail->sharded = sharded;
-    detail->whole_cmp = whole_cmp;
-  }
 
   o.passed = sharded.passed() && whole_cmp.passed();
   if (!sharded.passed())
@@ -165,6 +157,13 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
   else if (!whole_cmp.passed())
     o.message = "the " + describe("whole-batch", whole_cmp, bound, layout, m_whole) + "; it exceeds the bound";
   if (detail) {
+    for (const std::vector<std::int64_t>& share : step.ranks)
+      detail->share_sizes.push_back(static_cast<std::int64_t>(share.size()));
+    detail->shares = std::move(shares);
+    detail->m_sharded = m_sharded;
+    detail->m_whole = m_whole;
+    detail->sharded = sharded;
+    detail->whole_cmp = whole_cmp;
     detail->averaged = std::move(averaged);
     detail->whole = g;
     detail->bound = bound;
