@@ -1,0 +1,145 @@
+/* dpcheck's plugin ABI: how a user's communicator or kernels join dpcheck, as a shared object that
+ * exports one function returning a table of entry points (in the manner of NCCL's net and tuner
+ * plugins). C99 and C++; no dpcheck header, no C++ runtime needed.
+ *
+ *   dpcheck verify  --comm ./libmy_comm.so [--world-size N]     (or under mpirun -np N)
+ *   dpcheck conform --comm ./libmy_comm.so                      does it keep the promises?
+ *   dpcheck verify  --kernels ./libmy_kernels.so
+ *   dpcheck conform --kernels ./libmy_kernels.so
+ *
+ * Versioning: `abi` is DPCHECK_PLUGIN_ABI of the header the plugin was built with. dpcheck refuses a
+ * table whose abi it does not know and says both numbers. The shape of a table never changes within
+ * one abi; a change raises DPCHECK_PLUGIN_ABI.
+ *
+ * Errors: every entry point that returns int returns 0 on success; after a non-zero return, dpcheck
+ * reports the plugin's name, the call, the rank and last_error()'s text, and ends the run.
+ *
+ * Threads: with ranks as threads of one process (--world-size N), each rank calls init once from its
+ * own thread and then only uses its own handle from that thread; entry points run concurrently on
+ * different handles. Under mpirun each process is one rank.
+ *
+ * Timeouts: dpcheck cannot interrupt a call. A call that has not returned within --timeout ends the
+ * run (exit 3) with a message naming the plugin, the call and the rank. The bootstrap's own calls give
+ * up (non-zero) after three quarters of it, and dpcheck sets DPCHECK_PLUGIN_TIMEOUT_MS in the
+ * environment to the whole of it, so that a plugin with a transport of its own can give up in time too:
+ * a peer that never arrives should become an error, not a hang.
+ */
+#ifndef DPCHECK_PLUGIN_H
+#define DPCHECK_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* In C++ a function named as a struct tag hides the struct's constructor, which -Wshadow reports; the
+   names are the ABI's, so the warning is silenced here for this header alone. */
+#if defined(__cplusplus) && defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
+
+#define DPCHECK_PLUGIN_ABI 1
+
+typedef enum { DPCHECK_FLOAT32 = 0, DPCHECK_FLOAT64 = 1, DPCHECK_INT64 = 2 } dpcheck_dtype_t;
+typedef enum { DPCHECK_SUM = 0, DPCHECK_AVG = 1, DPCHECK_MIN = 2, DPCHECK_MAX = 3 } dpcheck_op_t;
+typedef enum { DPCHECK_HOST = 0, DPCHECK_CUDA = 1 } dpcheck_memory_t;
+
+/* ---- communicators ------------------------------------------------------------------------------ */
+
+/* What dpcheck hands a communicator to set itself up: its rank, the world size, and a way to swap
+   bytes with every other rank over dpcheck's own host transport (threads or MPI). */
+typedef struct dpcheck_bootstrap {
+  int rank, size;
+  int same_process; /* 1 when the ranks are threads of one process, so pointers may be shared */
+  void* ctx;
+  /* recv receives size*bytes, rank r's block at r*bytes; 0 on success */
+  int (*allgather)(void* ctx, const void* send, void* recv, size_t bytes);
+  int (*barrier)(void* ctx);
+} dpcheck_bootstrap_t;
+
+/* The collectives work in place or into the caller's buffer, counts in elements, and must leave every
+   rank with the same bits. DPCHECK_AVG is the sum divided by the world size. For DPCHECK_CUDA plugins
+   the buffers are device pointers and `stream` is the engine's cudaStream_t, on which the work must be
+   ordered (after what is queued there already); for DPCHECK_HOST plugins `stream` is NULL. The
+   bootstrap handed to init stays valid until finalize. */
+typedef struct dpcheck_comm_plugin {
+  unsigned abi; /* DPCHECK_PLUGIN_ABI */
+  const char* name;
+  dpcheck_memory_t memory;
+  int (*init)(const dpcheck_bootstrap_t* bootstrap, void** comm); /* 0 on success */
+  int (*allreduce)(void* comm, void* buf, size_t count, dpcheck_dtype_t dtype, dpcheck_op_t op, void* stream);
+  int (*broadcast)(void* comm, void* buf, size_t count, dpcheck_dtype_t dtype, int root, void* stream);
+  /* recv receives size*count elements, rank r's block at r*count */
+  int (*allgather)(void* comm, const void* send, void* recv, size_t count, dpcheck_dtype_t dtype, void* stream);
+  int (*barrier)(void* comm);
+  const char* (*last_error)(void* comm); /* the message for the last non-zero return */
+  void (*finalize)(void* comm);
+} dpcheck_comm_plugin_t;
+
+const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void); /* the one exported symbol */
+
+/* ---- kernels ------------------------------------------------------------------------------------ */
+
+typedef enum { DPCHECK_RELU = 0, DPCHECK_TANH = 1 } dpcheck_activation_t;
+typedef enum { DPCHECK_MSE = 0, DPCHECK_CROSS_ENTROPY = 1 } dpcheck_loss_t;
+
+/* The engine's operations on row-major float32 buffers: host pointers for DPCHECK_HOST plugins, device
+   pointers and the engine's cudaStream_t for DPCHECK_CUDA ones. Every entry but abi, name and memory
+   may be NULL: dpcheck's own kernel runs instead. Shapes: x is rows x in, w is out x in, b and db have
+   out elements, y and dy are rows x out. An output must be written whole: dpcheck fills outputs with
+   NaN before each call in `conform`. */
+typedef struct dpcheck_kernel_plugin {
+  unsigned abi; /* DPCHECK_PLUGIN_ABI */
+  const char* name;
+  dpcheck_memory_t memory;
+  /* Once per engine (one per rank); NULL: the handle passed to the other entries is NULL. */
+  int (*init)(void** kernels);
+
+  /* y = x w^T + b */
+  int (*linear_forward)(void* kernels, const float* x, const float* w, const float* b, float* y, int64_t rows,
+                        int64_t in, int64_t out, void* stream);
+  /* dw (+)= dy^T x, db (+)= column sums of dy: added to what is there when accumulate is 1, written
+     when it is 0; dx = dy w, unless dx is NULL (the first layer has no input gradient to pass on). */
+  int (*linear_backward)(void* kernels, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                         float* db, int64_t rows, int64_t in, int64_t out, int accumulate, void* stream);
+  /* y = f(x), element by element */
+  int (*activation_forward)(void* kernels, dpcheck_activation_t activation, const float* x, float* y, int64_t n,
+                            void* stream);
+  /* dx = dy f'(x), where y = f(x) is passed too (tanh' = 1 - y^2; relu' = 1 where x > 0, else 0) */
+  int (*activation_backward)(void* kernels, dpcheck_activation_t activation, const float* x, const float* y,
+                             const float* dy, float* dx, int64_t n, void* stream);
+  /* out is rows x cols. target: rows x cols float32 (mse) or rows int64 labels in [0, cols)
+     (cross-entropy). *loss (a host pointer) receives the mean loss: over rows x cols for mse, over rows
+     for cross-entropy (softmax then negative log-likelihood, as PyTorch's). dout = scale * d(mean
+     loss)/d(out). */
+  int (*loss_forward_backward)(void* kernels, dpcheck_loss_t loss, const float* out, const void* target, float* dout,
+                               double* loss_value, int64_t rows, int64_t cols, float scale, void* stream);
+  /* PyTorch's torch.optim formulas, without weight decay, dampening or Nesterov; step counts from 1.
+     sgd:      p -= lr g
+     momentum: buf = g on step 1, else momentum buf + g; p -= lr buf
+     adam:     m = m + (1 - beta1)(g - m); v = beta2 v + (1 - beta2) g^2;
+               p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps) */
+  int (*sgd_step)(void* kernels, float* p, const float* g, int64_t n, double lr, void* stream);
+  int (*momentum_step)(void* kernels, float* p, const float* g, float* buf, int64_t n, double lr, double momentum,
+                       int64_t step, void* stream);
+  int (*adam_step)(void* kernels, float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1,
+                   double beta2, double eps, int64_t step, void* stream);
+
+  const char* (*last_error)(void* kernels); /* the message for the last non-zero return */
+  void (*finalize)(void* kernels);          /* NULL: nothing to release */
+} dpcheck_kernel_plugin_t;
+
+const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void); /* the one exported symbol */
+
+#if defined(__cplusplus) && defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DPCHECK_PLUGIN_H */

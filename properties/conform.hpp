@@ -1,0 +1,61 @@
+// dpcheck conform: does a user's plugin (include/dpcheck/plugin.h) keep the promises? Each check is a
+// row of one table: a collective or kernel exercised on inputs whose right answer is known exactly or
+// within a derived bound, a fingerprint of how the plugin sums (information, not a verdict), and then
+// every property of `verify` with the plugin in place. A failing row names the promise that broke,
+// the minimal case, and the command that replays that case alone (--check NAME --case TEXT).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "properties/target.hpp"
+
+namespace dpcheck {
+
+enum class ConformVerdict { pass, fail, info, skip };
+std::string_view conform_verdict_name(ConformVerdict v);  // "pass", "FAIL", "info", "skip"
+
+struct ConformRow {
+  std::string section;  // "collectives", "robustness", "fingerprint", "kernels", "properties"
+  std::string check;    // its name, for --check: "allreduce float32 sum", "linear_forward"
+  ConformVerdict verdict = ConformVerdict::pass;
+  std::string detail;   // what was covered or measured ("counts 0..67108864, 31 sizes, 4 offsets")
+  std::string promise;  // failure: the promise that broke ("every rank holds the exact sum")
+  std::string minimal;  // failure: the minimal case, as --case takes it ("count=5 offset=1")
+  std::string replay;   // failure: the command that replays the minimal case (or verify's replay line)
+  double seconds = 0;
+};
+
+struct ConformOptions {
+  std::uint64_t seed = 1;
+  int cases = 100;  // per property of verify; random shapes per kernel check
+  std::chrono::milliseconds timeout = Communicator::default_timeout;
+  std::string check;      // non-empty: run that check alone
+  std::string case_text;  // with check: that one case (a row's `minimal`)
+  bool properties = true; // run verify's properties after the plugin's own checks
+  // The command line that replays a case: "dpcheck conform --kernels ./libk.so" (the launcher prefix
+  // and --world-size included), to which " --check '<name>' --case '<minimal>'" is appended.
+  std::string replay_prefix;
+  // Called as each row is decided, so that a long run shows progress and a crash leaves the rows so far.
+  std::function<void(const ConformRow&)> on_row;
+};
+
+// The kernels of `target.kernels` (a plugin path): each op it provides against the float64 reference
+// within the derived bound, on random shapes (1, odd, unaligned) with outputs poisoned with NaN before
+// each call, accumulate both ways; run-to-run bitwise determinism; then, with options.properties,
+// every property of verify with the plugin's kernels in the engine. UsageError when the plugin cannot
+// be loaded; Error on a runtime fault.
+std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptions& options);
+
+// The communicator `target.comm` (a plugin path) on a world of `world_size` ranks (the launcher's
+// world when target.process_world is set).
+std::vector<ConformRow> conform_comm(const Target& target, int world_size, const ConformOptions& options);
+
+// Properties of verify run against `target`, as conform rows ("properties" section), each failing
+// row's replay being verify's replay line.
+std::vector<ConformRow> conform_properties(const Target& target, const ConformOptions& options);
+
+}  // namespace dpcheck

@@ -1,0 +1,29 @@
+// Loading a user's plugin (include/dpcheck/plugin.h): a shared object opened with dlopen, its one
+// exported function called, and the table it returns checked before dpcheck calls anything in it.
+// Every refusal is a UsageError (exit 2) of one line that names the option and the file.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dpcheck {
+
+// Whether an --comm or --kernels value names a file rather than a built-in backend: it holds a '/' or
+// ends in ".so".
+bool looks_like_plugin_path(std::string_view value);
+
+// Opens `path` and returns the address of `symbol` in it. The object stays loaded for the life of the
+// process (a plugin's threads or atexit handlers may outlive any one run). UsageError: "--comm x.so:
+// no such file", "... is not a shared object this machine can load: <dlerror>", "... exports no
+// dpcheck_comm_plugin (it exports dpcheck_kernel_plugin: pass it with --kernels)".
+void* plugin_symbol(const std::string& path, const char* symbol, std::string_view option);
+
+// The checks every table shares: a table at all, an abi dpcheck knows (the message names both
+// numbers), a name. `what` is "--comm <path>".
+void check_plugin_table(const void* table, unsigned abi, const char* name, const std::string& what);
+
+// UsageError "<what>: its table has no <entry> (NULL), which a <kind> plugin must provide" when `entry`
+// is null.
+void require_entry(const void* entry, std::string_view name, const std::string& what, std::string_view kind);
+
+}  // namespace dpcheck
