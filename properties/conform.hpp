@@ -36,6 +36,11 @@ struct ConformOptions {
   std::string check;      // non-empty: run that check alone
   std::string case_text;  // with check: that one case (a row's `minimal`)
   bool properties = true; // run verify's properties after the plugin's own checks
+  std::size_t max_bytes = std::size_t{64} << 20;  // the largest buffer a collective check passes
+  // The command that runs conform_absent_rank_probe in a child process (a hang there must not end the
+  // run); empty: the check is skipped, with this as the reason.
+  std::vector<std::string> absent_rank_command;
+  std::string absent_rank_skip = "not run";
   // The command line that replays a case: "dpcheck conform --kernels ./libk.so" (the launcher prefix
   // and --world-size included), to which " --check '<name>' --case '<minimal>'" is appended.
   std::string replay_prefix;
@@ -53,6 +58,15 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
 // The communicator `target.comm` (a plugin path) on a world of `world_size` ranks (the launcher's
 // world when target.process_world is set).
 std::vector<ConformRow> conform_comm(const Target& target, int world_size, const ConformOptions& options);
+
+// The names of conform_comm's checks for a world of `world_size` ranks, in the order they run.
+std::vector<std::string> conform_comm_checks();
+
+// The hidden half of the "absent rank" check, run in a child process (ranks as threads): every rank
+// but the last calls allreduce, the last never does; prints one line saying how each rank's call
+// ended and returns 0 when every waiting rank's call failed within the timeout (a hang ends the
+// process through the watchdog, exit 3).
+int conform_absent_rank_probe(const Target& target, int world_size);
 
 // Properties of verify run against `target`, as conform rows ("properties" section), each failing
 // row's replay being verify's replay line.

@@ -139,7 +139,11 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
                                   "train"};
     std::stringstream flags(run_scenario.train_flags());
     for (std::string f; flags >> f;) argv.push_back(f);
-    argv.insert(argv.end(), {"--comm", "mpi", "--checkpoint-dir", checkpoints.string(), "--checkpoint-every", "1",
+    // The target's own communicator where it runs under the launcher (a plugin that writes a file on
+    // every rank breaks the promise too), dpcheck's mpi backend otherwise.
+    const Backend& row = backend_for(target.engine, target.comm);
+    const bool own_comm = target.engine == "cpu" && row.may_run_under_launcher();
+    argv.insert(argv.end(), {"--comm", own_comm ? target.comm : "mpi", "--checkpoint-dir", checkpoints.string(), "--checkpoint-every", "1",
                             "--log", log.string(), "--timeout", "60"});
     if (resume) argv.insert(argv.end(), {"--resume", checkpoints.string()});
     if (!target.mutant.empty()) argv.insert(argv.end(), {"--mutant", target.mutant});

@@ -9,8 +9,10 @@
 #include "src/choice.hpp"
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/comm/plugin_comm.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/error.hpp"
+#include "src/plugin/plugin_loader.hpp"
 
 namespace dpcheck {
 
@@ -133,9 +135,15 @@ std::string Backend::launch_prefix(int processes) const {
 
 const std::deque<Backend>& backends() { return table(); }
 
-const Backend* find_backend(std::string_view name) {
+const Backend* find_registered_backend(std::string_view name) {
   for (const Backend& b : table())
     if (b.name == name) return &b;
+  return nullptr;
+}
+
+const Backend* find_backend(std::string_view name) {
+  if (const Backend* b = find_registered_backend(name)) return b;
+  if (looks_like_plugin_path(name)) return &register_comm_plugin(std::string(name));
   return nullptr;
 }
 
@@ -173,7 +181,7 @@ Communicator* world_of_processes(const Backend& b, Communicator* launcher_world)
 const Backend& register_backend(Backend row) {
   const std::string what = "backend '" + row.name + "'";
   if (row.name.empty()) throw UsageError("a backend needs a name");
-  if (find_backend(row.name)) throw UsageError(what + ": a backend of that name exists already");
+  if (find_registered_backend(row.name)) throw UsageError(what + ": a backend of that name exists already");
   const EngineRow& e = find_engine(row.engine);
   if (row.memory != e.memory)
     throw UsageError(what + ": its buffers must live where the " + row.engine + " engine's do (" +

@@ -79,8 +79,12 @@ struct Backend {
 // The rows, built-in ones first (local, mpi, cuda-local, nccl), then those registered, in that order.
 const std::deque<Backend>& backends();
 
-// The row named `name`, or nullptr.
+// The row named `name`, or nullptr. A name that is a path to a shared object (holding a '/' or ending
+// in ".so") is a communicator plugin (include/dpcheck/plugin.h): loaded and registered as a row on
+// first use (src/comm/plugin_comm.hpp), UsageError if it cannot be.
 const Backend* find_backend(std::string_view name);
+// The row named `name` among those already in the table, or nullptr; loads nothing.
+const Backend* find_registered_backend(std::string_view name);
 
 // The row of --comm `comm` for --engine `engine`. UsageError for an unknown engine, an unknown
 // communicator, or one that carries another engine's buffers ("engine cpu runs with --comm local or

@@ -98,6 +98,21 @@ void print_error(std::string_view message) {
   }
 }
 
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\n': out += "&#10;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 std::string float_text(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", v);

@@ -50,6 +50,9 @@ void print_error(std::string_view message);
 // Text for a float with all the digits that identify it.
 std::string float_text(double v);
 
+// Text for an XML attribute or element (JUnit reports): & < > " and newlines escaped.
+std::string xml_escape(const std::string& s);
+
 // ---- timeouts and seeds -------------------------------------------------------------------------
 
 // The longest --timeout accepted: a day. Longer is no timeout at all, which a stuck rank turns into a hang.

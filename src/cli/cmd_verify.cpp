@@ -50,21 +50,6 @@ std::string power_text(const PropertyResult& r) {
   return r.probed > 0 ? number(100 * r.power(), "%.0f%%") : "-";
 }
 
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\n': out += "&#10;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 std::string runs_text(const PropertyResult& r) {
   return "fails " + std::to_string(r.failing_runs) + " of " + std::to_string(r.runs) + " runs";
 }

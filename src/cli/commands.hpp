@@ -36,5 +36,6 @@ Runner add_grad(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_audit(CLI::App& app);
+Runner add_conform(CLI::App& app);
 
 }  // namespace dpcheck::cli

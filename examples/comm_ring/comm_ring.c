@@ -1,0 +1,221 @@
+/* A ring all-reduce as a dpcheck communicator plugin: the template a backend's author starts from.
+ *
+ * All-reduce is a reduce-scatter then an all-gather around the ring of ranks: the buffer is cut into
+ * `size` chunks; in each of size-1 steps every rank passes one chunk to its right neighbour, which
+ * adds it to its own; after them rank r holds the whole sum of chunk r+1, and size-1 more steps pass
+ * the finished chunks around. Long buffers go through in slices of at most SLICE_BYTES, so that the
+ * scratch memory stays small.
+ *
+ * The one transport here is pass_left_to_right(): with the ranks as threads of one process it copies
+ * straight from the left neighbour's buffer (the buffers' addresses swapped through the bootstrap);
+ * with the ranks as processes it swaps the chunks themselves through the bootstrap's allgather. A real
+ * backend replaces that function with its own transport (sockets, RDMA, shared memory) and keeps the
+ * rest.
+ *
+ * Every rank ends with the same bits: each chunk is summed once, in one order, by the ranks around the
+ * ring, and the finished chunk is copied, not recomputed. */
+#include <dpcheck/plugin.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SLICE_BYTES ((size_t)1 << 20)
+
+typedef struct ring {
+  const dpcheck_bootstrap_t* boot;
+  int rank, size;
+  char* scratch;       /* the chunk received from the left neighbour, or (processes) every rank's */
+  size_t scratch_bytes;
+  char error[256];
+} ring_t;
+
+static int fail(ring_t* r, const char* what, int step) {
+  snprintf(r->error, sizeof r->error, "%s failed at step %d on rank %d (the bootstrap gave up: a peer did not arrive)",
+           what, step, r->rank);
+  return 1;
+}
+
+static int reserve(ring_t* r, size_t bytes) {
+  if (bytes <= r->scratch_bytes) return 0;
+  char* grown = (char*)realloc(r->scratch, bytes);
+  if (!grown) {
+    snprintf(r->error, sizeof r->error, "out of memory for %zu bytes of scratch", bytes);
+    return 1;
+  }
+  r->scratch = grown;
+  r->scratch_bytes = bytes;
+  return 0;
+}
+
+/* Every rank passes `send_bytes` from `send` to its right neighbour and receives its left neighbour's
+   `recv_bytes` into `recv` (at most `max_bytes` on any rank). */
+static int pass_left_to_right(ring_t* r, const void* send, size_t send_bytes, void* recv, size_t recv_bytes,
+                              size_t max_bytes, int step) {
+  const int left = (r->rank + r->size - 1) % r->size;
+  if (r->boot->same_process) {
+    const void** where = (const void**)malloc(sizeof(void*) * (size_t)r->size);
+    if (!where) return fail(r, "allocation", step);
+    if (r->boot->allgather(r->boot->ctx, &send, where, sizeof(void*)) != 0) {
+      free(where);
+      return fail(r, "address swap", step);
+    }
+    if (recv_bytes) memcpy(recv, where[left], recv_bytes);
+    free(where);
+    /* The left neighbour may not change what it sent until it has been read. */
+    return r->boot->barrier(r->boot->ctx) != 0 ? fail(r, "barrier", step) : 0;
+  }
+  char* all = (char*)malloc(max_bytes * (size_t)r->size + 1);
+  char* mine = (char*)malloc(max_bytes + 1);
+  if (!all || !mine) {
+    free(all);
+    free(mine);
+    return fail(r, "allocation", step);
+  }
+  if (send_bytes) memcpy(mine, send, send_bytes);
+  const int rc = r->boot->allgather(r->boot->ctx, mine, all, max_bytes);
+  if (rc == 0 && recv_bytes) memcpy(recv, all + (size_t)left * max_bytes, recv_bytes);
+  free(all);
+  free(mine);
+  return rc != 0 ? fail(r, "chunk swap", step) : 0;
+}
+
+static size_t dtype_bytes(dpcheck_dtype_t t) { return t == DPCHECK_FLOAT32 ? 4 : 8; }
+
+/* acc[i] = acc[i] (op) in[i] */
+static void combine(void* acc, const void* in, size_t n, dpcheck_dtype_t t, dpcheck_op_t op) {
+  size_t i;
+#define COMBINE(T)                                                              \
+  {                                                                             \
+    T* a = (T*)acc;                                                             \
+    const T* b = (const T*)in;                                                  \
+    for (i = 0; i < n; ++i) {                                                   \
+      if (op == DPCHECK_MIN) a[i] = b[i] < a[i] ? b[i] : a[i];                  \
+      else if (op == DPCHECK_MAX) a[i] = b[i] > a[i] ? b[i] : a[i];             \
+      else a[i] = a[i] + b[i];                                                  \
+    }                                                                           \
+  }
+  if (t == DPCHECK_FLOAT32) COMBINE(float)
+  else if (t == DPCHECK_FLOAT64) COMBINE(double)
+  else COMBINE(int64_t)
+#undef COMBINE
+}
+
+static void divide(void* buf, size_t n, dpcheck_dtype_t t, int size) {
+  size_t i;
+  if (t == DPCHECK_FLOAT32)
+    for (i = 0; i < n; ++i) ((float*)buf)[i] /= (float)size;
+  else if (t == DPCHECK_FLOAT64)
+    for (i = 0; i < n; ++i) ((double*)buf)[i] /= (double)size;
+  else
+    for (i = 0; i < n; ++i) ((int64_t*)buf)[i] /= size;
+}
+
+/* Chunk c of n elements cut into `parts`: its first element and its length. */
+static size_t chunk_begin(size_t n, int parts, int c) { return n / (size_t)parts * (size_t)c + ((size_t)c < n % (size_t)parts ? (size_t)c : n % (size_t)parts); }
+static size_t chunk_len(size_t n, int parts, int c) { return chunk_begin(n, parts, c + 1) - chunk_begin(n, parts, c); }
+
+static int ring_init(const dpcheck_bootstrap_t* boot, void** comm) {
+  ring_t* r = (ring_t*)calloc(1, sizeof *r);
+  if (!r) return 1;
+  r->boot = boot;
+  r->rank = boot->rank;
+  r->size = boot->size;
+  *comm = r;
+  return 0;
+}
+
+static int ring_allreduce(void* comm, void* buf, size_t count, dpcheck_dtype_t dtype, dpcheck_op_t op, void* stream) {
+  ring_t* r = (ring_t*)comm;
+  const size_t es = dtype_bytes(dtype);
+  const int n = r->size;
+  const size_t slice = SLICE_BYTES / es * (size_t)n;
+  size_t done;
+  (void)stream;
+  if (reserve(r, (slice / (size_t)n + 1) * es)) return 1;
+  for (done = 0; done < count; done += slice) {
+    char* base = (char*)buf + done * es;
+    const size_t len = count - done < slice ? count - done : slice;
+    const size_t max_chunk = chunk_len(len, n, 0) * es;
+    int s;
+    for (s = 0; s < n - 1; ++s) { /* reduce-scatter */
+      const int send_c = (r->rank - s + n) % n, recv_c = (r->rank - 1 - s + 2 * n) % n;
+      if (pass_left_to_right(r, base + chunk_begin(len, n, send_c) * es, chunk_len(len, n, send_c) * es, r->scratch,
+                             chunk_len(len, n, recv_c) * es, max_chunk, s))
+        return 1;
+      combine(base + chunk_begin(len, n, recv_c) * es, r->scratch, chunk_len(len, n, recv_c), dtype, op);
+    }
+    if (op == DPCHECK_AVG) {
+      const int mine = (r->rank + 1) % n;
+      divide(base + chunk_begin(len, n, mine) * es, chunk_len(len, n, mine), dtype, n);
+    }
+    for (s = 0; s < n - 1; ++s) { /* all-gather */
+      const int send_c = (r->rank + 1 - s + n) % n, recv_c = (r->rank - s + n) % n;
+      if (pass_left_to_right(r, base + chunk_begin(len, n, send_c) * es, chunk_len(len, n, send_c) * es, r->scratch,
+                             chunk_len(len, n, recv_c) * es, max_chunk, n - 1 + s))
+        return 1;
+      memcpy(base + chunk_begin(len, n, recv_c) * es, r->scratch, chunk_len(len, n, recv_c) * es);
+    }
+  }
+  return 0;
+}
+
+static int ring_broadcast(void* comm, void* buf, size_t count, dpcheck_dtype_t dtype, int root, void* stream) {
+  ring_t* r = (ring_t*)comm;
+  const size_t bytes = count * dtype_bytes(dtype);
+  size_t done;
+  (void)stream;
+  if (root < 0 || root >= r->size) {
+    snprintf(r->error, sizeof r->error, "broadcast root %d is not a rank of a world of %d", root, r->size);
+    return 1;
+  }
+  /* Around the ring from the root, a slice at a time: rank root+k receives in step k-1. */
+  for (done = 0; done < bytes; done += SLICE_BYTES) {
+    const size_t len = bytes - done < SLICE_BYTES ? bytes - done : SLICE_BYTES;
+    int s;
+    if (reserve(r, len)) return 1;
+    for (s = 0; s < r->size - 1; ++s) {
+      if (pass_left_to_right(r, (char*)buf + done, len, r->scratch, len, len, s)) return 1;
+      if (r->rank == (root + s + 1) % r->size) memcpy((char*)buf + done, r->scratch, len);
+    }
+  }
+  return 0;
+}
+
+static int ring_allgather(void* comm, const void* send, void* recv, size_t count, dpcheck_dtype_t dtype, void* stream) {
+  ring_t* r = (ring_t*)comm;
+  const size_t bytes = count * dtype_bytes(dtype);
+  int s;
+  (void)stream;
+  /* Block r goes to its place, then each block travels the ring. */
+  memmove((char*)recv + (size_t)r->rank * bytes, send, bytes);
+  if (reserve(r, bytes + 1)) return 1;
+  for (s = 0; s < r->size - 1; ++s) {
+    const int send_b = (r->rank - s + r->size) % r->size, recv_b = (r->rank - 1 - s + 2 * r->size) % r->size;
+    if (pass_left_to_right(r, (char*)recv + (size_t)send_b * bytes, bytes, r->scratch, bytes, bytes, s)) return 1;
+    memcpy((char*)recv + (size_t)recv_b * bytes, r->scratch, bytes);
+  }
+  return 0;
+}
+
+static int ring_barrier(void* comm) {
+  ring_t* r = (ring_t*)comm;
+  return r->boot->barrier(r->boot->ctx) != 0 ? fail(r, "barrier", 0) : 0;
+}
+
+static const char* ring_last_error(void* comm) { return comm ? ((ring_t*)comm)->error : "init failed"; }
+
+static void ring_finalize(void* comm) {
+  ring_t* r = (ring_t*)comm;
+  if (!r) return;
+  free(r->scratch);
+  free(r);
+}
+
+static const dpcheck_comm_plugin_t ring_plugin = {
+    DPCHECK_PLUGIN_ABI, "ring", DPCHECK_HOST, ring_init, ring_allreduce, ring_broadcast, ring_allgather,
+    ring_barrier, ring_last_error, ring_finalize,
+};
+
+const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) { return &ring_plugin; }

@@ -1,0 +1,214 @@
+// dpcheck conform: does a user's communicator or kernel plugin keep the promises? One table of checks
+// (properties/conform.hpp), printed row by row as each is decided, then each failure with the promise
+// that broke, its minimal case and the command that replays it; JSON and JUnit reports like verify's.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "properties/conform.hpp"
+#include "properties/properties.hpp"
+#include "src/cli/cli_common.hpp"
+#include "src/cli/commands.hpp"
+#include "src/error.hpp"
+#include "src/files.hpp"
+#include "src/plugin/plugin_loader.hpp"
+#include "src/process.hpp"
+
+namespace dpcheck::cli {
+
+namespace {
+
+struct ConformCliOptions {
+  Target target;
+  int world_size = 4;
+  bool world_size_given = false;
+  int cases = 30;
+  SeedOption seed_option{1};
+  TimeoutOption timeout;
+  std::string check, case_text;
+  bool no_properties = false;
+  bool list_checks = false;
+  bool absent_rank_probe = false;  // hidden: the child half of "a rank that never arrives"
+  double max_mib = 64;
+  std::string report, junit;
+};
+
+std::string shell_word(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,") ==
+                        std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world, const std::vector<ConformRow>& rows,
+                       bool passed) {
+  nlohmann::json checks = nlohmann::json::array();
+  const auto or_null = [](const std::string& s) { return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s); };
+  for (const ConformRow& r : rows)
+    checks.push_back({{"section", r.section},
+                      {"check", r.check},
+                      {"verdict", std::string(conform_verdict_name(r.verdict)) == "FAIL" ? "fail"
+                                                                                          : std::string(conform_verdict_name(r.verdict))},
+                      {"detail", r.detail},
+                      {"promise", or_null(r.promise)},
+                      {"minimal_case", or_null(r.minimal)},
+                      {"replay", or_null(r.replay)},
+                      {"seconds", r.seconds}});
+  return {{"passed", passed},
+          {"seed", seed},
+          {"plugin", {{"comm", o.target.comm}, {"engine", o.target.engine}}},
+          {"world_size", world},
+          {"checks", checks}};
+}
+
+std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& rows) {
+  std::size_t failures = 0, skipped = 0;
+  double total = 0;
+  for (const ConformRow& r : rows) {
+    failures += r.verdict == ConformVerdict::fail;
+    skipped += r.verdict == ConformVerdict::skip;
+    total += r.seconds;
+  }
+  std::ostringstream x;
+  x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"dpcheck conform ("
+    << xml_escape(o.target.comm) << ")\" tests=\"" << rows.size() << "\" failures=\"" << failures << "\" skipped=\""
+    << skipped << "\" time=\"" << total << "\">\n";
+  for (const ConformRow& r : rows) {
+    x << "  <testcase classname=\"dpcheck.conform." << xml_escape(r.section) << "\" name=\"" << xml_escape(r.check)
+      << "\" time=\"" << r.seconds << "\">\n";
+    if (r.verdict == ConformVerdict::skip) x << "    <skipped message=\"" << xml_escape(r.detail) << "\"/>\n";
+    if (r.verdict == ConformVerdict::fail)
+      x << "    <failure message=\"" << xml_escape(r.promise) << "\">" << xml_escape(r.detail) << "\nminimal case: "
+        << xml_escape(r.minimal) << "\nreplay: " << xml_escape(r.replay) << "</failure>\n";
+    x << "    <system-out>" << xml_escape(r.detail) << "</system-out>\n  </testcase>\n";
+  }
+  x << "</testsuite>\n</testsuites>\n";
+  return x.str();
+}
+
+int run_conform(ConformCliOptions& o) {
+  if (o.list_checks) {
+    if (is_printing_rank()) {
+      for (const std::string& c : conform_comm_checks()) std::cout << c << "\n";
+      for (const PropertyDef& p : properties()) std::cout << "property " << p.name << "\n";
+    }
+    return exit_ok;
+  }
+  if (o.target.comm.empty()) throw UsageError("conform needs --comm PATH (a communicator plugin)");
+  if (!looks_like_plugin_path(o.target.comm))
+    throw UsageError("--comm " + o.target.comm + ": conform checks a plugin; give the path to its shared object "
+                     "(e.g. ./libmy_comm.so)");
+  if (o.cases < 1) throw UsageError("--cases must be at least 1");
+  if (!(o.max_mib >= 0 && o.max_mib <= 4096)) throw UsageError("--max-mib must be in [0, 4096]");
+  if (!o.case_text.empty() && o.check.empty()) throw UsageError("--case needs --check: the case of which check?");
+  o.target.timeout = o.timeout.value();
+  const int world = resolve_world(o.target, o.world_size, o.world_size_given);
+  if (o.target.process_world) o.target.world_size = world;
+  validate_target(o.target);
+  if (o.absent_rank_probe) return conform_absent_rank_probe(o.target, world);
+  RunSize run;
+  run.world_size = world;
+  run.ranks_are_threads = !o.target.process_world;
+  check_run_size(run);
+  check_on_writing_rank([&] {
+    if (!o.report.empty()) check_output_path(o.report, "--report");
+    if (!o.junit.empty()) check_output_path(o.junit, "--junit");
+  });
+
+  ConformOptions co;
+  co.seed = o.seed_option.value();
+  if (o.target.process_world) o.target.process_world->broadcast(&co.seed, 1, DType::u64, 0);
+  co.cases = o.cases;
+  co.timeout = o.target.timeout;
+  co.check = o.check;
+  co.case_text = o.case_text;
+  co.properties = !o.no_properties;
+  co.max_bytes = static_cast<std::size_t>(o.max_mib * 1024 * 1024);
+  std::string prefix = o.target.process_world ? find_backend(o.target.comm)->launch_prefix(world) : std::string();
+  prefix += "dpcheck conform";
+  if (o.target.engine != default_engine()) prefix += " --engine " + o.target.engine;
+  prefix += " --comm " + shell_word(o.target.comm);
+  if (!o.target.process_world) prefix += " --world-size " + std::to_string(world);
+  if (co.seed != 1) prefix += " --seed " + std::to_string(co.seed);
+  co.replay_prefix = prefix;
+  if (o.target.process_world) {
+    co.absent_rank_skip = "runs only with the ranks as threads (run conform without a launcher)";
+  } else {
+    // The probe runs in a child: a plugin that hangs there ends the child (the watchdog), not this run.
+    const auto probe_timeout = std::min(co.timeout, std::chrono::milliseconds(5000));
+    co.absent_rank_command = {self_executable().string(), "conform", "--engine", o.target.engine, "--comm",
+                              o.target.comm, "--world-size", std::to_string(world), "--timeout",
+                              float_text(static_cast<double>(probe_timeout.count()) / 1000.0), "--absent-rank-probe"};
+  }
+
+  const bool printing = is_printing_rank();
+  const auto say = [&](const std::string& text) {
+    if (!printing) return;
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  };
+  say("dpcheck conform: communicator " + o.target.comm + " (engine " + o.target.engine + "), world size " +
+      std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)") + ", seed " +
+      std::to_string(co.seed) + "\n\n");
+  char line[512];
+  std::snprintf(line, sizeof line, "%-12s %-50s %-5s %9s  %s\n", "section", "check", "", "time", "detail");
+  say(line);
+  co.on_row = [&](const ConformRow& r) {
+    std::string detail = r.detail.size() > 110 ? r.detail.substr(0, 107) + "..." : r.detail;
+    if (const auto nl = detail.find('\n'); nl != std::string::npos) detail = detail.substr(0, nl) + " ...";
+    std::snprintf(line, sizeof line, "%-12s %-50s %-5s %7.2f s  %s\n", r.section.c_str(), r.check.c_str(),
+                  std::string(conform_verdict_name(r.verdict)).c_str(), r.seconds, detail.c_str());
+    say(line);
+  };
+  const std::vector<ConformRow> rows = conform_comm(o.target, world, co);
+
+  bool passed = true;
+  std::ostringstream details;
+  for (const ConformRow& r : rows) {
+    if (r.verdict != ConformVerdict::fail) continue;
+    passed = false;
+    details << "\nFAILED " << r.check << "\n  promise: " << r.promise << "\n  minimal case: " << r.minimal
+            << "\n  why: " << r.detail << "\n  replay: " << r.replay << "\n";
+  }
+  if (rows.empty()) throw UsageError("--check '" + o.check + "' matched no check (see --list-checks)");
+  details << "\n" << (passed ? "the plugin kept every promise checked" : "the plugin broke a promise") << "\n";
+  say(details.str());
+  if (printing && !o.report.empty()) write_file_atomic(o.report, to_json(o, co.seed, world, rows, passed).dump(2) + "\n");
+  if (printing && !o.junit.empty()) write_file_atomic(o.junit, to_junit(o, rows));
+  return passed ? exit_ok : exit_check_failed;
+}
+
+}  // namespace
+
+Runner add_conform(CLI::App& app) {
+  auto o = std::make_shared<ConformCliOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "conform", "Check that a plugin (--comm ./libmine.so) keeps dpcheck's promises: its collectives on exact and "
+                 "random inputs, how it sums, a missing rank, then every property of verify with it in place");
+  sub->add_option("--comm", o->target.comm, "The communicator plugin: a path to its shared object");
+  sub->add_option("--engine", o->target.engine,
+                  "cpu for a host-memory plugin (default), cuda for one that takes device buffers");
+  sub->add_option("--world-size", o->world_size, "Ranks, as threads of this process (default 4; under mpirun, its processes)");
+  sub->add_option("--cases", o->cases, "Cases per property of verify (default 30)");
+  o->seed_option.add_to(*sub, "Seed of the random inputs and of the properties' cases");
+  o->timeout.add_to(*sub);
+  sub->add_option("--check", o->check, "Run this check alone (see --list-checks)");
+  sub->add_option("--case", o->case_text, "With --check: run this case alone, as a failure prints it (\"count=5 offset=1\")");
+  sub->add_flag("--no-properties", o->no_properties, "Skip verify's properties (the plugin's own checks only)");
+  sub->add_option("--max-mib", o->max_mib, "The largest buffer a collective check passes, in MiB (default 64)");
+  sub->add_option("--report", o->report, "Write a JSON report to this file");
+  sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");
+  sub->add_flag("--list-checks", o->list_checks, "Print the checks' names, one a line, and exit");
+  sub->add_flag("--absent-rank-probe", o->absent_rank_probe)->group("");
+  return [o, sub] {
+    o->world_size_given = sub->count("--world-size") > 0;
+    return run_conform(*o);
+  };
+}
+
+}  // namespace dpcheck::cli

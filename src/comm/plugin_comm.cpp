@@ -1,0 +1,273 @@
+// Communicator plugins (src/comm/plugin_comm.hpp): loading, the bootstrap dpcheck hands them, the
+// guarded calls, and their rows in the backend table.
+#include "src/comm/plugin_comm.hpp"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "src/comm/local_comm.hpp"
+#include "src/comm/mpi_comm.hpp"
+#include "src/cuda_plugin.hpp"
+#include "src/error.hpp"
+#include "src/plugin/plugin_call.hpp"
+#include "src/plugin/plugin_loader.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+dpcheck_op_t abi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return DPCHECK_SUM;
+    case ReduceOp::avg: return DPCHECK_AVG;
+    case ReduceOp::min: return DPCHECK_MIN;
+    case ReduceOp::max: return DPCHECK_MAX;
+  }
+  return DPCHECK_SUM;
+}
+
+// The dtypes of the ABI; the others (uint8, int32, uint64) are dpcheck's own control messages.
+bool abi_dtype(DType t, dpcheck_dtype_t* out) {
+  switch (t) {
+    case DType::f32: *out = DPCHECK_FLOAT32; return true;
+    case DType::f64: *out = DPCHECK_FLOAT64; return true;
+    case DType::i64: *out = DPCHECK_INT64; return true;
+    default: return false;
+  }
+}
+
+class PluginCommunicator final : public Communicator {
+ public:
+  PluginCommunicator(const dpcheck_comm_plugin_t& plugin, std::string backend, Communicator& base,
+                     std::unique_ptr<Communicator> bootstrap_transport)
+      : plugin_(plugin), backend_(std::move(backend)), base_(base), transport_(std::move(bootstrap_transport)) {
+    Communicator::set_timeout(base.timeout());
+    boot_.rank = base.rank();
+    boot_.size = base.size();
+    boot_.same_process = base.shares_address_space() ? 1 : 0;
+    boot_.ctx = this;
+    boot_.allgather = &PluginCommunicator::boot_allgather;
+    boot_.barrier = &PluginCommunicator::boot_barrier;
+    int rc;
+    {
+      PluginCall call(plugin_.name, "init", rank(), timeout());
+      rc = plugin_.init(&boot_, &comm_);
+    }
+    check(rc, "init");
+  }
+
+  ~PluginCommunicator() override {
+    PluginCall call(plugin_.name, "finalize", rank(), timeout());
+    plugin_.finalize(comm_);
+  }
+
+  int rank() const override { return base_.rank(); }
+  int size() const override { return base_.size(); }
+  std::string_view backend() const override { return backend_; }
+  MemorySpace memory_space() const override {
+    return plugin_.memory == DPCHECK_CUDA ? MemorySpace::device : MemorySpace::host;
+  }
+  Communicator& host() override { return base_.host(); }
+  bool shares_address_space() const override { return base_.shares_address_space(); }
+  void set_stream(void* stream) override {
+    stream_ = stream;
+    base_.set_stream(stream);
+  }
+  void to_host(const void* src, void* dst, std::size_t bytes) override { base_.to_host(src, dst, bytes); }
+  void from_host(const void* src, void* dst, std::size_t bytes) override { base_.from_host(src, dst, bytes); }
+  void set_timeout(std::chrono::milliseconds t) override {
+    Communicator::set_timeout(t);
+    base_.set_timeout(t);
+  }
+
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    dpcheck_dtype_t t;
+    if (!abi_dtype(dtype, &t)) return base_.host().allreduce(buf, count, dtype, op);
+    int rc;
+    {
+      PluginCall call(plugin_.name, "allreduce", rank(), timeout());
+      rc = plugin_.allreduce(comm_, buf, count, t, abi_op(op), stream_);
+    }
+    check(rc, "allreduce");
+  }
+
+  void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    dpcheck_dtype_t t;
+    if (!abi_dtype(dtype, &t)) return base_.host().broadcast(buf, count, dtype, root);
+    int rc;
+    {
+      PluginCall call(plugin_.name, "broadcast", rank(), timeout());
+      rc = plugin_.broadcast(comm_, buf, count, t, root, stream_);
+    }
+    check(rc, "broadcast");
+  }
+
+  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    dpcheck_dtype_t t;
+    if (!abi_dtype(dtype, &t)) return base_.host().allgather(send, recv, count, dtype);
+    int rc;
+    {
+      PluginCall call(plugin_.name, "allgather", rank(), timeout());
+      rc = plugin_.allgather(comm_, send, recv, count, t, stream_);
+    }
+    check(rc, "allgather");
+  }
+
+  void barrier() override {
+    int rc;
+    {
+      PluginCall call(plugin_.name, "barrier", rank(), timeout());
+      rc = plugin_.barrier(comm_);
+    }
+    check(rc, "barrier");
+  }
+
+ private:
+  // The bootstrap's transport: a communicator of its own under a launcher (a timeout there must not
+  // break the world dpcheck's checks talk over), the rank's host communicator among threads.
+  Communicator& transport() { return transport_ ? *transport_ : base_.host(); }
+
+  // The bootstrap's calls give up after three quarters of the timeout, so that a plugin that passes
+  // the failure on is heard before the watchdog ends the run.
+  template <class Body> int bootstrap_call(const char* what, const Body& body) {
+    Communicator& c = transport();
+    const std::chrono::milliseconds before = c.timeout();
+    c.set_timeout(std::max(std::chrono::milliseconds(1), timeout() * 3 / 4));
+    int rc = 0;
+    try {
+      body(c);
+    } catch (const std::exception& e) {
+      bootstrap_error_ = std::string("bootstrap ") + what + ": " + e.what();
+      rc = 1;
+    }
+    c.set_timeout(before);
+    return rc;
+  }
+
+  static int boot_allgather(void* ctx, const void* send, void* recv, std::size_t bytes) {
+    auto* self = static_cast<PluginCommunicator*>(ctx);
+    return self->bootstrap_call("allgather",
+                                [&](Communicator& c) { c.allgather(send, recv, bytes, DType::u8); });
+  }
+
+  static int boot_barrier(void* ctx) {
+    auto* self = static_cast<PluginCommunicator*>(ctx);
+    return self->bootstrap_call("barrier", [](Communicator& c) { c.barrier(); });
+  }
+
+  void check(int rc, const char* call) {
+    if (rc == 0) {
+      bootstrap_error_.clear();
+      return;
+    }
+    std::string why;
+    {
+      PluginCall guard(plugin_.name, "last_error", rank(), timeout());
+      const char* text = plugin_.last_error(comm_);
+      why = text && *text ? text : "(last_error says nothing)";
+    }
+    if (!bootstrap_error_.empty()) why += " [dpcheck's " + bootstrap_error_ + "]";
+    bootstrap_error_.clear();
+    throw Error("plugin '" + std::string(plugin_.name) + "' " + call + " on rank " + std::to_string(rank()) +
+                " returned " + std::to_string(rc) + ": " + why);
+  }
+
+  const dpcheck_comm_plugin_t& plugin_;
+  std::string backend_;
+  Communicator& base_;
+  std::unique_ptr<Communicator> transport_;
+  dpcheck_bootstrap_t boot_{};
+  void* comm_ = nullptr;
+  void* stream_ = nullptr;
+  std::string bootstrap_error_;
+};
+
+// A plugin with a transport of its own learns the timeout from the environment. Set while one thread
+// runs, before the ranks start.
+void export_timeout(std::chrono::milliseconds timeout) {
+  ::setenv("DPCHECK_PLUGIN_TIMEOUT_MS", std::to_string(timeout.count()).c_str(), 1);
+}
+
+}  // namespace
+
+const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::string_view option) {
+  static std::mutex mutex;
+  static std::map<std::string, const dpcheck_comm_plugin_t*> loaded;
+  std::lock_guard lock(mutex);
+  if (auto it = loaded.find(path); it != loaded.end()) return *it->second;
+  const std::string what = std::string(option) + " " + path;
+  using Entry = const dpcheck_comm_plugin_t* (*)();
+  const auto entry = reinterpret_cast<Entry>(plugin_symbol(path, "dpcheck_comm_plugin", option));
+  const dpcheck_comm_plugin_t* table = entry();
+  check_plugin_table(table, table ? table->abi : 0, table ? table->name : nullptr, what);
+  if (table->memory != DPCHECK_HOST && table->memory != DPCHECK_CUDA)
+    throw UsageError(what + ": memory " + std::to_string(static_cast<int>(table->memory)) +
+                     " is neither DPCHECK_HOST (0) nor DPCHECK_CUDA (1)");
+  const std::string kind = "communicator";
+  require_entry(reinterpret_cast<const void*>(table->init), "init", what, kind);
+  require_entry(reinterpret_cast<const void*>(table->allreduce), "allreduce", what, kind);
+  require_entry(reinterpret_cast<const void*>(table->broadcast), "broadcast", what, kind);
+  require_entry(reinterpret_cast<const void*>(table->allgather), "allgather", what, kind);
+  require_entry(reinterpret_cast<const void*>(table->barrier), "barrier", what, kind);
+  require_entry(reinterpret_cast<const void*>(table->last_error), "last_error", what, kind);
+  require_entry(reinterpret_cast<const void*>(table->finalize), "finalize", what, kind);
+  loaded.emplace(path, table);
+  return *table;
+}
+
+std::unique_ptr<Communicator> make_plugin_communicator(const dpcheck_comm_plugin_t& plugin, std::string backend,
+                                                       Communicator& base) {
+  return std::make_unique<PluginCommunicator>(plugin, std::move(backend), base, nullptr);
+}
+
+const Backend& register_comm_plugin(const std::string& path) {
+  if (const Backend* row = find_registered_backend(path)) return *row;
+  const dpcheck_comm_plugin_t& plugin = load_comm_plugin(path);
+  Backend row;
+  row.name = path;
+  row.help = "the plugin '" + std::string(plugin.name) + "'";
+  const std::string name = path;
+  if (plugin.memory == DPCHECK_HOST) {
+    row.engine = "cpu";
+    row.memory = MemorySpace::host;
+    row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
+      export_timeout(timeout);
+      run_local(
+          n,
+          [&](Communicator& base) {
+            PluginCommunicator comm(plugin, name, base, nullptr);
+            fn(comm);
+          },
+          timeout);
+    };
+    row.run_processes = [&plugin, name](Communicator& world, const RankFunction& fn) {
+      export_timeout(world.timeout());
+      // The bootstrap gets an MPI communicator of its own (collective: every rank is here).
+      std::unique_ptr<Communicator> transport = make_mpi_communicator();
+      transport->set_timeout(world.timeout());
+      PluginCommunicator comm(plugin, name, world, std::move(transport));
+      fn(comm);
+    };
+    row.launcher = "mpirun -np";
+  } else {
+    // Device buffers: the ranks are the cuda engine's replicas on this machine's GPU, a thread each, and
+    // the plugin's communicator stands in for cuda-local's collectives (whose copies and host transport
+    // it keeps).
+    row.engine = "cuda";
+    row.memory = MemorySpace::device;
+    row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
+      export_timeout(timeout);
+      require_cuda().run_cuda_local(
+          n,
+          [&](Communicator& base) {
+            PluginCommunicator comm(plugin, name, base, nullptr);
+            fn(comm);
+          },
+          timeout);
+    };
+  }
+  return register_backend(std::move(row));
+}
+
+}  // namespace dpcheck

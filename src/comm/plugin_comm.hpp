@@ -1,0 +1,37 @@
+// A user's communicator plugin (include/dpcheck/plugin.h, `--comm ./libmine.so`) as one more row of
+// the backend table (src/backends.hpp), named by the path as given, so that every command that takes
+// --comm takes a plugin: its ranks run as threads of this process (one init per rank thread, the
+// bootstrap over dpcheck's local transport) or as a launcher's processes (the bootstrap over MPI).
+//
+// Only the collectives go through the plugin. The control messages of dpcheck's checks (replica
+// hashes, verdicts, counts) go through host(), dpcheck's own transport, so that a broken plugin cannot
+// corrupt the evidence against it. Every call into the plugin is guarded (src/plugin/plugin_call.hpp):
+// a non-zero return is an Error naming the plugin, the call, the rank and the plugin's last_error; a
+// call that outlives the timeout ends the run.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <dpcheck/plugin.h>
+
+#include "src/backends.hpp"
+#include "src/comm.hpp"
+
+namespace dpcheck {
+
+// The table of the plugin at `path`, loaded once per process and checked: the symbol, the abi, a name,
+// and every entry point (all are required). UsageError naming `option` and the path otherwise.
+const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::string_view option = "--comm");
+
+// The row for the plugin at `path`, registered on first use: engine cpu for a DPCHECK_HOST plugin,
+// cuda for a DPCHECK_CUDA one (ranks as threads on the GPU, a thread each). UsageError for a plugin
+// that cannot be loaded.
+const Backend& register_comm_plugin(const std::string& path);
+
+// A communicator of the plugin over the ranks of `base` (bootstrap, control messages and copies to
+// and from the host go through base). Calls init; finalize on destruction. `backend` is the row name.
+std::unique_ptr<Communicator> make_plugin_communicator(const dpcheck_comm_plugin_t& plugin, std::string backend,
+                                                       Communicator& base);
+
+}  // namespace dpcheck
