@@ -62,6 +62,10 @@ std::vector<ConformRow> conform_comm(const Target& target, int world_size, const
 // The names of conform_comm's checks for a world of `world_size` ranks, in the order they run.
 std::vector<std::string> conform_comm_checks();
 
+// UsageError unless `check` (when given) names a check of conform_comm or a property of verify
+// ("property <name>"), and `case_text` (when given) is a case of that check. Run before any output.
+void check_conform_comm_selection(const std::string& check, const std::string& case_text);
+
 // The hidden half of the "absent rank" check, run in a child process (ranks as threads): every rank
 // but the last calls allreduce, the last never does; prints one line saying how each rank's call
 // ended and returns 0 when every waiting rank's call failed within the timeout (a hang ends the

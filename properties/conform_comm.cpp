@@ -24,6 +24,7 @@
 
 #include "properties/common.hpp"
 #include "properties/conform.hpp"
+#include "properties/properties.hpp"
 #include "src/error.hpp"
 #include "src/hash.hpp"
 #include "src/process.hpp"
@@ -660,12 +661,23 @@ std::vector<std::string> conform_comm_checks() {
   return names;
 }
 
-std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformOptions& o) {
-  if (!o.check.empty()) {
-    const std::vector<std::string> names = conform_comm_checks();
-    if (std::find(names.begin(), names.end(), o.check) == names.end() && !o.check.starts_with("property "))
-      throw UsageError("--check '" + o.check + "' is not a check of a communicator (see --list-checks)");
+void check_conform_comm_selection(const std::string& check, const std::string& case_text) {
+  if (!case_text.empty() && check.empty()) throw UsageError("--case needs --check: the case of which check?");
+  if (check.empty()) return;
+  if (check.starts_with("property ")) {
+    (void)find_property(check.substr(std::string("property ").size()));
+    if (!case_text.empty())
+      throw UsageError("--case is for conform's own checks; a property's case replays with dpcheck verify --reproduce");
+    return;
   }
+  const std::vector<std::string> names = conform_comm_checks();
+  if (std::find(names.begin(), names.end(), check) == names.end())
+    throw UsageError("--check '" + check + "' is not a check of a communicator (see --list-checks)");
+  if (!case_text.empty()) (void)parse_case(case_text, check.starts_with("broadcast"), check);
+}
+
+std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformOptions& o) {
+  check_conform_comm_selection(o.check, o.case_text);
   std::vector<ConformRow> rows;
   const auto emit = [&](ConformRow row) {
     if (o.on_row) o.on_row(row);

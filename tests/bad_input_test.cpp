@@ -259,13 +259,39 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"train --model 4,1 --x {d}/fifo --y {d}/y.npy", 2, {"fifo", "FIFO"}},
       {"grad --model 4,3,1 --batch 8 --init {d}/init_fifo", 2, {"layers.1.bias.npy", "FIFO"}},
       {"grad --model 4,1 --x /dev/zero --y {d}/y.npy", 2, {"/dev/zero", "character device"}},
+      // Plugins (include/dpcheck/plugin.h): a file that is not one, or a table dpcheck must refuse.
+      {"verify --cases 1 --comm {d}/missing.so", 2, {"--comm", "missing.so", "no such file"}},
+      {"verify --cases 1 --comm {d}/afile", 2, {"--comm", "afile", "not a shared object"}},
+      {"verify --cases 1 --comm {d}", 2, {"--comm", "not a regular file"}},
+      {"verify --cases 1 --comm {p}/libdpcheck_comm_wrong-abi.so", 2, {"wrong-abi", "plugin ABI 99", "ABI 1"}},
+      {"verify --cases 1 --comm {p}/libdpcheck_comm_null-entry.so", 2, {"null-entry", "no allreduce (NULL)"}},
+      {"verify --cases 1 --comm {p}/libdpcheck_comm_null-table.so", 2, {"null-table", "no table (NULL)"}},
+      {"verify --cases 1 --comm {r} --engine cuda", 2, {"engine cuda", "is for --engine cpu"}},
+      {"train --steps 1 --comm {p}/libdpcheck_comm_wrong-abi.so", 2, {"plugin ABI 99"}},
+      {"grad --comm {p}/libdpcheck_comm_null-entry.so", 2, {"no allreduce"}},
+      {"bench allreduce --sizes 4K --ranks 2 --backends {p}/libdpcheck_comm_null-table.so", 2, {"no table"}},
+      {"conform", 2, {"--comm"}},
+      {"conform --comm local", 2, {"--comm local", "shared object"}},
+      {"conform --comm {d}/missing.so", 2, {"missing.so", "no such file"}},
+      {"conform --comm {r} --case count=1", 2, {"--case needs --check"}},
+      {"conform --comm {r} --check nonsense", 2, {"--check 'nonsense'"}},
+      {"conform --comm {r} --check 'allreduce float32 sum' --case count=x", 2, {"--case", "key=number"}},
+      {"conform --comm {r} --check 'allreduce float32 sum' --case 'count=3 root=1'", 2, {"--case", "root=1"}},
+      {"conform --comm {r} --check 'broadcast float32' --case offset=1", 2, {"--case", "no count"}},
+      {"conform --comm {r} --max-mib -1", 2, {"--max-mib"}},
+      {"conform --comm {r} --cases 0", 2, {"--cases"}},
+      {"conform --comm {r} --world-size 0", 2, {"--world-size"}},
+      {"conform --comm {r} --report /dev/full", 2, {"--report", "character device"}},
+      {"conform --comm {r} --junit {d}/fifo", 2, {"--junit", "FIFO"}},
   };
 
   const fs::path d = dir_.path();
   const std::map<std::string, std::string> before = snapshot(d);
   ASSERT_TRUE(before.contains("kept.json") && before.contains("init/layers.0.weight.npy"));
   for (const Row& row : rows) {
-    const std::string args = replace_all(row.args, "{d}", d.string());
+    // {p}: the tests' plugins; {r}: the ring example, a plugin that loads.
+    const std::string args = replace_all(replace_all(replace_all(row.args, "{d}", d.string()), "{p}", DPCHECK_COMM_PLUGIN_DIR),
+                                         "{r}", DPCHECK_RING_PLUGIN);
     if (row.memory_kib > 0 && kAddressSanitizer) {
       // AddressSanitizer reserves terabytes of address space for its shadow memory at start, which no
       // `ulimit -v` allows: the row runs in the other builds.

@@ -105,7 +105,7 @@ int run_conform(ConformCliOptions& o) {
                      "(e.g. ./libmy_comm.so)");
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
   if (!(o.max_mib >= 0 && o.max_mib <= 4096)) throw UsageError("--max-mib must be in [0, 4096]");
-  if (!o.case_text.empty() && o.check.empty()) throw UsageError("--case needs --check: the case of which check?");
+  check_conform_comm_selection(o.check, o.case_text);
   o.target.timeout = o.timeout.value();
   const int world = resolve_world(o.target, o.world_size, o.world_size_given);
   if (o.target.process_world) o.target.world_size = world;

@@ -1,0 +1,44 @@
+/* Plugins that dpcheck must refuse to load (exit 2, one line naming the file): built once per BAD value.
+ *   1 wrong-abi     a table from a future dpcheck (abi 99)
+ *   2 null-entry    no allreduce
+ *   3 null-table    the function returns NULL
+ */
+#include <dpcheck/plugin.h>
+#include <stddef.h>
+
+static int ok_init(const dpcheck_bootstrap_t* b, void** c) { (void)b; *c = NULL; return 0; }
+static int ok_allreduce(void* c, void* b, size_t n, dpcheck_dtype_t t, dpcheck_op_t o, void* s) {
+  (void)c; (void)b; (void)n; (void)t; (void)o; (void)s; return 0;
+}
+static int ok_broadcast(void* c, void* b, size_t n, dpcheck_dtype_t t, int r, void* s) {
+  (void)c; (void)b; (void)n; (void)t; (void)r; (void)s; return 0;
+}
+static int ok_allgather(void* c, const void* a, void* b, size_t n, dpcheck_dtype_t t, void* s) {
+  (void)c; (void)a; (void)b; (void)n; (void)t; (void)s; return 0;
+}
+static int ok_barrier(void* c) { (void)c; return 0; }
+static const char* ok_error(void* c) { (void)c; return ""; }
+static void ok_finalize(void* c) { (void)c; }
+
+static const dpcheck_comm_plugin_t plugin = {
+#if BAD == 1
+    99,
+#else
+    DPCHECK_PLUGIN_ABI,
+#endif
+    "bad", DPCHECK_HOST, ok_init,
+#if BAD == 2
+    NULL,
+#else
+    ok_allreduce,
+#endif
+    ok_broadcast, ok_allgather, ok_barrier, ok_error, ok_finalize,
+};
+
+const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) {
+#if BAD == 3
+  return NULL;
+#else
+  return &plugin;
+#endif
+}

@@ -1,0 +1,190 @@
+/* Communicator plugins that each break one promise, the way a backend's author might: built from this
+ * file once per BREAK value (tests/plugins/comm/CMakeLists.txt), and `dpcheck conform` must fail each
+ * with the right check and a minimal case (tests/conform_comm_test.cpp). BREAK 0 is the correct
+ * plugin they are built from: every rank gathers every rank's buffer through the bootstrap and reduces
+ * them in rank order, so every rank computes the same bits.
+ *
+ *   1 vector-tail     allreduce works in blocks of 4 elements; the remainder is left unreduced once
+ *                     the buffer holds a block (the scalar path covers only buffers of under 4)
+ *   2 narrow-float64  float64 sums are accumulated in float (a kernel written for float32 reused)
+ *   3 int64-avg       avg divides floats by the world size but forgets int64
+ *   4 block-order     allgather puts rank r's block at ((r + 1) mod N), an off-by-one in the ring index
+ *   5 broadcast-root  broadcast always sends rank 0's buffer, whatever the root
+ *   6 large-message   above 65536 elements a "pipelined" path reduces in slices of 65536 and skips
+ *                     the last, partial slice
+ *   7 own-order       each rank starts its sum at its own buffer: exact inputs agree, ranks don't
+ *   8 run-to-run      the order alternates with a per-communicator call counter (same on every rank)
+ *   9 hang            waits for its peers in a loop that ignores the bootstrap's failure
+ *
+ * And two that fault rather than compute wrong, for the run's own ending (cli tests):
+ *  10 crash           dereferences NULL in allreduce
+ *  11 stall           rank 1 never returns from an allreduce of more than one element
+ */
+#include <dpcheck/plugin.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef BREAK
+#define BREAK 0
+#endif
+
+typedef struct comm {
+  const dpcheck_bootstrap_t* boot;
+  int rank, size;
+  long calls;
+  char error[256];
+} comm_t;
+
+static size_t dtype_bytes(dpcheck_dtype_t t) { return t == DPCHECK_FLOAT32 ? 4 : 8; }
+
+static int fail(comm_t* c, const char* what) {
+  snprintf(c->error, sizeof c->error, "%s: the bootstrap failed on rank %d", what, c->rank);
+  return 1;
+}
+
+/* Every rank's `bytes` at `send`, rank r's at all + r * bytes (caller frees). */
+static int gather_all(comm_t* c, const void* send, size_t bytes, char** all) {
+  *all = (char*)malloc(bytes * (size_t)c->size + 1);
+  if (!*all) return fail(c, "allocation");
+  if (c->boot->allgather(c->boot->ctx, send, *all, bytes) != 0) {
+#if BREAK == 9
+    for (;;) { /* "the peer is just slow": wait for it forever */
+      struct timespec t = {0, 10000000};
+      nanosleep(&t, NULL);
+    }
+#endif
+    free(*all);
+    *all = NULL;
+    return fail(c, "allgather");
+  }
+  return 0;
+}
+
+static double get(const char* p, dpcheck_dtype_t t, size_t i) {
+  if (t == DPCHECK_FLOAT32) return ((const float*)p)[i];
+  return ((const double*)p)[i];
+}
+
+/* One element of the reduction over the ranks' buffers, starting at rank `first`. */
+static void reduce_element(comm_t* c, const char* all, size_t bytes, size_t i, void* out, dpcheck_dtype_t t,
+                           dpcheck_op_t op, int first) {
+  int k;
+  if (t == DPCHECK_INT64) {
+    int64_t acc = ((const int64_t*)(all + (size_t)first * bytes))[i];
+    for (k = 1; k < c->size; ++k) {
+      const int64_t v = ((const int64_t*)(all + (size_t)((first + k) % c->size) * bytes))[i];
+      acc = op == DPCHECK_MIN ? (v < acc ? v : acc) : op == DPCHECK_MAX ? (v > acc ? v : acc) : acc + v;
+    }
+#if BREAK != 3
+    if (op == DPCHECK_AVG) acc /= c->size;
+#endif
+    ((int64_t*)out)[i] = acc;
+  } else if (t == DPCHECK_FLOAT32 || BREAK == 2) {
+    float acc = (float)get(all + (size_t)first * bytes, t, i);
+    for (k = 1; k < c->size; ++k) {
+      const float v = (float)get(all + (size_t)((first + k) % c->size) * bytes, t, i);
+      acc = op == DPCHECK_MIN ? (v < acc ? v : acc) : op == DPCHECK_MAX ? (v > acc ? v : acc) : acc + v;
+    }
+    if (op == DPCHECK_AVG) acc /= (float)c->size;
+    if (t == DPCHECK_FLOAT32) ((float*)out)[i] = acc;
+    else ((double*)out)[i] = acc;
+  } else {
+    double acc = get(all + (size_t)first * bytes, t, i);
+    for (k = 1; k < c->size; ++k) {
+      const double v = get(all + (size_t)((first + k) % c->size) * bytes, t, i);
+      acc = op == DPCHECK_MIN ? (v < acc ? v : acc) : op == DPCHECK_MAX ? (v > acc ? v : acc) : acc + v;
+    }
+    if (op == DPCHECK_AVG) acc /= (double)c->size;
+    ((double*)out)[i] = acc;
+  }
+}
+
+static int c_init(const dpcheck_bootstrap_t* boot, void** out) {
+  comm_t* c = (comm_t*)calloc(1, sizeof *c);
+  if (!c) return 1;
+  c->boot = boot;
+  c->rank = boot->rank;
+  c->size = boot->size;
+  *out = c;
+  return 0;
+}
+
+static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t, dpcheck_op_t op, void* stream) {
+  comm_t* c = (comm_t*)handle;
+  const size_t bytes = count * dtype_bytes(t);
+  size_t i, end = count;
+  int first = 0;
+  char* all;
+  (void)stream;
+#if BREAK == 10
+  if (count > 0) *(volatile int*)stream = 1;
+#elif BREAK == 11
+  if (count > 1 && c->rank == 1)
+    for (;;) {
+      struct timespec t = {0, 10000000};
+      nanosleep(&t, NULL);
+    }
+#endif
+  if (gather_all(c, buf, bytes, &all)) return 1;
+#if BREAK == 1
+  if (count >= 4) end = count / 4 * 4;
+#elif BREAK == 6
+  if (count > 65536) end = count / 65536 * 65536;
+#elif BREAK == 7
+  first = c->rank;
+#elif BREAK == 8
+  first = (int)(c->calls % 2) * (c->size - 1);
+#endif
+  ++c->calls;
+  for (i = 0; i < end; ++i) reduce_element(c, all, bytes, i, buf, t, op, first);
+  free(all);
+  return 0;
+}
+
+static int c_broadcast(void* handle, void* buf, size_t count, dpcheck_dtype_t t, int root, void* stream) {
+  comm_t* c = (comm_t*)handle;
+  const size_t bytes = count * dtype_bytes(t);
+  char* all;
+  (void)stream;
+#if BREAK == 5
+  root = 0;
+#endif
+  if (gather_all(c, buf, bytes, &all)) return 1;
+  memcpy(buf, all + (size_t)root * bytes, bytes);
+  free(all);
+  return 0;
+}
+
+static int c_allgather(void* handle, const void* send, void* recv, size_t count, dpcheck_dtype_t t, void* stream) {
+  comm_t* c = (comm_t*)handle;
+  const size_t bytes = count * dtype_bytes(t);
+  char* all;
+  int r;
+  (void)stream;
+  if (gather_all(c, send, bytes, &all)) return 1;
+  for (r = 0; r < c->size; ++r) {
+    const int to = BREAK == 4 ? (r + 1) % c->size : r;
+    memcpy((char*)recv + (size_t)to * bytes, all + (size_t)r * bytes, bytes);
+  }
+  free(all);
+  return 0;
+}
+
+static int c_barrier(void* handle) {
+  comm_t* c = (comm_t*)handle;
+  return c->boot->barrier(c->boot->ctx) != 0 ? fail(c, "barrier") : 0;
+}
+
+static const char* c_last_error(void* handle) { return handle ? ((comm_t*)handle)->error : "init failed"; }
+static void c_finalize(void* handle) { free(handle); }
+
+static const dpcheck_comm_plugin_t plugin = {
+    DPCHECK_PLUGIN_ABI, "broken", DPCHECK_HOST, c_init, c_allreduce, c_broadcast, c_allgather,
+    c_barrier, c_last_error, c_finalize,
+};
+
+const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) { return &plugin; }
