@@ -202,6 +202,21 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"train --model 4,1 --comm cuda-local --log {d}/l.json", 2, {"not 'cuda-local'", "--engine cuda"}},
       {"train --model 4,1 --comm mpi --log {d}/l.json", 2, {"--comm mpi runs one process per rank"}},
       {"train --model 4,1 --tf32 --log {d}/l.json", 2, {"--tf32"}},
+      // --kernels: a shared object this machine loads, exporting a kernel table of a known ABI, with a
+      // name, on host memory for the cpu engine (tests/plugins/kernels/).
+      {"verify --kernels {d}/missing.so --report {d}/r.json", 2, {"--kernels", "missing.so: no such file"}},
+      {"verify --kernels {d}/afile --report {d}/r.json", 2, {"--kernels", "afile: not a shared object"}},
+      {"verify --kernels {d}/fifo --report {d}/r.json", 2, {"--kernels", "fifo: not a regular file"}},
+      {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_NO_SYMBOL, 2,
+       {"--kernels", "exports no dpcheck_kernel_plugin"}},
+      {std::string("train --model 4,1 --log {d}/l.json --kernels ") + DPCHECK_KERNELS_COMM_ONLY, 2,
+       {"exports no dpcheck_kernel_plugin", "it exports dpcheck_comm_plugin: pass it with --comm"}},
+      {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_BAD_ABI, 2,
+       {"--kernels", "plugin ABI 99", "knows ABI 1"}},
+      {std::string("grad --model 4,1 --batch 8 --kernels ") + DPCHECK_KERNELS_NO_TABLE, 2, {"--kernels", "no table"}},
+      {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_NO_NAME, 2, {"--kernels", "no name"}},
+      {std::string("train --model 4,1 --log {d}/l.json --kernels ") + DPCHECK_KERNELS_DEVICE_MEMORY, 2,
+       {"--kernels", "DPCHECK_CUDA", "--engine cuda"}},
       // Timeouts: finite, positive, at most a day.
       {"train --model 4,1 --timeout inf", 2, {"--timeout", "inf"}},
       {"train --model 4,1 --timeout nan", 2, {"--timeout", "nan"}},
