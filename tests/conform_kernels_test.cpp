@@ -207,5 +207,24 @@ TEST(ConformKernels, CommandsRunThePluginsKernels) {
   EXPECT_EQ(r.status, 1) << r.output;
 }
 
+// A kernel that returns non-zero ends the run as a runtime error (exit 3) naming the plugin, the call,
+// the rank and the plugin's own message; conform reports it the same way.
+TEST(ConformKernels, AFailingCallIsNamedWithThePluginsMessage) {
+  const CommandResult r =
+      run_command(std::string(DPCHECK_BINARY) + " train --model 4,3,2 --steps 2 --kernels " + DPCHECK_KERNELS_FAILING, 60);
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_NE(r.output.find("plugin 'failing' linear_forward on rank 0 failed (returned 7): no workspace left for a 4x4 tile"),
+            std::string::npos)
+      << r.output;
+  try {
+    conform_kernels(with_kernels(DPCHECK_KERNELS_FAILING), quick(2));
+    ADD_FAILURE() << "a failing call passed";
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "a runtime error reported as bad usage: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plugin 'failing' linear_forward"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace dpcheck
