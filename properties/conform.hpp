@@ -55,6 +55,9 @@ struct ConformOptions {
 // be loaded; Error on a runtime fault.
 std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptions& options);
 
+// The names of conform_kernels' checks, in the order they run.
+std::vector<std::string> conform_kernel_checks();
+
 // The communicator `target.comm` (a plugin path) on a world of `world_size` ranks (the launcher's
 // world when target.process_world is set).
 std::vector<ConformRow> conform_comm(const Target& target, int world_size, const ConformOptions& options);

@@ -147,6 +147,8 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
                             "--log", log.string(), "--timeout", "60"});
     if (resume) argv.insert(argv.end(), {"--resume", checkpoints.string()});
     if (!target.mutant.empty()) argv.insert(argv.end(), {"--mutant", target.mutant});
+    // A kernel plugin runs in every rank's process: one that writes a file breaks the promise too.
+    if (!target.kernels.empty()) argv.insert(argv.end(), {"--kernels", target.kernels});
 
     audit::AuditOptions options;
     // Open MPI refuses root and more ranks than cores without these; other launchers ignore them.

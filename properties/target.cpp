@@ -3,13 +3,15 @@
 #include "properties/mutants.hpp"
 #include "src/error.hpp"
 #include "src/cuda_plugin.hpp"
+#include "src/plugin/kernel_plugin.hpp"
 
 #include <vector>
 
 namespace dpcheck {
 
 std::string Target::describe() const {
-  return "engine " + engine + (tf32 ? " (tf32)" : "") + ", comm " + comm + ", mutant " + (mutant.empty() ? "none" : mutant);
+  return "engine " + engine + (tf32 ? " (tf32)" : "") + ", comm " + comm + (kernels.empty() ? "" : ", kernels " + kernels) +
+         ", mutant " + (mutant.empty() ? "none" : mutant);
 }
 
 namespace {
@@ -18,6 +20,12 @@ namespace {
 const Backend& backend_of(const Target& target) { return backend_for(target.engine, target.comm); }
 
 }  // namespace
+
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
 
 void validate_target(const Target& target) {
   const Backend& backend = backend_of(target);
@@ -29,6 +37,7 @@ void validate_target(const Target& target) {
                      std::string(m->engine));
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
   if (const EngineRow& engine = find_engine(target.engine); engine.require) engine.require();
+  if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), target.engine);
 }
 
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {
@@ -38,20 +47,18 @@ std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {
 
 std::string replay_command(const Target& target, const std::string& token) {
   const Backend& backend = backend_of(target);
-  std::string quoted = "'";
-  for (char c : token) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  quoted += "'";
   std::string cmd;
   if (target.process_world) cmd = backend.launch_prefix(target.process_world->size());
   cmd += "dpcheck verify";
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
-  if (!backend.engine_default) cmd += " --comm " + target.comm;
+  if (!backend.engine_default) cmd += " --comm " + shell_quoted(target.comm);
   if (target.tf32) cmd += " --tf32";
+  if (!target.kernels.empty()) cmd += " --kernels " + shell_quoted(target.kernels);
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
   // then recorded in the token).
   if (target.world_size > 0 && !target.process_world) cmd += " --world-size " + std::to_string(target.world_size);
-  return cmd + " --reproduce " + quoted;
+  return cmd + " --reproduce " + shell_quoted(token);
 }
 
 reference::BoundOptions bound_options(const Target& target) {
@@ -81,8 +88,9 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
   backend.run_threads(world_size, with_mutant, target.timeout);
 }
 
-std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model) {
-  if (target.engine == "cpu") return make_cpu_engine(model);
+std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model, int rank) {
+  if (target.engine == "cpu") return make_cpu_engine(model, make_kernels(target.kernels, rank, target.timeout));
+  if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), target.engine);
   if (target.engine == "cuda") {
     cuda::EngineOptions options;
     options.tf32 = target.tf32;
@@ -97,7 +105,8 @@ std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& mod
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
                                           int rank, int world_size, void* stream) {
   const OptimizerConfig c = mutant_optimizer_config(target.mutant, config, rank, world_size);
-  if (target.engine == "cpu") return mutant_optimizer(target.mutant, make_cpu_optimizer(c, size));
+  if (target.engine == "cpu")
+    return mutant_optimizer(target.mutant, make_cpu_optimizer(c, size, make_kernels(target.kernels, rank, target.timeout)));
   if (target.engine == "cuda") return require_cuda().make_optimizer(c, size, stream);
   throw UsageError("unknown engine '" + target.engine + "'");
 }
@@ -119,7 +128,7 @@ RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, C
   RankTrainer r;
   const int world = comm.size();
   config.validate(world);
-  r.engine = make_engine(target, config.model);
+  r.engine = make_engine(target, config.model, comm.rank());
   r.engine->load_params(init_params(config.model, config.seed));
   comm.set_stream(r.engine->stream());
   r.optimizer = make_optimizer(target, config.optimizer_for(world), r.engine->param_count(), comm.rank(), world,

@@ -25,6 +25,7 @@ struct Target {
   std::string engine{default_engine()};
   std::string comm = default_comm(engine);
   std::string mutant;          // empty: the correct implementation
+  std::string kernels;         // --kernels: a kernel plugin's path; empty: the engine's own kernels
   int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
   bool tf32 = false;           // cuda engine: TF32 matrix products
   std::chrono::milliseconds timeout = Communicator::default_timeout;
@@ -35,8 +36,8 @@ struct Target {
 };
 
 // Checks that the engine, backend and mutant names are known and go together (backend_for), that a
-// backend that needs a launcher has one, and that a GPU engine has a device; UsageError otherwise
-// ("no CUDA device: <the runtime's reason>").
+// backend that needs a launcher has one, that a GPU engine has a device, and that a kernel plugin loads
+// and suits the engine; UsageError otherwise ("no CUDA device: <the runtime's reason>").
 void validate_target(const Target& target);
 
 // The element counts at which the target's communicator changes algorithm for a world of this size
@@ -44,9 +45,12 @@ void validate_target(const Target& target);
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size);
 
 // The command that replays one case of a property on this target: `dpcheck verify` with the engine,
-// communicator, mutant and world size the target was run with (the defaults left out), prefixed by its
+// communicator, kernels, mutant and world size the target was run with (the defaults left out), prefixed by its
 // row's launcher when the ranks are a launcher's processes, and --reproduce with the token (shell-quoted).
 std::string replay_command(const Target& target, const std::string& token);
+
+// `text` as one shell word, in single quotes.
+std::string shell_quoted(const std::string& text);
 
 // The unit roundoff and error model of the target's float path, for the derived bound.
 reference::BoundOptions bound_options(const Target& target);
@@ -57,7 +61,9 @@ reference::BoundOptions bound_options(const Target& target);
 // breaks communication.
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn);
 
-std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model);
+// With target.kernels, the engine (and the optimizer) run the plugin's ops, on a handle of their own
+// initialised for `rank` (-1: none, in messages).
+std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model, int rank = -1);
 // The optimizer queues its work on the engine's stream (nullptr on the CPU).
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
                                           int rank, int world_size, void* stream = nullptr);

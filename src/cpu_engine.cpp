@@ -1,6 +1,8 @@
 // The "cpu" engine: float32 forward and backward with Eigen. Its float64 counterpart, written to be
 // read rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it. Also
-// the host's MemoryService (src/memory_service.hpp), which the engine and the CPU optimizer use.
+// the host's MemoryService (src/memory_service.hpp), which the engine and the CPU optimizer use. With a
+// kernel plugin (--kernels, src/plugin/kernel_plugin.hpp), each op the plugin provides runs in place of
+// the engine's own, on the same buffers and with the same semantics; the others stay the engine's.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include "src/engine.hpp"
 #include "src/error.hpp"
 #include "src/hash.hpp"
+#include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck {
 
@@ -40,8 +43,8 @@ class HostMemory final : public MemoryService {
 
 class CpuEngine final : public Engine {
  public:
-  explicit CpuEngine(const ModelConfig& model)
-      : model_(model), layout_(model), params_(layout_.size(), 0.0f), grads_(layout_.size(), 0.0f),
+  CpuEngine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels)
+      : model_(model), kernels_(std::move(kernels)), layout_(model), params_(layout_.size(), 0.0f), grads_(layout_.size(), 0.0f),
         z_(static_cast<std::size_t>(model.layers())), a_(static_cast<std::size_t>(model.layers())) {}
 
   std::string_view name() const override { return "cpu"; }
@@ -78,12 +81,24 @@ class CpuEngine final : public Engine {
       const auto li = static_cast<std::size_t>(l);
       const ConstMap w = weight(l);
       z_[li].resize(n, w.rows());
-      if (l == 0)
-        z_[li].noalias() = x * w.transpose();
-      else
-        z_[li].noalias() = a_[li - 1] * w.transpose();
-      z_[li].rowwise() += bias(l);
-      if (l + 1 < layers) a_[li] = activate(z_[li]);
+      if (plugin(KernelOp::linear_forward)) {
+        const float* in = l == 0 ? x.data() : a_[li - 1].data();
+        kernels_->linear_forward(in, w.data(), bias(l).data(), z_[li].data(), n, w.cols(), w.rows());
+      } else {
+        if (l == 0)
+          z_[li].noalias() = x * w.transpose();
+        else
+          z_[li].noalias() = a_[li - 1] * w.transpose();
+        z_[li].rowwise() += bias(l);
+      }
+      if (l + 1 < layers) {
+        if (plugin_activation(KernelOp::activation_forward)) {
+          a_[li].resize(n, w.rows());
+          kernels_->activation_forward(model_.activation, z_[li].data(), a_[li].data(), z_[li].size());
+        } else {
+          a_[li] = activate(z_[li]);
+        }
+      }
     }
 
     const double loss = output_delta(batch, scale);
@@ -92,6 +107,17 @@ class CpuEngine final : public Engine {
       const auto li = static_cast<std::size_t>(l);
       const Slice& ws = layout_.weight(l);
       Map gw(grads_.data() + ws.offset, ws.shape[0], ws.shape[1]);
+      if (plugin(KernelOp::linear_backward)) {
+        // The grads were zeroed above unless the engine accumulates, so either flag is right; passing
+        // the engine's own exercises both of the plugin's paths in training with micro-batches.
+        const float* in = l == 0 ? x.data() : a_[li - 1].data();
+        RowMatrix h;
+        if (l > 0) h.resize(n, ws.shape[1]);
+        kernels_->linear_backward(in, weight(l).data(), delta_.data(), l > 0 ? h.data() : nullptr, gw.data(),
+                                  grads_.data() + layout_.bias(l).offset, n, ws.shape[1], ws.shape[0], accumulate);
+        if (l > 0) backward_through_activation(h, li - 1);
+        continue;
+      }
       if (l == 0)
         gw.noalias() += delta_.transpose() * x;
       else
@@ -100,13 +126,27 @@ class CpuEngine final : public Engine {
       gb += delta_.colwise().sum();
       if (l > 0) {
         RowMatrix h = delta_ * weight(l);
-        delta_ = activation_backward(h, z_[li - 1], a_[li - 1]);
+        backward_through_activation(h, li - 1);
       }
     }
     return loss;
   }
 
  private:
+  // Whether the plugin runs `op` (an activation op only for an activation it has: not identity).
+  bool plugin(KernelOp op) const { return kernels_ && kernels_->provides(op); }
+  bool plugin_activation(KernelOp op) const { return model_.activation != Activation::identity && plugin(op); }
+
+  // delta_ = h f'(z) for layer li's activation.
+  void backward_through_activation(const RowMatrix& h, std::size_t li) {
+    if (plugin_activation(KernelOp::activation_backward)) {
+      delta_.resize(h.rows(), h.cols());
+      kernels_->activation_backward(model_.activation, z_[li].data(), a_[li].data(), h.data(), delta_.data(), h.size());
+      return;
+    }
+    delta_ = activation_backward(h, z_[li], a_[li]);
+  }
+
   ConstMap weight(int l) const {
     const Slice& s = layout_.weight(l);
     return ConstMap(params_.data() + s.offset, s.shape[0], s.shape[1]);
@@ -140,6 +180,10 @@ class CpuEngine final : public Engine {
     const RowMatrix& z = z_.back();
     const auto n = z.rows(), d = z.cols();
     delta_.resize(n, d);
+    if (plugin(KernelOp::loss_forward_backward)) {
+      const void* target = model_.loss == Loss::mse ? static_cast<const void*>(batch.y.data()) : batch.labels.data();
+      return kernels_->loss_forward_backward(model_.loss, z.data(), target, delta_.data(), n, d, scale);
+    }
     double loss = 0.0;
     if (model_.loss == Loss::mse) {
       const ConstMap y(batch.y.data(), n, d);
@@ -170,6 +214,7 @@ class CpuEngine final : public Engine {
   }
 
   ModelConfig model_;
+  std::shared_ptr<const Kernels> kernels_;  // null: the engine's own kernels throughout
   ParamLayout layout_;
   std::vector<float> params_, grads_;
   std::vector<RowMatrix> z_, a_;  // per layer: pre-activations, activations (a_ unused for the last)
@@ -178,7 +223,9 @@ class CpuEngine final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model) { return std::make_unique<CpuEngine>(model); }
+std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels) {
+  return std::make_unique<CpuEngine>(model, std::move(kernels));
+}
 
 const MemoryService& host_memory() {
   static const HostMemory memory;

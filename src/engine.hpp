@@ -19,6 +19,8 @@
 
 namespace dpcheck {
 
+class Kernels;  // src/plugin/kernel_plugin.hpp
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -53,6 +55,7 @@ class Engine {
   virtual void synchronize() {}
 };
 
-std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model);
+// With `kernels`, the ops its plugin provides run in place of the engine's own (--kernels).
+std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels = nullptr);
 
 }  // namespace dpcheck

@@ -8,6 +8,7 @@
 #include "src/choice.hpp"
 #include "src/error.hpp"
 #include "src/memory_service.hpp"
+#include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck {
 
@@ -56,7 +57,8 @@ namespace {
 
 class CpuOptimizer final : public Optimizer {
  public:
-  CpuOptimizer(const OptimizerConfig& config, std::size_t n) : Optimizer(config, n) {
+  CpuOptimizer(const OptimizerConfig& config, std::size_t n, std::shared_ptr<const Kernels> kernels)
+      : Optimizer(config, n), kernels_(std::move(kernels)) {
     state_.assign(state_size(), 0.0f);
   }
 
@@ -76,6 +78,7 @@ class CpuOptimizer final : public Optimizer {
 
   void step(float* p, const float* g) override {
     ++steps_;
+    if (plugin_step(p, g)) return;
     const std::size_t n = size_;
     const auto neg_lr = static_cast<float>(-config_.lr);
     switch (config_.kind) {
@@ -115,14 +118,38 @@ class CpuOptimizer final : public Optimizer {
   }
 
  private:
+  // The plugin's step for this optimizer, if it has one; false when the step is dpcheck's own.
+  bool plugin_step(float* p, const float* g) {
+    if (!kernels_) return false;
+    const auto n = static_cast<std::int64_t>(size_);
+    const OptimizerConfig& c = config_;
+    switch (c.kind) {
+      case OptimizerKind::sgd:
+        if (!kernels_->provides(KernelOp::sgd_step)) return false;
+        kernels_->sgd_step(p, g, n, c.lr);
+        return true;
+      case OptimizerKind::momentum:
+        if (!kernels_->provides(KernelOp::momentum_step)) return false;
+        kernels_->momentum_step(p, g, state_.data(), n, c.lr, c.momentum, steps_);
+        return true;
+      case OptimizerKind::adam:
+        if (!kernels_->provides(KernelOp::adam_step)) return false;
+        kernels_->adam_step(p, g, state_.data(), state_.data() + size_, n, c.lr, c.beta1, c.beta2, c.eps, steps_);
+        return true;
+    }
+    return false;
+  }
+
+  std::shared_ptr<const Kernels> kernels_;  // null: dpcheck's own steps
   std::vector<float> state_;
 };
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_cpu_optimizer(const OptimizerConfig& config, std::size_t size) {
+std::unique_ptr<Optimizer> make_cpu_optimizer(const OptimizerConfig& config, std::size_t size,
+                                              std::shared_ptr<const Kernels> kernels) {
   config.validate();
-  return std::make_unique<CpuOptimizer>(config, size);
+  return std::make_unique<CpuOptimizer>(config, size, std::move(kernels));
 }
 
 }  // namespace dpcheck

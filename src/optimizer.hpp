@@ -16,6 +16,8 @@
 
 namespace dpcheck {
 
+class Kernels;  // src/plugin/kernel_plugin.hpp
+
 enum class OptimizerKind { sgd, momentum, adam };
 std::string_view optimizer_name(OptimizerKind k);
 OptimizerKind parse_optimizer(std::string_view name);  // sgd | momentum | adam; else UsageError
@@ -59,6 +61,8 @@ class Optimizer {
   std::int64_t steps_ = 0;
 };
 
-std::unique_ptr<Optimizer> make_cpu_optimizer(const OptimizerConfig& config, std::size_t size);
+// With `kernels`, the step runs the plugin's sgd_step, momentum_step or adam_step when it provides it.
+std::unique_ptr<Optimizer> make_cpu_optimizer(const OptimizerConfig& config, std::size_t size,
+                                              std::shared_ptr<const Kernels> kernels = nullptr);
 
 }  // namespace dpcheck

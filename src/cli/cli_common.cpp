@@ -133,6 +133,12 @@ void TimeoutOption::add_to(CLI::App& sub) {
                  "Seconds a collective may wait for a peer (default 60, at most " + float_text(max_timeout_s) + ")");
 }
 
+void add_kernels_option(CLI::App& sub, std::string& path) {
+  sub.add_option("--kernels", path,
+                 "A kernel plugin (a shared object exporting dpcheck_kernel_plugin, include/dpcheck/plugin.h): "
+                 "the ops it provides replace the cpu engine's and optimizer's own");
+}
+
 std::uint64_t parse_seed(std::string_view text, std::string_view option) {
   std::uint64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);

@@ -70,6 +70,10 @@ struct TimeoutOption {
   std::chrono::milliseconds value() const { return parse_timeout(seconds); }
 };
 
+// --kernels PATH (verify, train, grad): a kernel plugin (include/dpcheck/plugin.h) whose ops replace the
+// engine's own; validate_target loads and checks it.
+void add_kernels_option(CLI::App& sub, std::string& path);
+
 // A whole number from 0 to 2^64 - 1 in decimal; UsageError naming `option` otherwise (no sign, no wrap
 // of -1 to 2^64 - 1, no saturation of larger numbers).
 std::uint64_t parse_seed(std::string_view text, std::string_view option = "--seed");

@@ -26,12 +26,15 @@
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
 #include "src/comm/mpi_comm.hpp"
+#include "src/comm/plugin_comm.hpp"
+#include "src/plugin/plugin_loader.hpp"
 
 namespace dpcheck::cli {
 
 namespace {
 
 struct AllreduceArgs {
+  std::vector<std::string> plugins;  // --comm: communicator plugins, rows with the ranks as threads
   std::string sizes = "4K,1M,64M";
   std::string ranks = "2,4";
   std::string backends;  // empty: every available one
@@ -99,9 +102,21 @@ int run_allreduce(const AllreduceArgs& args) {
   cfg.iters = args.iters;
   cfg.warmup = args.warmup;
 
-  const bool chosen = !args.backends.empty();
+  // A plugin's rows run its ranks as threads of this process, beside local's.
+  std::vector<bench::BenchBackend> plugin_rows;
+  for (const std::string& path : args.plugins) {
+    if (!looks_like_plugin_path(path))
+      throw UsageError("--comm " + path + ": give a communicator plugin's path (the built-in backends go in --backends)");
+    const Backend& row = backend_for("cpu", path);  // loads and checks it: a host-memory plugin
+    plugin_rows.push_back({load_comm_plugin(path).name, [&row](int ranks, const std::function<void(Communicator&)>& fn) {
+                             row.run_threads(ranks, fn, Communicator::default_timeout);
+                           }});
+  }
+  const bool chosen = !args.backends.empty() || !plugin_rows.empty();
   std::vector<std::string> backends =
-      chosen ? parse_backends(args.backends) : std::vector<std::string>(all_backends().begin(), all_backends().end());
+      !args.backends.empty() ? parse_backends(args.backends)
+      : chosen               ? std::vector<std::string>{}
+                             : std::vector<std::string>(all_backends().begin(), all_backends().end());
   std::vector<std::string> process_backends;
   for (const std::string& b : backends)
     if (b != bench::backend_local) process_backends.push_back(b);
@@ -137,6 +152,10 @@ int run_allreduce(const AllreduceArgs& args) {
     rows = bench::bench_allreduce(bench::local_backend(), cfg, baseline);
   if (!process_backends.empty()) {
     std::vector<bench::AllreduceRow> more = bench::allreduce_rows_via_mpirun(launch, process_backends, cfg, baseline);
+    rows.insert(rows.end(), more.begin(), more.end());
+  }
+  for (const bench::BenchBackend& plugin : plugin_rows) {
+    std::vector<bench::AllreduceRow> more = bench::bench_allreduce(plugin, cfg, baseline);
     rows.insert(rows.end(), more.begin(), more.end());
   }
   // The backends side by side for each world size and message size.
@@ -285,6 +304,10 @@ Runner add_bench(CLI::App& app) {
                         "Backends, comma-separated, from " + described(bench::backend_local) + ", " +
                             described(bench::backend_mpi) +
                             " and MPI_Allreduce (Open MPI's own, the baseline); default: every one available");
+
+  allreduce->add_option("--comm", args->plugins,
+                        "A communicator plugin (a path to its shared object) whose rows join the table, its ranks as "
+                        "threads (repeatable)");
 
   // Started by `bench allreduce` under mpirun; not for users, so hidden from --help.
   CLI::App* worker = bench->add_subcommand("allreduce-worker", "One rank of the mpi and MPI_Allreduce rows");

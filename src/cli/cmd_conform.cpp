@@ -31,19 +31,11 @@ struct ConformCliOptions {
   std::string check, case_text;
   bool no_properties = false;
   bool list_checks = false;
-  bool absent_rank_probe = false;  // hidden: the child half of "a rank that never arrives"
+  bool absent_rank_probe = false;
+  bool comm_given = false;  // hidden: the child half of "a rank that never arrives"
   double max_mib = 64;
   std::string report, junit;
 };
-
-std::string shell_word(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,") ==
-                        std::string::npos)
-    return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world, const std::vector<ConformRow>& rows,
                        bool passed) {
@@ -61,7 +53,9 @@ nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world
                       {"seconds", r.seconds}});
   return {{"passed", passed},
           {"seed", seed},
-          {"plugin", {{"comm", o.target.comm}, {"engine", o.target.engine}}},
+          {"plugin", {{"kind", o.target.kernels.empty() ? "comm" : "kernels"},
+                      {"path", o.target.kernels.empty() ? o.target.comm : o.target.kernels},
+                      {"engine", o.target.engine}}},
           {"world_size", world},
           {"checks", checks}};
 }
@@ -76,7 +70,7 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
   }
   std::ostringstream x;
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"dpcheck conform ("
-    << xml_escape(o.target.comm) << ")\" tests=\"" << rows.size() << "\" failures=\"" << failures << "\" skipped=\""
+    << xml_escape(o.target.kernels.empty() ? o.target.comm : o.target.kernels) << ")\" tests=\"" << rows.size() << "\" failures=\"" << failures << "\" skipped=\""
     << skipped << "\" time=\"" << total << "\">\n";
   for (const ConformRow& r : rows) {
     x << "  <testcase classname=\"dpcheck.conform." << xml_escape(r.section) << "\" name=\"" << xml_escape(r.check)
@@ -92,23 +86,27 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
 }
 
 int run_conform(ConformCliOptions& o) {
+  const bool kernels = !o.target.kernels.empty();
   if (o.list_checks) {
     if (is_printing_rank()) {
-      for (const std::string& c : conform_comm_checks()) std::cout << c << "\n";
+      for (const std::string& c : kernels ? conform_kernel_checks() : conform_comm_checks()) std::cout << c << "\n";
       for (const PropertyDef& p : properties()) std::cout << "property " << p.name << "\n";
     }
     return exit_ok;
   }
-  if (o.target.comm.empty()) throw UsageError("conform needs --comm PATH (a communicator plugin)");
-  if (!looks_like_plugin_path(o.target.comm))
+  if (kernels && o.comm_given)
+    throw UsageError("conform checks one plugin at a time: give --comm PATH or --kernels PATH, not both");
+  if (!kernels && !o.comm_given)
+    throw UsageError("conform needs a plugin: --comm PATH (a communicator) or --kernels PATH (kernels)");
+  if (!kernels && !looks_like_plugin_path(o.target.comm))
     throw UsageError("--comm " + o.target.comm + ": conform checks a plugin; give the path to its shared object "
                      "(e.g. ./libmy_comm.so)");
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
   if (!(o.max_mib >= 0 && o.max_mib <= 4096)) throw UsageError("--max-mib must be in [0, 4096]");
-  check_conform_comm_selection(o.check, o.case_text);
+  if (!kernels) check_conform_comm_selection(o.check, o.case_text);
   o.target.timeout = o.timeout.value();
   const int world = resolve_world(o.target, o.world_size, o.world_size_given);
-  if (o.target.process_world) o.target.world_size = world;
+  if (o.target.process_world || (kernels && o.world_size_given)) o.target.world_size = world;
   validate_target(o.target);
   if (o.absent_rank_probe) return conform_absent_rank_probe(o.target, world);
   RunSize run;
@@ -132,11 +130,13 @@ int run_conform(ConformCliOptions& o) {
   std::string prefix = o.target.process_world ? find_backend(o.target.comm)->launch_prefix(world) : std::string();
   prefix += "dpcheck conform";
   if (o.target.engine != default_engine()) prefix += " --engine " + o.target.engine;
-  prefix += " --comm " + shell_word(o.target.comm);
+  prefix += kernels ? " --kernels " + shell_quoted(o.target.kernels) : " --comm " + shell_quoted(o.target.comm);
   if (!o.target.process_world) prefix += " --world-size " + std::to_string(world);
   if (co.seed != 1) prefix += " --seed " + std::to_string(co.seed);
   co.replay_prefix = prefix;
-  if (o.target.process_world) {
+  if (kernels) {
+    co.absent_rank_skip = "a communicator's check";
+  } else if (o.target.process_world) {
     co.absent_rank_skip = "runs only with the ranks as threads (run conform without a launcher)";
   } else {
     // The probe runs in a child: a plugin that hangs there ends the child (the watchdog), not this run.
@@ -152,20 +152,29 @@ int run_conform(ConformCliOptions& o) {
     std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
   };
-  say("dpcheck conform: communicator " + o.target.comm + " (engine " + o.target.engine + "), world size " +
-      std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)") + ", seed " +
-      std::to_string(co.seed) + "\n\n");
+  // The header waits for the first row, so that a refused --check or --case prints its one line alone.
+  const std::string header =
+      "dpcheck conform: " + (kernels ? "kernels " + o.target.kernels : "communicator " + o.target.comm) + " (engine " +
+      o.target.engine + "), " +
+      (kernels ? std::string("properties with ") + (o.target.world_size > 0 ? std::to_string(world) : "1-8") + " ranks"
+               : "world size " + std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)")) +
+      ", seed " + std::to_string(co.seed) + "\n\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%-12s %-50s %-5s %9s  %s\n", "section", "check", "", "time", "detail");
-  say(line);
+  bool headed = false;
   co.on_row = [&](const ConformRow& r) {
+    if (!headed) {
+      say(header);
+      std::snprintf(line, sizeof line, "%-12s %-50s %-5s %9s  %s\n", "section", "check", "", "time", "detail");
+      say(line);
+      headed = true;
+    }
     std::string detail = r.detail.size() > 110 ? r.detail.substr(0, 107) + "..." : r.detail;
     if (const auto nl = detail.find('\n'); nl != std::string::npos) detail = detail.substr(0, nl) + " ...";
     std::snprintf(line, sizeof line, "%-12s %-50s %-5s %7.2f s  %s\n", r.section.c_str(), r.check.c_str(),
                   std::string(conform_verdict_name(r.verdict)).c_str(), r.seconds, detail.c_str());
     say(line);
   };
-  const std::vector<ConformRow> rows = conform_comm(o.target, world, co);
+  const std::vector<ConformRow> rows = kernels ? conform_kernels(o.target, co) : conform_comm(o.target, world, co);
 
   bool passed = true;
   std::ostringstream details;
@@ -188,9 +197,11 @@ int run_conform(ConformCliOptions& o) {
 Runner add_conform(CLI::App& app) {
   auto o = std::make_shared<ConformCliOptions>();
   CLI::App* sub = app.add_subcommand(
-      "conform", "Check that a plugin (--comm ./libmine.so) keeps dpcheck's promises: its collectives on exact and "
-                 "random inputs, how it sums, a missing rank, then every property of verify with it in place");
+      "conform", "Check that a plugin keeps dpcheck's promises: a communicator's (--comm ./libmine.so) collectives on exact "
+                 "and random inputs, how it sums, a missing rank; a kernel plugin's (--kernels) ops against the float64 "
+                 "reference; then every property of verify with the plugin in place");
   sub->add_option("--comm", o->target.comm, "The communicator plugin: a path to its shared object");
+  add_kernels_option(*sub, o->target.kernels);
   sub->add_option("--engine", o->target.engine,
                   "cpu for a host-memory plugin (default), cuda for one that takes device buffers");
   sub->add_option("--world-size", o->world_size, "Ranks, as threads of this process (default 4; under mpirun, its processes)");
@@ -207,6 +218,8 @@ Runner add_conform(CLI::App& app) {
   sub->add_flag("--absent-rank-probe", o->absent_rank_probe)->group("");
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
+    o->comm_given = sub->count("--comm") > 0;
+    if (!o->comm_given) o->target.comm = default_comm(o->target.engine);
     return run_conform(*o);
   };
 }

@@ -23,7 +23,8 @@ namespace {
 
 struct GradOptions {
   ModelOptions model;
-  std::string x, y, init, split = "contiguous", mutant;
+  std::string x, y, init, split = "contiguous", mutant, kernels;
+  std::string comm;  // --comm: empty for local
   std::int64_t batch = 0;
   SeedOption seed;
   int world_size = 1;
@@ -67,6 +68,11 @@ int run_grad(const GradOptions& o) {
   if (o.x.empty() && o.batch < 1) throw UsageError("give --x and --y, or --batch (at least 1) for synthetic data");
   if (!o.x.empty() && o.batch != 0) throw UsageError("--batch is for synthetic data; with --x the batch is its rows");
   require_gradient_mutant(o.mutant);
+  Target target;
+  target.mutant = o.mutant;
+  target.kernels = o.kernels;
+  if (!o.comm.empty()) target.comm = o.comm;
+  validate_target(target);
 
   std::unique_ptr<Dataset> data;
   if (!o.x.empty())
@@ -92,8 +98,6 @@ int run_grad(const GradOptions& o) {
   tc.policy = Policy::uneven;
   tc.seed = seed;
   tc.accumulate = o.accumulate;
-  Target target;
-  target.mutant = o.mutant;
 
   // The check the gradient properties run (properties/gradient.cpp): the averaged gradient through the
   // trainer and the communicator, as data-parallel training computes it, and the same engine's
@@ -209,6 +213,10 @@ Runner add_grad(CLI::App& app) {
                   "Micro-batches per rank, at most a rank's share (default 1); the average is accumulated over them");
   sub->add_option("--split", o->split, "contiguous (default; x.chunk(N)) or strided (x[r::N])");
   sub->add_option("--mutant", o->mutant, "Run with a deliberately broken part of the averaged gradient");
+  add_kernels_option(*sub, o->kernels);
+  sub->add_option("--comm", o->comm,
+                  "The communicator that averages the shares: local (default), or a communicator plugin's path "
+                  "(its ranks as threads)");
   sub->add_flag("--json", o->json, "Print one JSON object instead of the table");
   return [o] { return run_grad(*o); };
 }

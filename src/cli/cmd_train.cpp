@@ -28,7 +28,7 @@ namespace {
 struct TrainOptions {
   ModelOptions model;
   TrainConfig train;
-  std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine{default_engine()}, comm;
+  std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine{default_engine()}, comm, kernels;
   std::string x, y, init, checkpoint_dir, resume, log;
   int checkpoint_every = 0;
   int keep = 2;
@@ -75,6 +75,7 @@ int run_train(TrainOptions& o) {
   target.comm = o.comm;
   target.mutant = o.mutant;
   target.tf32 = o.tf32;
+  target.kernels = o.kernels;
   target.timeout = o.timeout.value();
   const int world = resolve_world(target, o.world_size, o.world_size_given);
   target.world_size = world;
@@ -226,6 +227,7 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--engine", o->engine, engine_option_help());
   sub->add_option("--comm", o->comm, comm_option_help());
   sub->add_flag("--tf32", o->tf32, "cuda engine: TF32 matrix products");
+  add_kernels_option(*sub, o->kernels);
   o->timeout.add_to(*sub);
   sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");
   sub->add_option("--fault-rank", o->fault_rank, "")->group("");

@@ -319,6 +319,7 @@ Runner add_verify(CLI::App& app) {
   sub->add_option("--engine", o->target.engine, engine_option_help());
   sub->add_option("--comm", o->target.comm, comm_option_help());
   sub->add_flag("--tf32", o->target.tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
+  add_kernels_option(*sub, o->target.kernels);
   o->timeout.add_to(*sub);
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");

@@ -1,0 +1,230 @@
+// conform --kernels (properties/conform_kernels.cpp) against the naive kernels
+// (examples/kernels_naive/) and the broken ones (tests/plugins/kernels/): the naive kernels pass every
+// check; each broken plugin fails the one check its bug breaks, with a small minimal case whose replay
+// (--check NAME --case TEXT) fails again while every other check passes; and the kill matrix goes on
+// through the engine: verify, train and grad with --kernels run the plugin's kernels.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "properties/conform.hpp"
+#include "src/error.hpp"
+#include "tests/test_support.hpp"
+
+namespace dpcheck {
+namespace {
+
+constexpr const char* kPrefix = "dpcheck conform --kernels plugin.so";
+
+ConformOptions quick(int cases) {
+  ConformOptions o;
+  o.cases = cases;
+  o.seed = 11;
+  o.properties = false;
+  o.replay_prefix = kPrefix;
+  return o;
+}
+
+Target with_kernels(const char* path) {
+  Target t;
+  t.kernels = path;
+  return t;
+}
+
+const ConformRow* find_row(const std::vector<ConformRow>& rows, const std::string& check) {
+  const auto it = std::find_if(rows.begin(), rows.end(), [&](const ConformRow& r) { return r.check == check; });
+  return it == rows.end() ? nullptr : &*it;
+}
+
+std::string describe(const ConformRow& r) {
+  return r.check + ": " + std::string(r.verdict == ConformVerdict::pass ? "pass" : r.verdict == ConformVerdict::fail ? "FAIL" : "other") +
+         " " + r.detail + (r.minimal.empty() ? "" : " [" + r.minimal + "]");
+}
+
+constexpr const char* kOps[] = {"linear_forward", "linear_backward", "activation_forward", "activation_backward",
+                                "loss_forward_backward", "sgd_step", "momentum_step", "adam_step"};
+
+TEST(ConformKernels, NaiveKernelsPassEveryCheck) {
+  int called = 0;
+  ConformOptions o = quick(60);
+  o.on_row = [&](const ConformRow&) { ++called; };
+  const std::vector<ConformRow> rows = conform_kernels(with_kernels(DPCHECK_KERNELS_NAIVE), o);
+  for (const ConformRow& r : rows) std::printf("  %s (%.3f s)\n", describe(r).c_str(), r.seconds);
+  ASSERT_EQ(rows.size(), 2 * std::size(kOps));
+  EXPECT_EQ(called, static_cast<int>(rows.size()));
+  for (const char* op : kOps)
+    for (const std::string& name : {std::string(op), std::string(op) + " determinism"}) {
+      const ConformRow* r = find_row(rows, name);
+      ASSERT_NE(r, nullptr) << name;
+      EXPECT_EQ(r->section, "kernels");
+      EXPECT_EQ(r->verdict, ConformVerdict::pass) << describe(*r);
+      EXPECT_TRUE(r->minimal.empty() && r->replay.empty()) << describe(*r);
+      if (name == op) {
+        EXPECT_NE(r->detail.find("largest error ratio"), std::string::npos) << r->detail;
+      }
+    }
+}
+
+// A broken plugin, the check it must fail, and the minimal case that check must shrink to (a prefix of
+// the case text; where the bug shows only for some values, as a summation order's, the size it needs
+// depends on the values drawn, and every size must still be small).
+struct Broken {
+  const char* path;
+  const char* check;
+  const char* minimal;
+};
+
+const Broken kBroken[] = {
+    {DPCHECK_KERNELS_TAIL_TILE, "linear_forward", "rows=1 in=1 out=1 offset=0 "},
+    {DPCHECK_KERNELS_BACKWARD_OVERWRITES, "linear_backward", "rows=1 in=1 out=1 accumulate=1 "},
+    {DPCHECK_KERNELS_NONDETERMINISTIC, "linear_forward determinism", "rows=1 in="},
+    {DPCHECK_KERNELS_ADAM_OFF_BY_ONE, "adam_step", "n=1 step=1 "},
+    {DPCHECK_KERNELS_MOMENTUM_DAMPENING, "momentum_step", "n=1 step=1 "},
+    {DPCHECK_KERNELS_XENT_TAIL_ROWS, "loss_forward_backward", "loss=cross_entropy rows=1 out=1 "},
+    {DPCHECK_KERNELS_TANH_BACKWARD_X, "activation_backward", "act=tanh n="},
+};
+
+TEST(ConformKernels, EachBrokenPluginFailsItsOwnCheckWithAMinimalCaseThatReplays) {
+  for (const Broken& b : kBroken) {
+    SCOPED_TRACE(b.path);
+    const Target target = with_kernels(b.path);
+    const std::vector<ConformRow> rows = conform_kernels(target, quick(40));
+    for (const ConformRow& r : rows) {
+      if (r.check != b.check) {
+        EXPECT_EQ(r.verdict, ConformVerdict::pass) << describe(r);
+        continue;
+      }
+      ASSERT_EQ(r.verdict, ConformVerdict::fail) << describe(r);
+      std::printf("  %s\n    replay: %s\n", describe(r).c_str(), r.replay.c_str());
+      EXPECT_FALSE(r.promise.empty());
+      EXPECT_EQ(r.minimal.rfind(b.minimal, 0), 0u) << describe(r);
+      for (const char* size : {" rows=", " in=", " out=", " n="})
+        if (const auto at = (" " + r.minimal).find(size); at != std::string::npos) {
+          EXPECT_LE(std::stoll((" " + r.minimal).substr(at + std::string(size).size())), 8) << describe(r);
+        }
+      EXPECT_EQ(r.replay, std::string(kPrefix) + " --check '" + r.check + "' --case '" + r.minimal + "'");
+
+      // The replay: that check alone, on that case alone, fails again.
+      ConformOptions replay = quick(40);
+      replay.check = r.check;
+      replay.case_text = r.minimal;
+      const std::vector<ConformRow> again = conform_kernels(target, replay);
+      ASSERT_EQ(again.size(), 1u);
+      EXPECT_EQ(again[0].verdict, ConformVerdict::fail) << describe(again[0]);
+      EXPECT_EQ(again[0].minimal, r.minimal);
+    }
+    ASSERT_NE(find_row(rows, b.check), nullptr);
+  }
+}
+
+// The bugs are where they are said to be: a case beside each minimal one passes.
+TEST(ConformKernels, ACaseBesideTheBugPasses) {
+  const struct {
+    const char* path;
+    const char* check;
+    const char* passing;
+  } cases[] = {
+      {DPCHECK_KERNELS_TAIL_TILE, "linear_forward", "rows=3 in=5 out=8 offset=1 seed=4"},  // whole tiles only
+      {DPCHECK_KERNELS_BACKWARD_OVERWRITES, "linear_backward", "rows=3 in=5 out=7 accumulate=0 dx=1 offset=2 seed=4"},
+      {DPCHECK_KERNELS_NONDETERMINISTIC, "linear_forward", "rows=3 in=9 out=7 offset=0 seed=4"},  // accurate
+      {DPCHECK_KERNELS_XENT_TAIL_ROWS, "loss_forward_backward", "loss=cross_entropy rows=8 out=5 scale=1 offset=0 seed=4"},
+      {DPCHECK_KERNELS_TANH_BACKWARD_X, "activation_backward", "act=relu n=33 offset=3 seed=4"},
+  };
+  for (const auto& c : cases) {
+    ConformOptions o = quick(1);
+    o.check = c.check;
+    o.case_text = c.passing;
+    const std::vector<ConformRow> rows = conform_kernels(with_kernels(c.path), o);
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].verdict, ConformVerdict::pass) << c.path << ": " << describe(rows[0]);
+  }
+}
+
+TEST(ConformKernels, BadChecksAndCasesAreUsageErrors) {
+  const Target t = with_kernels(DPCHECK_KERNELS_NAIVE);
+  const auto refuses = [&](const std::string& check, const std::string& text, const std::string& words) {
+    ConformOptions o = quick(1);
+    o.check = check;
+    o.case_text = text;
+    try {
+      conform_kernels(t, o);
+      ADD_FAILURE() << check << " / " << text << ": accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refuses("linear_sideways", "", "no check of conform --kernels");
+  refuses("linear_forward", "rows=0 in=1 out=1", "rows must be in [1, 1048576]");
+  refuses("linear_forward", "rows=1 colour=blue", "'colour=blue' is not NAME=VALUE");
+  refuses("linear_forward", "rows=x", "has a value rows cannot take");
+  refuses("activation_forward", "act=sigmoid", "has a value act cannot take");
+  refuses("adam_step", "beta1=1", "beta1");
+  refuses("", "rows=1", "--case needs --check");
+  Target none;
+  EXPECT_THROW(conform_kernels(none, quick(1)), UsageError);
+  EXPECT_THROW(conform_kernels(with_kernels(DPCHECK_KERNELS_DEVICE_MEMORY), quick(1)), UsageError);
+}
+
+// The properties section: verify's properties with the plugin's kernels in the engine, so that a
+// broken kernel fails there too.
+TEST(ConformKernels, PropertiesRunWithThePluginsKernels) {
+  ConformOptions o = quick(6);
+  o.properties = true;
+  o.check = "property gradient_average_matches_whole_batch";
+  const std::vector<ConformRow> ok = conform_kernels(with_kernels(DPCHECK_KERNELS_NAIVE), o);
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].verdict, ConformVerdict::pass) << describe(ok[0]);
+  const std::vector<ConformRow> broken = conform_kernels(with_kernels(DPCHECK_KERNELS_TAIL_TILE), o);
+  ASSERT_EQ(broken.size(), 1u);
+  EXPECT_EQ(broken[0].verdict, ConformVerdict::fail) << describe(broken[0]);
+  EXPECT_NE(broken[0].replay.find("--kernels '" + std::string(DPCHECK_KERNELS_TAIL_TILE) + "'"), std::string::npos)
+      << broken[0].replay;
+}
+
+// --kernels on the command line: verify passes with the naive kernels and fails with a broken one, whose
+// replay line carries --kernels; train and grad run with them.
+TEST(ConformKernels, CommandsRunThePluginsKernels) {
+  const std::string bin = DPCHECK_BINARY;
+  const std::string naive = std::string(" --kernels ") + DPCHECK_KERNELS_NAIVE;
+  CommandResult r = run_command(bin + " verify --cases 5 --property gradient_average_matches_whole_batch "
+                                      "--property optimizer_update_matches_formula" + naive, 300);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("kernels " + std::string(DPCHECK_KERNELS_NAIVE)), std::string::npos) << r.output;
+  r = run_command(bin + " verify --cases 20 --property optimizer_update_matches_formula --kernels " +
+                      DPCHECK_KERNELS_MOMENTUM_DAMPENING, 300);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--kernels '" + std::string(DPCHECK_KERNELS_MOMENTUM_DAMPENING) + "'"), std::string::npos)
+      << r.output;
+  r = run_command(bin + " train --model 4,8,3 --loss cross-entropy --activation tanh --optimizer adam --steps 4 "
+                        "--world-size 2 --accumulate 2 --batch 16" + naive, 120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run_command(bin + " grad --model 4,8,2 --batch 12 --world-size 3" + naive, 120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run_command(bin + " grad --model 4,8,2 --batch 12 --world-size 3 --kernels " + DPCHECK_KERNELS_TAIL_TILE, 120);
+  EXPECT_EQ(r.status, 1) << r.output;
+}
+
+// A kernel that returns non-zero ends the run as a runtime error (exit 3) naming the plugin, the call,
+// the rank and the plugin's own message; conform reports it the same way.
+TEST(ConformKernels, AFailingCallIsNamedWithThePluginsMessage) {
+  const CommandResult r =
+      run_command(std::string(DPCHECK_BINARY) + " train --model 4,3,2 --steps 2 --kernels " + DPCHECK_KERNELS_FAILING, 60);
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_NE(r.output.find("plugin 'failing' linear_forward on rank 0 failed (returned 7): no workspace left for a 4x4 tile"),
+            std::string::npos)
+      << r.output;
+  try {
+    conform_kernels(with_kernels(DPCHECK_KERNELS_FAILING), quick(2));
+    ADD_FAILURE() << "a failing call passed";
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "a runtime error reported as bad usage: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plugin 'failing' linear_forward"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dpcheck
