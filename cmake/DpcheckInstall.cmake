@@ -23,7 +23,7 @@ install(TARGETS dpcheck_plugin_headers EXPORT dpcheckTargets)
 set(DPCHECK_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/dpcheck)
 install(EXPORT dpcheckTargets NAMESPACE dpcheck:: DESTINATION ${DPCHECK_CMAKE_DIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/dpcheckConfig.cmake.in
-  ${PROJECT_BINARY_DIR}/dpcheckConfig.cmake INSTALL_DESTINATION ${DPCHECK_CMAKE_DIR})
+  ${PROJECT_BINARY_DIR}/dpcheckConfig.cmake INSTALL_DESTINATION ${DPCHECK_CMAKE_DIR} PATH_VARS CMAKE_INSTALL_BINDIR)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/dpcheckConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/dpcheckConfig.cmake ${PROJECT_BINARY_DIR}/dpcheckConfigVersion.cmake
   DESTINATION ${DPCHECK_CMAKE_DIR})
