@@ -15,6 +15,10 @@ rm -rf gpu-bin
 mkdir -p gpu-bin/tests
 cp build-gpu/dpcheck build-gpu/libdpcheck_audit.so build-gpu/libdpcheck_cuda.so gpu-bin/
 find build-gpu/tests -maxdepth 1 -type f -perm -u+x -name '*_test' -exec cp {} gpu-bin/tests/ \;
+# The plugin examples, for conform on the GPU (comm_nccl) and beside it on the host.
+mkdir -p gpu-bin/examples
+cp build-gpu/examples/comm_nccl/libdpcheck_comm_nccl.so build-gpu/examples/comm_ring/libdpcheck_comm_ring.so \
+  build-gpu/examples/kernels_naive/libdpcheck_kernels_naive.so gpu-bin/examples/
 strip --strip-unneeded gpu-bin/dpcheck gpu-bin/tests/* 2>/dev/null || true
 echo "gpu-bin: $(du -sh gpu-bin | cut -f1) in $(find gpu-bin -type f | wc -l) files"
 echo "libraries the GPU runner must provide (the plugin's; dpcheck itself loads it on first GPU use):"

@@ -74,6 +74,12 @@ run verify-cuda-local-tf32 0 "$bin/dpcheck" verify --engine cuda --comm cuda-loc
 run verify-nccl-1 0 "$bin/dpcheck" verify --engine cuda --comm nccl --world-size 1 --cases "$cases" \
   --report "$out/verify-nccl.json"
 
+# The NCCL plugin example through conform and verify (one GPU: one rank; NCCL wants a GPU per rank).
+run conform-comm-nccl 0 "$bin/dpcheck" conform --engine cuda --comm "$bin/examples/libdpcheck_comm_nccl.so" \
+  --world-size 1 --cases 20 --report "$out/conform-nccl.json" --junit "$out/junit-conform-nccl.xml"
+run verify-comm-nccl-plugin 0 "$bin/dpcheck" verify --engine cuda --comm "$bin/examples/libdpcheck_comm_nccl.so" \
+  --world-size 1 --cases "$cases"
+
 # 3. Mutants on the GPU target: each must be caught (exit 1) by the property aimed at it.
 for m in bias-grad-skip-tail:gradient_average_matches_whole_batch bias-grad-atomic:checkpoint_resume_bitwise \
          allreduce-rank-order:replicas_bitwise_synchronized allreduce-sum-no-average:gradient_average_matches_whole_batch; do

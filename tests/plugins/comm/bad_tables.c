@@ -7,9 +7,11 @@
 #include <stddef.h>
 
 static int ok_init(const dpcheck_bootstrap_t* b, void** c) { (void)b; *c = NULL; return 0; }
+#if BAD != 2
 static int ok_allreduce(void* c, void* b, size_t n, dpcheck_dtype_t t, dpcheck_op_t o, void* s) {
   (void)c; (void)b; (void)n; (void)t; (void)o; (void)s; return 0;
 }
+#endif
 static int ok_broadcast(void* c, void* b, size_t n, dpcheck_dtype_t t, int r, void* s) {
   (void)c; (void)b; (void)n; (void)t; (void)r; (void)s; return 0;
 }
@@ -36,9 +38,6 @@ static const dpcheck_comm_plugin_t plugin = {
 };
 
 const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) {
-#if BAD == 3
-  return NULL;
-#else
-  return &plugin;
-#endif
+  /* BAD 3: a table exists but the function does not hand it out. */
+  return BAD == 3 ? NULL : &plugin;
 }
