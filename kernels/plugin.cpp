@@ -12,6 +12,13 @@ namespace {
 
 bool available(std::string* why) { return device_available(why); }
 
+void* alloc(std::size_t bytes) {
+  void* p = nullptr;
+  return cudaMalloc(&p, bytes == 0 ? 1 : bytes) == cudaSuccess ? p : nullptr;
+}
+
+void release(void* p) { cudaFree(p); }
+
 std::unique_ptr<Optimizer> optimizer(const OptimizerConfig& config, std::size_t size, void* stream) {
   return make_optimizer(config, size, static_cast<cudaStream_t>(stream));
 }
@@ -32,6 +39,8 @@ extern "C" __attribute__((visibility("default"))) const dpcheck::cuda::Plugin* d
                              run_nccl_threads,
                              make_nccl_communicator,
                              bench_step,
-                             bench_hash};
+                             bench_hash,
+                             alloc,
+                             release};
   return &plugin;
 }

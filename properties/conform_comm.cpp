@@ -25,6 +25,7 @@
 #include "properties/common.hpp"
 #include "properties/conform.hpp"
 #include "properties/properties.hpp"
+#include "src/cuda_plugin.hpp"
 #include "src/error.hpp"
 #include "src/hash.hpp"
 #include "src/process.hpp"
@@ -164,14 +165,44 @@ template <class T> T poison() {
 
 constexpr std::size_t kGuard = 16;  // poisoned elements after every buffer
 
-// One rank's allocation: offset + count + guard elements, reused by every case of a check.
+// One rank's allocation: offset + count + guard elements, reused by every case of a check. The checks
+// fill and compare it on the host; a device-memory communicator gets a device copy (place), which is
+// brought back whole, guards included (fetch).
 template <class T> struct Arena {
   std::vector<T> data;
+  std::size_t used = 0;
+  void* device = nullptr;
+  std::size_t device_elements = 0;
+  const cuda::Plugin* gpu = nullptr;
+
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    if (device) gpu->device_free(device);
+  }
+
   T* prepare(const CommCase& c, std::size_t count) {
-    const std::size_t need = c.offset + count + kGuard;
-    if (data.size() < need) data.resize(need);
-    std::fill(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(need), poison<T>());
+    used = c.offset + count + kGuard;
+    if (data.size() < used) data.resize(used);
+    std::fill(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(used), poison<T>());
     return data.data() + c.offset;
+  }
+  // The pointer the communicator takes for the buffer prepare returned.
+  T* place(Communicator& comm, const CommCase& c) {
+    if (comm.memory_space() == MemorySpace::host) return data.data() + c.offset;
+    if (device_elements < used) {
+      gpu = &require_cuda();
+      if (device) gpu->device_free(device);
+      device = gpu->device_alloc(used * sizeof(T));
+      if (!device) throw Error("conform: no device memory for " + std::to_string(used * sizeof(T)) + " bytes");
+      device_elements = used;
+    }
+    comm.from_host(data.data(), device, used * sizeof(T));
+    return static_cast<T*>(device) + c.offset;
+  }
+  void fetch(Communicator& comm) {
+    if (comm.memory_space() != MemorySpace::host) comm.to_host(device, data.data(), used * sizeof(T));
   }
   // "" or what was written where it should not have been.
   std::string guards(const CommCase& c, std::size_t count) const {
@@ -184,6 +215,16 @@ template <class T> struct Arena {
     return {};
   }
 };
+
+// A collective on a host vector, staged through the device when the communicator's buffers live there.
+template <class T, class Call> void on_buffer(Communicator& comm, std::vector<T>& v, const Call& call) {
+  Arena<T> arena;
+  const CommCase whole{v.size(), 0, -1};
+  std::copy(v.begin(), v.end(), arena.prepare(whole, v.size()));
+  call(arena.place(comm, whole));
+  arena.fetch(comm);
+  std::copy_n(arena.data.begin(), v.size(), v.begin());
+}
 
 // "" or the first element of buf that differs bitwise from want(i).
 template <class T, class Want> std::string compare(const T* buf, std::size_t count, const Want& want, const char* what) {
@@ -291,7 +332,8 @@ template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vect
     return CaseFn([arena, op, n](Communicator& comm, const CommCase& k) {
       T* buf = arena->prepare(k, k.count);
       for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<T>(comm.rank(), i, op, n);
-      comm.allreduce(buf, k.count, dtype_of<T>(), op);
+      comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
+      arena->fetch(comm);
       std::string bad = compare(buf, k.count, [&](std::size_t i) { return expected_value<T>(i, op, n); }, "result");
       return bad.empty() ? arena->guards(k, k.count) : bad;
     });
@@ -313,7 +355,9 @@ CommCheck reuse_check(int n, const std::vector<CommCase>& cases) {
     return CaseFn([arena, n](Communicator& comm, const CommCase& k) {
       float* buf = arena->prepare(k, k.count);
       for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<float>(comm.rank(), i, ReduceOp::sum, n);
-      for (int call = 0; call < 3; ++call) comm.allreduce(buf, k.count, DType::f32, ReduceOp::sum);
+      float* placed = arena->place(comm, k);
+      for (int call = 0; call < 3; ++call) comm.allreduce(placed, k.count, DType::f32, ReduceOp::sum);
+      arena->fetch(comm);
       // Each call multiplies by n: exact while n^2 * 480 stays below 2^24.
       const auto n3 = static_cast<float>(n) * static_cast<float>(n);
       std::string bad = compare(buf, k.count, [&](std::size_t i) { return expected_value<float>(i, ReduceOp::sum, n) * n3; },
@@ -341,7 +385,8 @@ template <class T> CommCheck broadcast_check(int n, const std::vector<CommCase>&
       T* buf = arena->prepare(k, k.count);
       if (comm.rank() == k.root)
         for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<T>(k.root + 1, i, ReduceOp::sum, 1);
-      comm.broadcast(buf, k.count, dtype_of<T>(), k.root);
+      comm.broadcast(arena->place(comm, k), k.count, dtype_of<T>(), k.root);
+      arena->fetch(comm);
       std::string bad = compare(buf, k.count, [&](std::size_t i) { return input_value<T>(k.root + 1, i, ReduceOp::sum, 1); },
                                 "received");
       return bad.empty() ? arena->guards(k, k.count) : bad;
@@ -365,7 +410,9 @@ template <class T> CommCheck allgather_check(int n, const std::vector<CommCase>&
       for (std::size_t i = 0; i < k.count; ++i) send[i] = input_value<T>(comm.rank(), i, ReduceOp::sum, 1);
       const std::size_t total = k.count * static_cast<std::size_t>(n);
       T* recv = recv_arena->prepare(k, total);
-      comm.allgather(send, recv, k.count, dtype_of<T>());
+      comm.allgather(send_arena->place(comm, k), recv_arena->place(comm, k), k.count, dtype_of<T>());
+      recv_arena->fetch(comm);
+      send_arena->fetch(comm);
       for (int r = 0; r < n; ++r) {
         const std::string what = "block " + std::to_string(r) + "'s";
         std::string bad = compare(recv + static_cast<std::size_t>(r) * k.count, k.count,
@@ -402,12 +449,14 @@ template <class T> CommCheck identical_bits_check(ReduceOp op, bool twice, std::
                                              static_cast<int>(random_u64(key, stream, 2 * i + 1) % 41) - 20));
       };
       fill();
-      comm.allreduce(buf, k.count, dtype_of<T>(), op);
+      comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
+      arena->fetch(comm);
       const std::uint64_t first = hash_bytes(buf, k.count * sizeof(T));
       if (twice) {
         std::vector<T> kept(buf, buf + k.count);
         fill();
-        comm.allreduce(buf, k.count, dtype_of<T>(), op);
+        comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
+        arena->fetch(comm);
         return compare(buf, k.count, [&](std::size_t i) { return kept[i]; }, "second run's");
       }
       const std::vector<std::uint64_t> hashes = comm.host().allgather_value(first);
@@ -477,7 +526,7 @@ template <class T> std::string fingerprint(Communicator& comm, int n) {
     const auto& t = triples[e];
     buf[e] = comm.rank() == t[0] ? big : comm.rank() == t[1] ? T(1) : comm.rank() == t[2] ? -big : T(0);
   }
-  comm.allreduce(buf.data(), buf.size(), dtype_of<T>(), ReduceOp::sum);
+  on_buffer(comm, buf, [&](T* placed) { comm.allreduce(placed, buf.size(), dtype_of<T>(), ReduceOp::sum); });
 
   const auto probe = [&](std::size_t e) {
     std::vector<T> x(static_cast<std::size_t>(n), T(0));
@@ -616,7 +665,7 @@ int conform_absent_rank_probe(const Target& target, int n) {
       if (comm.rank() != n - 1) {
         std::vector<float> buf(1024, 1.0f);
         try {
-          comm.allreduce(buf.data(), buf.size(), DType::f32, ReduceOp::sum);
+          on_buffer(comm, buf, [&](float* placed) { comm.allreduce(placed, buf.size(), DType::f32, ReduceOp::sum); });
           outcome = "returned success";
         } catch (const std::exception& e) {
           char when[32];

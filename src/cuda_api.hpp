@@ -83,12 +83,17 @@ struct Plugin {
   std::unique_ptr<Communicator> (*make_nccl_communicator)(Communicator& host, int device);
   std::vector<StepBenchRow> (*bench_step)(const StepBenchOptions& options);
   HashBenchRow (*bench_hash)(std::size_t bytes, int repeats);
+  // Device memory on the calling thread's device (cudaMalloc, cudaFree), for checks that stage their
+  // own buffers there (conform with a device-memory communicator plugin). nullptr: out of memory.
+  void* (*device_alloc)(std::size_t bytes);
+  void (*device_free)(void* pointer);
 };
 
 // 3: the bench's hash row lost its reference check (kernels never call the reference), and the
 // Engine's hashes, comparisons and copies moved to its MemoryService (src/memory_service.hpp), which
 // changed the Engine's virtual functions. Raised with every change to the types above.
-inline constexpr int kPluginAbi = 3;
+// 4: device_alloc and device_free, for conform's buffers.
+inline constexpr int kPluginAbi = 4;
 
 }  // namespace dpcheck::cuda
 

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -112,8 +113,13 @@ const char* signal_text(int sig) {
   }
 }
 
-// Only async-signal-safe calls: write and _exit. The call's text was built before the call began.
+std::atomic<int> crashed{0};
+
+// Only async-signal-safe calls: write, pause and _exit. The call's text was built before the call
+// began. When ranks crash together, the first says so and ends the process; the others wait for it.
 extern "C" void on_crash(int sig) {
+  if (crashed.exchange(1) != 0)
+    for (;;) ::pause();
   const PluginCall* call = current_call;
   write_stderr("dpcheck: error: ");
   write_stderr(call ? call->what().c_str() : "dpcheck, outside any plugin call,");
@@ -145,7 +151,7 @@ void install_plugin_crash_handlers() {
     struct sigaction action {};
     action.sa_handler = on_crash;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESETHAND;
+    action.sa_flags = 0;
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &action, nullptr);
   });
 }
