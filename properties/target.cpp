@@ -21,6 +21,13 @@ const Backend& backend_of(const Target& target) { return backend_for(target.engi
 
 }  // namespace
 
+std::string shell_word(const std::string& text) {
+  if (!text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@") ==
+                           std::string::npos)
+    return text;
+  return shell_quoted(text);
+}
+
 std::string shell_quoted(const std::string& text) {
   std::string quoted = "'";
   for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -51,9 +58,9 @@ std::string replay_command(const Target& target, const std::string& token) {
   if (target.process_world) cmd = backend.launch_prefix(target.process_world->size());
   cmd += "dpcheck verify";
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
-  if (!backend.engine_default) cmd += " --comm " + shell_quoted(target.comm);
+  if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
   if (target.tf32) cmd += " --tf32";
-  if (!target.kernels.empty()) cmd += " --kernels " + shell_quoted(target.kernels);
+  if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
   // then recorded in the token).

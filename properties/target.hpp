@@ -51,6 +51,8 @@ std::string replay_command(const Target& target, const std::string& token);
 
 // `text` as one shell word, in single quotes.
 std::string shell_quoted(const std::string& text);
+// `text` as one shell word: as it is when no shell would change it (a name, a plain path), else quoted.
+std::string shell_word(const std::string& text);
 
 // The unit roundoff and error model of the target's float path, for the derived bound.
 reference::BoundOptions bound_options(const Target& target);

@@ -130,7 +130,7 @@ int run_conform(ConformCliOptions& o) {
   std::string prefix = o.target.process_world ? find_backend(o.target.comm)->launch_prefix(world) : std::string();
   prefix += "dpcheck conform";
   if (o.target.engine != default_engine()) prefix += " --engine " + o.target.engine;
-  prefix += kernels ? " --kernels " + shell_quoted(o.target.kernels) : " --comm " + shell_quoted(o.target.comm);
+  prefix += kernels ? " --kernels " + shell_word(o.target.kernels) : " --comm " + shell_word(o.target.comm);
   if (!o.target.process_world) prefix += " --world-size " + std::to_string(world);
   if (co.seed != 1) prefix += " --seed " + std::to_string(co.seed);
   co.replay_prefix = prefix;
