@@ -37,6 +37,9 @@ struct ConformOptions {
   std::string case_text;  // with check: that one case (a row's `minimal`)
   bool properties = true; // run verify's properties after the plugin's own checks
   std::size_t max_bytes = std::size_t{64} << 20;  // the largest buffer a collective check passes
+  // World sizes besides the main one that the collective checks also run on (ranks as threads), with
+  // counts up to 2^20 elements: a tree or ring that only works for some N meets the others.
+  std::vector<int> extra_world_sizes;
   // The command that runs conform_absent_rank_probe in a child process (a hang there must not end the
   // run); empty: the check is skipped, with this as the reason.
   std::vector<std::string> absent_rank_command;

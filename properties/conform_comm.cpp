@@ -306,7 +306,9 @@ ConformRow run_check(const Target& target, int n, const CommCheck& check, const 
   row.promise = check.promise;
   row.minimal = check.cases[*failed_at].text();
   row.detail = failure;
-  row.replay = o.replay_prefix + " --check '" + check.name + "' --case '" + row.minimal + "'";
+  row.replay = o.replay_prefix + (target.process_world ? std::string() : " --world-size " + std::to_string(n)) +
+               " --check '" + check.name + "' --case '" + row.minimal + "'";
+  row.detail = "N = " + std::to_string(n) + ", " + row.detail;
   return row;
 }
 
@@ -319,12 +321,36 @@ std::string covered_text(const std::vector<CommCase>& cases, std::size_t element
 
 // ---- the checks ---------------------------------------------------------------------------------------
 
+// avg of floats: the exact sum divided by N, or multiplied by a rounded 1/N, before or after the sum
+// (NCCL's ncclAvg multiplies each input by 1/N): within N + 2 roundings of the exact mean, |x| summed.
+// Exact for N a power of two, where every way is exact.
+template <class T> std::string mean_within_rounding(const T* buf, std::size_t count, int n) {
+  const long double u = std::numeric_limits<T>::epsilon() / 2;
+  for (std::size_t i = 0; i < count; ++i) {
+    long double sum = 0, magnitude = 0;
+    for (int r = 0; r < n; ++r) {
+      const long double v = input_value<T>(r, i, ReduceOp::avg, n);
+      sum += v;
+      magnitude += std::fabs(v);
+    }
+    const long double mean = sum / n, allowed = (n + 2) * u * magnitude / n;
+    if (!(std::fabs(static_cast<long double>(buf[i]) - mean) <= allowed))
+      return "result element " + std::to_string(i) + " is " + value_text(buf[i]) + ", the mean is " +
+             value_text(static_cast<T>(mean)) + " (allowed " + value_text(static_cast<double>(allowed)) + ")";
+  }
+  return {};
+}
+
 template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vector<CommCase>& cases) {
   CommCheck c;
   c.section = "collectives";
   c.name = "allreduce " + std::string(dtype_name(dtype_of<T>())) + " " + std::string(reduce_op_name(op));
-  c.promise = "every rank holds the exact " + std::string(reduce_op_name(op)) + " (inputs whose " +
-              std::string(reduce_op_name(op)) + " is exact in any order), bit for bit, and nothing outside the buffer changes";
+  c.promise = op == ReduceOp::avg && std::is_floating_point_v<T>
+                  ? "every rank holds the mean: the exact sum over N, within the N + 2 roundings that dividing or "
+                    "multiplying by 1/N before or after the sum may take, and nothing outside the buffer changes"
+                  : "every rank holds the exact " + std::string(reduce_op_name(op)) + " (inputs whose " +
+                        std::string(reduce_op_name(op)) +
+                        " is exact in any order), bit for bit, and nothing outside the buffer changes";
   c.cases = cases;
   c.covered = covered_text(cases, sizeof(T));
   c.make = [op, n] {
@@ -334,7 +360,9 @@ template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vect
       for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<T>(comm.rank(), i, op, n);
       comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
       arena->fetch(comm);
-      std::string bad = compare(buf, k.count, [&](std::size_t i) { return expected_value<T>(i, op, n); }, "result");
+      std::string bad = op == ReduceOp::avg && std::is_floating_point_v<T>
+                            ? mean_within_rounding(buf, k.count, n)
+                            : compare(buf, k.count, [&](std::size_t i) { return expected_value<T>(i, op, n); }, "result");
       return bad.empty() ? arena->guards(k, k.count) : bad;
     });
   };
@@ -617,13 +645,13 @@ ConformRow fingerprint_row(const Target& target, int n) {
 
 // ---- a rank that never arrives ---------------------------------------------------------------------------
 
-ConformRow absent_rank_row(const ConformOptions& o) {
+ConformRow absent_rank_row(int n, const ConformOptions& o) {
   ConformRow row;
   row.section = "robustness";
   row.check = "a rank that never arrives";
-  if (o.absent_rank_command.empty()) {
+  if (o.absent_rank_command.empty() || n < 2) {
     row.verdict = ConformVerdict::skip;
-    row.detail = o.absent_rank_skip;
+    row.detail = n < 2 ? "needs 2 ranks or more" : o.absent_rank_skip;
     return row;
   }
   const auto t0 = Clock::now();
@@ -648,7 +676,7 @@ ConformRow absent_rank_row(const ConformOptions& o) {
   row.promise = "a collective that a rank never joins ends in an error within the timeout, not a hang";
   row.detail = said.empty() ? "the probe " + r.status_text() : said;
   row.minimal = "count=1024 offset=0";
-  row.replay = o.replay_prefix + " --check '" + row.check + "'";
+  row.replay = o.replay_prefix + " --world-size " + std::to_string(n) + " --check '" + row.check + "'";
   return row;
 }
 
@@ -725,6 +753,77 @@ void check_conform_comm_selection(const std::string& check, const std::string& c
   if (!case_text.empty()) (void)parse_case(case_text, check.starts_with("broadcast"), check);
 }
 
+namespace {
+
+constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();
+constexpr std::size_t kSmall = std::size_t{1} << 20;  // elements: the cap of every check but sum's
+
+// The check `name` for a world of n ranks, its counts capped at `cap` elements (and options.max_bytes),
+// or the one case options.case_text gives. nullopt for a name that is not a collective check.
+std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t cap, const ConformOptions& o) {
+  const auto cases = [&](std::size_t element, std::size_t limit, bool with_root) {
+    if (!o.case_text.empty()) return std::vector<CommCase>{parse_case(o.case_text, with_root, name)};
+    return cases_of(interesting_counts(n, std::min({cap, limit, o.max_bytes / element})));
+  };
+  const auto un = static_cast<std::size_t>(n);
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max}) {
+    const std::string suffix = " " + std::string(reduce_op_name(op));
+    const std::size_t limit = op == ReduceOp::sum ? kAll : kSmall;
+    if (name == "allreduce float32" + suffix) return allreduce_check<float>(op, n, cases(4, limit, false));
+    if (name == "allreduce float64" + suffix) return allreduce_check<double>(op, n, cases(8, limit, false));
+    if (name == "allreduce int64" + suffix) return allreduce_check<std::int64_t>(op, n, cases(8, limit, false));
+  }
+  if (name == "allreduce buffer reused") return reuse_check(n, cases(4, kSmall, false));
+  // Broadcast from every root multiplies the cases by n; a case given with --case keeps its root.
+  if (name == "broadcast float32") return broadcast_check<float>(n, cases(4, kSmall, true));
+  if (name == "broadcast float64") return broadcast_check<double>(n, cases(8, kSmall, true));
+  if (name == "broadcast int64") return broadcast_check<std::int64_t>(n, cases(8, kSmall, true));
+  if (name == "allgather float32") return allgather_check<float>(n, cases(4 * un, kAll, false));
+  if (name == "allgather float64") return allgather_check<double>(n, cases(8 * un, kAll, false));
+  if (name == "allgather int64") return allgather_check<std::int64_t>(n, cases(8 * un, kAll, false));
+  if (name == "barrier") return barrier_check();
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg})
+    for (bool twice : {false, true}) {
+      const std::string prefix = twice ? "run-to-run " : "same bits on every rank ";
+      const std::string suffix = " " + std::string(reduce_op_name(op));
+      if (name == prefix + "float32" + suffix) return identical_bits_check<float>(op, twice, o.seed, cases(4, kSmall, false));
+      if (name == prefix + "float64" + suffix) return identical_bits_check<double>(op, twice, o.seed, cases(8, kSmall, false));
+    }
+  return std::nullopt;
+}
+
+// A check over every world size: the smaller ones first (a failure there is the simpler case), each
+// at counts up to 2^20 elements but the main world, which goes to options.max_bytes. The first
+// failure is the row; a pass says what it covered.
+ConformRow run_over_worlds(const Target& target, int main_world, const std::string& name, const ConformOptions& o) {
+  std::vector<int> worlds = o.extra_world_sizes;
+  worlds.push_back(main_world);
+  std::sort(worlds.begin(), worlds.end());
+  worlds.erase(std::unique(worlds.begin(), worlds.end()), worlds.end());
+  ConformRow passed;
+  double seconds = 0;
+  std::string others;
+  for (int n : worlds) {
+    const std::optional<CommCheck> check = make_check(name, n, n == main_world ? kAll : kSmall, o);
+    ConformRow row = run_check(target, n, *check, o);
+    seconds += row.seconds;
+    if (row.verdict == ConformVerdict::fail) {
+      row.seconds = seconds;
+      return row;
+    }
+    if (n == main_world)
+      passed = row;
+    else
+      others += (others.empty() ? "" : ", ") + std::to_string(n);
+  }
+  passed.seconds = seconds;
+  passed.detail = "N = " + std::to_string(main_world) + ": " + passed.detail +
+                  (others.empty() ? std::string() : "; also N = " + others + " (counts to 2^20)");
+  return passed;
+}
+
+}  // namespace
+
 std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformOptions& o) {
   check_conform_comm_selection(o.check, o.case_text);
   std::vector<ConformRow> rows;
@@ -733,50 +832,16 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     rows.push_back(std::move(row));
   };
   const auto wanted = [&](const std::string& name) { return o.check.empty() || o.check == name; };
-
-  const auto cases_for = [&](std::size_t element, std::size_t cap, bool with_root, const std::string& name) {
-    if (!o.case_text.empty()) return std::vector<CommCase>{parse_case(o.case_text, with_root, name)};
-    return cases_of(interesting_counts(n, std::min(cap, o.max_bytes / element)));
-  };
-  const auto run = [&](const CommCheck& check) { emit(run_check(target, n, check, o)); };
-  constexpr std::size_t all = std::numeric_limits<std::size_t>::max();
-  constexpr std::size_t small = std::size_t{1} << 20;  // elements, for the ops other than sum
-
-  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
-  for (ReduceOp op : ops) {
-    const std::size_t cap = op == ReduceOp::sum ? all : small;
-    const std::string suffix = " " + std::string(reduce_op_name(op));
-    if (const std::string name = "allreduce float32" + suffix; wanted(name))
-      run(allreduce_check<float>(op, n, cases_for(4, cap, false, name)));
-    if (const std::string name = "allreduce float64" + suffix; wanted(name))
-      run(allreduce_check<double>(op, n, cases_for(8, cap, false, name)));
-    if (const std::string name = "allreduce int64" + suffix; wanted(name))
-      run(allreduce_check<std::int64_t>(op, n, cases_for(8, cap, false, name)));
-  }
-  if (wanted("allreduce buffer reused")) run(reuse_check(n, cases_for(4, small, false, "allreduce buffer reused")));
-  // Broadcast from every root multiplies the cases by n: its counts stop at 2^20 elements.
-  const auto root_cases = [&](std::size_t element, const std::string& name) {
-    if (!o.case_text.empty()) return std::vector<CommCase>{parse_case(o.case_text, true, name)};
-    return cases_for(element, small, false, name);
-  };
-  // A case given with --case keeps its root: broadcast_check multiplies only the cases it is given.
-  if (wanted("broadcast float32")) run(broadcast_check<float>(n, root_cases(4, "broadcast float32")));
-  if (wanted("broadcast float64")) run(broadcast_check<double>(n, root_cases(8, "broadcast float64")));
-  if (wanted("broadcast int64")) run(broadcast_check<std::int64_t>(n, root_cases(8, "broadcast int64")));
-  if (wanted("allgather float32")) run(allgather_check<float>(n, cases_for(4 * static_cast<std::size_t>(n), all, false, "allgather float32")));
-  if (wanted("allgather float64")) run(allgather_check<double>(n, cases_for(8 * static_cast<std::size_t>(n), all, false, "allgather float64")));
-  if (wanted("allgather int64")) run(allgather_check<std::int64_t>(n, cases_for(8 * static_cast<std::size_t>(n), all, false, "allgather int64")));
-  if (wanted("barrier")) run(barrier_check());
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg})
-    for (bool twice : {false, true}) {
-      const std::string suffix = std::string(reduce_op_name(op));
-      const std::string prefix = twice ? "run-to-run " : "same bits on every rank ";
-      if (const std::string name = prefix + "float32 " + suffix; wanted(name))
-        run(identical_bits_check<float>(op, twice, o.seed, cases_for(4, small, false, name)));
-      if (const std::string name = prefix + "float64 " + suffix; wanted(name))
-        run(identical_bits_check<double>(op, twice, o.seed, cases_for(8, small, false, name)));
+  for (const std::string& name : conform_comm_checks()) {
+    if (!wanted(name) || !make_check(name, n, kSmall, ConformOptions{})) continue;
+    // A replayed case runs on the world it failed on (the command line's) alone.
+    if (!o.case_text.empty()) {
+      emit(run_check(target, n, *make_check(name, n, kAll, o), o));
+      continue;
     }
-  if (wanted("a rank that never arrives")) emit(absent_rank_row(o));
+    emit(run_over_worlds(target, n, name, o));
+  }
+  if (wanted("a rank that never arrives")) emit(absent_rank_row(n, o));
   if (wanted("summation order and width")) emit(fingerprint_row(target, n));
   if (o.properties && (o.check.empty() || o.check.starts_with("property ")))
     for (ConformRow& row : conform_properties(target, o)) rows.push_back(std::move(row));  // on_row called there

@@ -207,7 +207,8 @@ std::string comm_option_help() {
                                 [](const Backend& b) {
                                   return b.name + " (" + b.help + (b.engine_default ? "; default)" : ")");
                                 },
-                                "; ");
+                                "; ") +
+         "; or a communicator plugin: the path to its shared object (include/dpcheck/plugin.h)";
 }
 
 }  // namespace dpcheck

@@ -299,6 +299,10 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --comm {r} --world-size 0", 2, {"--world-size"}},
       {"conform --comm {r} --report /dev/full", 2, {"--report", "character device"}},
       {"conform --comm {r} --junit {d}/fifo", 2, {"--junit", "FIFO"}},
+      {"conform --comm {r} --kernels {d}/missing.so", 2, {"one plugin at a time"}},
+      {"conform --kernels {d}/missing.so", 2, {"--kernels", "missing.so", "no such file"}},
+      {"conform --kernels {r}", 2, {"--kernels", "dpcheck_comm_plugin", "--comm"}},
+      {"conform --comm {r} --check 'property no_such_property'", 2, {"no_such_property"}},
   };
 
   const fs::path d = dir_.path();

@@ -97,6 +97,26 @@ TEST(ConformComm, CorrectPluginsKeepEveryPromise) {
   }
 }
 
+// Without --world-size the collectives also run on 1, 2, 3, 5 and 8 ranks: an algorithm written for
+// powers of two passes on 4 and fails on 3, which the replay line names.
+TEST(ConformComm, AnAlgorithmForPowersOfTwoFailsOnThreeRanks) {
+  const std::string quick = " --no-properties --max-mib 1 --timeout 2 --check 'allreduce float32 sum'";
+  const auto four = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("power-of-two") + " --world-size 4" + quick, 120);
+  EXPECT_EQ(four.status, 0) << four.output;
+  const auto all = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("power-of-two") + quick, 120);
+  EXPECT_EQ(all.status, 1) << all.output;
+  EXPECT_NE(all.output.find("--world-size 3 --check 'allreduce float32 sum' --case 'count=1 "), std::string::npos)
+      << all.output;
+}
+
+// Multiplying by a rounded 1/N (NCCL's ncclAvg) is within rounding of the mean: not a broken promise.
+TEST(ConformComm, AnAverageByTheReciprocalPasses) {
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("avg-by-reciprocal") +
+                                          " --no-properties --max-mib 1 --timeout 2",
+                                      300);
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
 TEST(ConformComm, FingerprintTellsTheRingFromRankOrder) {
   const auto ring = dpcheck::run_command(
       kDpcheck + " conform --comm " + kRing + kQuick + " --check 'summation order and width'", 120);

@@ -131,7 +131,11 @@ int run_conform(ConformCliOptions& o) {
   prefix += "dpcheck conform";
   if (o.target.engine != default_engine()) prefix += " --engine " + o.target.engine;
   prefix += kernels ? " --kernels " + shell_word(o.target.kernels) : " --comm " + shell_word(o.target.comm);
-  if (!o.target.process_world) prefix += " --world-size " + std::to_string(world);
+  // Communicator checks add the world size they failed on; kernels' properties add none.
+  if (kernels && o.world_size_given) prefix += " --world-size " + std::to_string(world);
+  // Without --world-size the collectives run on several worlds of threads, so that an algorithm that
+  // only works for some N (a tree for powers of two, a ring for N > 2) meets the others.
+  if (!kernels && !o.world_size_given && !o.target.process_world) co.extra_world_sizes = {1, 2, 3, 5, 8};
   if (co.seed != 1) prefix += " --seed " + std::to_string(co.seed);
   co.replay_prefix = prefix;
   if (kernels) {
@@ -178,6 +182,8 @@ int run_conform(ConformCliOptions& o) {
 
   bool passed = true;
   std::ostringstream details;
+  for (const ConformRow& r : rows)
+    if (r.verdict == ConformVerdict::info) details << "\n" << r.check << ": " << r.detail << "\n";
   for (const ConformRow& r : rows) {
     if (r.verdict != ConformVerdict::fail) continue;
     passed = false;

@@ -15,6 +15,12 @@
  *   7 own-order       each rank starts its sum at its own buffer: exact inputs agree, ranks don't
  *   8 run-to-run      the order alternates with a per-communicator call counter (same on every rank)
  *   9 hang            waits for its peers in a loop that ignores the bootstrap's failure
+ *  12 power-of-two    written for worlds of 2^k ranks: the ranks past the largest power of two are left
+ *                     out of the sum (right for N = 1, 2, 4, 8; wrong for 3, 5, ...)
+ *
+ * And one that is correct in another way than BREAK 0:
+ *  13 avg-by-reciprocal  avg multiplies every input by a rounded 1/N before the sum, as NCCL's ncclAvg
+ *                     does: within rounding of the mean, not the bits of sum / N
  *
  * And two that fault rather than compute wrong, for the run's own ending (cli tests):
  *  10 crash           dereferences NULL in allreduce
@@ -72,10 +78,13 @@ static double get(const char* p, dpcheck_dtype_t t, size_t i) {
 /* One element of the reduction over the ranks' buffers, starting at rank `first`. */
 static void reduce_element(comm_t* c, const char* all, size_t bytes, size_t i, void* out, dpcheck_dtype_t t,
                            dpcheck_op_t op, int first) {
-  int k;
+  int k, ranks = c->size;
+#if BREAK == 12
+  while (ranks & (ranks - 1)) ranks &= ranks - 1; /* the largest power of two <= size */
+#endif
   if (t == DPCHECK_INT64) {
     int64_t acc = ((const int64_t*)(all + (size_t)first * bytes))[i];
-    for (k = 1; k < c->size; ++k) {
+    for (k = 1; k < ranks; ++k) {
       const int64_t v = ((const int64_t*)(all + (size_t)((first + k) % c->size) * bytes))[i];
       acc = op == DPCHECK_MIN ? (v < acc ? v : acc) : op == DPCHECK_MAX ? (v > acc ? v : acc) : acc + v;
     }
@@ -85,7 +94,17 @@ static void reduce_element(comm_t* c, const char* all, size_t bytes, size_t i, v
     ((int64_t*)out)[i] = acc;
   } else if (t == DPCHECK_FLOAT32 || BREAK == 2) {
     float acc = (float)get(all + (size_t)first * bytes, t, i);
-    for (k = 1; k < c->size; ++k) {
+#if BREAK == 13
+    if (op == DPCHECK_AVG) {
+      const float inv = 1.0f / (float)c->size;
+      acc = acc * inv;
+      for (k = 1; k < c->size; ++k) acc += (float)get(all + (size_t)((first + k) % c->size) * bytes, t, i) * inv;
+      if (t == DPCHECK_FLOAT32) ((float*)out)[i] = acc;
+      else ((double*)out)[i] = acc;
+      return;
+    }
+#endif
+    for (k = 1; k < ranks; ++k) {
       const float v = (float)get(all + (size_t)((first + k) % c->size) * bytes, t, i);
       acc = op == DPCHECK_MIN ? (v < acc ? v : acc) : op == DPCHECK_MAX ? (v > acc ? v : acc) : acc + v;
     }
@@ -94,7 +113,16 @@ static void reduce_element(comm_t* c, const char* all, size_t bytes, size_t i, v
     else ((double*)out)[i] = acc;
   } else {
     double acc = get(all + (size_t)first * bytes, t, i);
-    for (k = 1; k < c->size; ++k) {
+#if BREAK == 13
+    if (op == DPCHECK_AVG) {
+      const double inv = 1.0 / (double)c->size;
+      acc = acc * inv;
+      for (k = 1; k < c->size; ++k) acc += get(all + (size_t)((first + k) % c->size) * bytes, t, i) * inv;
+      ((double*)out)[i] = acc;
+      return;
+    }
+#endif
+    for (k = 1; k < ranks; ++k) {
       const double v = get(all + (size_t)((first + k) % c->size) * bytes, t, i);
       acc = op == DPCHECK_MIN ? (v < acc ? v : acc) : op == DPCHECK_MAX ? (v > acc ? v : acc) : acc + v;
     }
