@@ -525,6 +525,66 @@ CommCheck barrier_check() {
   return c;
 }
 
+// Many calls on one communicator, the three collectives interleaved: a sequence number or a slot
+// index that wraps (after 256 calls, say), or scratch state one collective leaves for another, shows
+// here and not in checks of a few dozen calls each.
+CommCheck calls_in_a_row_check(int n, const std::vector<CommCase>& cases) {
+  constexpr int calls = 900;
+  CommCheck c;
+  c.section = "collectives";
+  c.name = "calls in a row";
+  c.promise = "the 900th call on a communicator is as right as the first, whatever came before it";
+  c.cases = cases;
+  c.covered = std::to_string(cases.size()) + " counts, " + std::to_string(calls) +
+              " calls each: allreduce, broadcast from each root in turn, allgather";
+  c.make = [n] {
+    auto arena = std::make_shared<Arena<float>>();
+    auto gathered = std::make_shared<Arena<float>>();
+    return CaseFn([arena, gathered, n](Communicator& comm, const CommCase& k) -> std::string {
+      for (int call = 0; call < calls; ++call) {
+        float* buf = arena->prepare(k, k.count);
+        std::string bad;
+        const std::string at = "call " + std::to_string(call + 1) + " (";
+        switch (call % 3) {
+          case 0:
+            for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<float>(comm.rank(), i + call, ReduceOp::sum, n);
+            comm.allreduce(arena->place(comm, k), k.count, DType::f32, ReduceOp::sum);
+            arena->fetch(comm);
+            bad = compare(buf, k.count, [&](std::size_t i) { return expected_value<float>(i + call, ReduceOp::sum, n); },
+                          (at + "allreduce),").c_str());
+            break;
+          case 1: {
+            const int root = (call / 3) % n;
+            if (comm.rank() == root)
+              for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<float>(root, i + call, ReduceOp::sum, 1);
+            comm.broadcast(arena->place(comm, k), k.count, DType::f32, root);
+            arena->fetch(comm);
+            bad = compare(buf, k.count, [&](std::size_t i) { return input_value<float>(root, i + call, ReduceOp::sum, 1); },
+                          (at + "broadcast from " + std::to_string(root) + "),").c_str());
+            break;
+          }
+          default: {
+            for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<float>(comm.rank(), i + call, ReduceOp::sum, 1);
+            const std::size_t total = k.count * static_cast<std::size_t>(n);
+            float* recv = gathered->prepare(k, total);
+            comm.allgather(arena->place(comm, k), gathered->place(comm, k), k.count, DType::f32);
+            gathered->fetch(comm);
+            for (int r = 0; r < n && bad.empty(); ++r)
+              bad = compare(recv + static_cast<std::size_t>(r) * k.count, k.count,
+                            [&](std::size_t i) { return input_value<float>(r, i + call, ReduceOp::sum, 1); },
+                            (at + "allgather), block " + std::to_string(r) + "'s").c_str());
+            if (bad.empty()) bad = gathered->guards(k, total);
+          }
+        }
+        if (bad.empty()) bad = arena->guards(k, k.count);
+        if (!bad.empty()) return bad;
+      }
+      return {};
+    });
+  };
+  return c;
+}
+
 // ---- the fingerprint: which order, and how wide, the backend adds -----------------------------------
 
 // Candidate models of a backend's summation, evaluated on the probes in T.
@@ -728,6 +788,7 @@ std::vector<std::string> conform_comm_checks() {
   for (const char* d : {"float32", "float64", "int64"}) names.push_back(std::string("broadcast ") + d);
   for (const char* d : {"float32", "float64", "int64"}) names.push_back(std::string("allgather ") + d);
   names.push_back("barrier");
+  names.push_back("calls in a row");
   for (const char* d : {"float32", "float64"})
     for (const char* op : {"sum", "avg"}) {
       names.push_back(std::string("same bits on every rank ") + d + " " + op);
@@ -782,6 +843,12 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
   if (name == "allgather float64") return allgather_check<double>(n, cases(8 * un, kAll, false));
   if (name == "allgather int64") return allgather_check<std::int64_t>(n, cases(8 * un, kAll, false));
   if (name == "barrier") return barrier_check();
+  if (name == "calls in a row") {
+    if (!o.case_text.empty()) return calls_in_a_row_check(n, {parse_case(o.case_text, false, name)});
+    std::vector<CommCase> few{{1, 0, -1}, {7, 1, -1}};
+    if (cap >= 1021) few.push_back({1021, 3, -1});
+    return calls_in_a_row_check(n, few);
+  }
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg})
     for (bool twice : {false, true}) {
       const std::string prefix = twice ? "run-to-run " : "same bits on every rank ";

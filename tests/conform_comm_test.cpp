@@ -49,6 +49,7 @@ const Broken kBroken[] = {
     {"own-order", "same bits on every rank float32 sum", ""},
     {"run-to-run", "run-to-run float32 sum", ""},
     {"hang", "a rank that never arrives", ""},
+    {"sequence-wrap", "calls in a row", "count=1 "},
 };
 
 class ConformComm : public ::testing::TestWithParam<Broken> {};

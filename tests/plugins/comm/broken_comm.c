@@ -17,6 +17,8 @@
  *   9 hang            waits for its peers in a loop that ignores the bootstrap's failure
  *  12 power-of-two    written for worlds of 2^k ranks: the ranks past the largest power of two are left
  *                     out of the sum (right for N = 1, 2, 4, 8; wrong for 3, 5, ...)
+ *  14 sequence-wrap   an 8-bit call counter picks a slot; when it wraps, call 257 finds the slot of
+ *                     call 1 still marked done and returns without reducing
  *
  * And one that is correct in another way than BREAK 0:
  *  13 avg-by-reciprocal  avg multiplies every input by a rounded 1/N before the sum, as NCCL's ncclAvg
@@ -42,6 +44,7 @@ typedef struct comm {
   const dpcheck_bootstrap_t* boot;
   int rank, size;
   long calls;
+  unsigned char sequence;
   char error[256];
 } comm_t;
 
@@ -156,6 +159,12 @@ static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t,
       struct timespec t = {0, 10000000};
       nanosleep(&t, NULL);
     }
+#endif
+#if BREAK == 14
+  if (++c->sequence == 1 && c->calls > 0) { /* the counter wrapped: "already done" */
+    ++c->calls;
+    return 0;
+  }
 #endif
   if (gather_all(c, buf, bytes, &all)) return 1;
 #if BREAK == 1
