@@ -65,7 +65,7 @@ void require_kernels_for_engine(const KernelPlugin& plugin, std::string_view eng
   if (plugin.memory() != DPCHECK_HOST)
     throw UsageError(plugin.what() + ": plugin '" + std::string(plugin.name()) +
                      "' works on device memory (DPCHECK_CUDA), which the " + std::string(engine) +
-                     " engine does not have: device kernels need --engine cuda");
+                     " engine does not have; the cuda engine, whose memory it is, does not take kernel plugins yet");
 }
 
 Kernels::Kernels(const KernelPlugin& plugin, int rank, std::chrono::milliseconds timeout)
