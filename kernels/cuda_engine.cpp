@@ -38,6 +38,11 @@ CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
       params_(layout_.size()), grads_(layout_.size()), z_(static_cast<std::size_t>(model.layers())),
       a_(static_cast<std::size_t>(model.layers())) {
   widest_ = *std::max_element(model.dims.begin(), model.dims.end());
+  if (options.kernels) {
+    // The zero bias that dpcheck's activation kernel adds after a plugin's linear_forward added the real one.
+    zeros_.resize(static_cast<std::size_t>(widest_));
+    DPCHECK_CUDA_CHECK(cudaMemsetAsync(zeros_.get(), 0, zeros_.size() * sizeof(float), stream_.get()));
+  }
   DPCHECK_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.size() * sizeof(float), stream_.get()));
   DPCHECK_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.size() * sizeof(float), stream_.get()));
   stream_.synchronize();
@@ -116,6 +121,10 @@ double CudaEngine::forward_backward(const Batch& batch, float scale, bool accumu
     return 0.0;
   }
   enqueue(rows, scale, accumulate, true);
+  if (options_.kernels && options_.kernels->provides(KernelOp::loss_forward_backward)) {
+    stream_.synchronize();
+    return plugin_loss_;
+  }
   std::vector<double> losses(static_cast<std::size_t>(rows));
   DPCHECK_CUDA_CHECK(cudaMemcpyAsync(losses.data(), row_loss_.get(), losses.size() * sizeof(double),
                                      cudaMemcpyDeviceToHost, stream_.get()));
@@ -136,17 +145,34 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
   const auto dim = [&](int i) { return model_.dims[static_cast<std::size_t>(i)]; };
   const auto input_of = [&](int l) { return l == 0 ? x_.get() : a_[static_cast<std::size_t>(l) - 1].get(); };
 
+  // A device kernel plugin's ops replace these where it provides them (identity has no plugin op).
+  const Kernels* k = options_.kernels.get();
+  const bool plugin_linear = k && k->provides(KernelOp::linear_forward);
+  const bool plugin_activation =
+      k && model_.activation != Activation::identity && k->provides(KernelOp::activation_forward);
   for (int l = 0; l < layers; ++l) {
     float* z = z_[static_cast<std::size_t>(l)].get();
-    linear_forward(h, input_of(l), params_.get() + layout_.weight(l).offset, z, rows, dim(l), dim(l + 1));
-    bias_activation_forward(z, l + 1 < layers ? a_[static_cast<std::size_t>(l)].get() : nullptr,
-                            params_.get() + layout_.bias(l).offset, rows, dim(l + 1), model_.activation, s);
+    float* a = l + 1 < layers ? a_[static_cast<std::size_t>(l)].get() : nullptr;
+    const float* w = params_.get() + layout_.weight(l).offset;
+    const float* b = params_.get() + layout_.bias(l).offset;
+    if (plugin_linear)
+      k->linear_forward(input_of(l), w, b, z, rows, dim(l), dim(l + 1), s);
+    else
+      linear_forward(h, input_of(l), w, z, rows, dim(l), dim(l + 1));
+    // The bias, unless the plugin added it; the activation, unless the plugin applies it.
+    bias_activation_forward(z, plugin_activation ? nullptr : a, plugin_linear ? zeros_.get() : b, rows, dim(l + 1),
+                            model_.activation, s);
+    if (plugin_activation && a)
+      k->activation_forward(model_.activation, z, a, static_cast<std::int64_t>(rows) * dim(l + 1), s);
   }
 
   const int out = model_.out_dim();
   const float* z_out = z_.back().get();
   double* losses = want_loss ? row_loss_.get() : nullptr;
-  if (model_.loss == Loss::mse) {
+  if (k && k->provides(KernelOp::loss_forward_backward)) {
+    const void* target = model_.loss == Loss::mse ? static_cast<const void*>(y_.get()) : labels_.get();
+    plugin_loss_ = k->loss_forward_backward(model_.loss, z_out, target, delta_.get(), rows, out, scale, s);
+  } else if (model_.loss == Loss::mse) {
     const auto c = static_cast<float>(2.0 * scale / (static_cast<double>(rows) * out));
     mse_delta(z_out, y_.get(), delta_.get(), rows, out, c, losses, s);
   } else {
@@ -156,15 +182,28 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
 
   float* delta = delta_.get();
   float* next = next_.get();
+  const bool plugin_backward = k && k->provides(KernelOp::linear_backward);
+  const bool plugin_activation_backward =
+      k && model_.activation != Activation::identity && k->provides(KernelOp::activation_backward);
   for (int l = layers - 1; l >= 0; --l) {
-    linear_weight_grad(h, delta, input_of(l), grads_.get() + layout_.weight(l).offset, rows, dim(l), dim(l + 1),
-                       accumulate);
-    bias_grad(delta, grads_.get() + layout_.bias(l).offset, rows, dim(l + 1), accumulate, bias_workspace_.get(), s,
-              options_.bias_grad);
+    const float* w = params_.get() + layout_.weight(l).offset;
+    float* gw = grads_.get() + layout_.weight(l).offset;
+    float* gb = grads_.get() + layout_.bias(l).offset;
+    if (plugin_backward) {
+      k->linear_backward(input_of(l), w, delta, l > 0 ? h_.get() : nullptr, gw, gb, rows, dim(l), dim(l + 1),
+                         accumulate, s);
+    } else {
+      linear_weight_grad(h, delta, input_of(l), gw, rows, dim(l), dim(l + 1), accumulate);
+      bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
+      if (l > 0) linear_input_grad(h, delta, w, h_.get(), rows, dim(l), dim(l + 1));
+    }
     if (l > 0) {
-      linear_input_grad(h, delta, params_.get() + layout_.weight(l).offset, h_.get(), rows, dim(l), dim(l + 1));
-      activation_backward(h_.get(), z_[static_cast<std::size_t>(l) - 1].get(), a_[static_cast<std::size_t>(l) - 1].get(),
-                          next, rows, dim(l), model_.activation, s);
+      const float* z = z_[static_cast<std::size_t>(l) - 1].get();
+      const float* a = a_[static_cast<std::size_t>(l) - 1].get();
+      if (plugin_activation_backward)
+        k->activation_backward(model_.activation, z, a, h_.get(), next, static_cast<std::int64_t>(rows) * dim(l), s);
+      else
+        activation_backward(h_.get(), z, a, next, rows, dim(l), model_.activation, s);
       std::swap(delta, next);
     }
   }

@@ -78,6 +78,8 @@ class CudaEngine final : public Engine {
   DeviceBuffer<std::int64_t> labels_;
   DeviceBuffer<double> row_loss_;
   DeviceBuffer<float> bias_workspace_;
+  DeviceBuffer<float> zeros_;  // widest zeros: the bias already added by a plugin's linear_forward
+  double plugin_loss_ = 0;     // the mean loss a plugin's loss_forward_backward returned
   int capacity_rows_ = 0;
   int uploaded_rows_ = 0;
   int widest_ = 0;

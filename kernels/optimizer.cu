@@ -46,8 +46,9 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 
 class CudaOptimizer final : public Optimizer {
  public:
-  CudaOptimizer(const OptimizerConfig& config, std::size_t n, cudaStream_t stream)
-      : Optimizer(config, n), stream_(stream), memory_(stream), state_(state_size()) {
+  CudaOptimizer(const OptimizerConfig& config, std::size_t n, cudaStream_t stream,
+                std::shared_ptr<const Kernels> kernels)
+      : Optimizer(config, n), stream_(stream), memory_(stream), state_(state_size()), kernels_(std::move(kernels)) {
     if (state_.size() > 0) DPCHECK_CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, state_.size() * sizeof(float), stream_));
   }
 
@@ -70,6 +71,22 @@ class CudaOptimizer final : public Optimizer {
     const auto n = static_cast<long long>(size_);
     // Scalars as PyTorch computes them: in double, then rounded to float32 for the kernel.
     const auto neg_lr = static_cast<float>(-config_.lr);
+    if (kernels_) {
+      // The plugin's step, where it has one: hyperparameters as the ABI takes them (doubles).
+      const auto nn = static_cast<std::int64_t>(size_);
+      const KernelOp op = config_.kind == OptimizerKind::sgd        ? KernelOp::sgd_step
+                          : config_.kind == OptimizerKind::momentum ? KernelOp::momentum_step
+                                                                    : KernelOp::adam_step;
+      if (kernels_->provides(op)) {
+        if (op == KernelOp::sgd_step) kernels_->sgd_step(params, grads, nn, config_.lr, stream_);
+        if (op == KernelOp::momentum_step)
+          kernels_->momentum_step(params, grads, state_.get(), nn, config_.lr, config_.momentum, steps_, stream_);
+        if (op == KernelOp::adam_step)
+          kernels_->adam_step(params, grads, state_.get(), state_.get() + size_, nn, config_.lr, config_.beta1,
+                              config_.beta2, config_.eps, steps_, stream_);
+        return;
+      }
+    }
     switch (config_.kind) {
       case OptimizerKind::sgd:
         sgd_update(params, grads, n, neg_lr, stream_);
@@ -95,6 +112,7 @@ class CudaOptimizer final : public Optimizer {
   cudaStream_t stream_;
   CudaMemory memory_;
   DeviceBuffer<float> state_;
+  std::shared_ptr<const Kernels> kernels_;
 };
 
 }  // namespace
@@ -119,9 +137,10 @@ void adam_update(float* p, const float* g, float* m, float* v, long long n, floa
   DPCHECK_LAUNCH_CHECK();
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::size_t size, cudaStream_t stream) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::size_t size, cudaStream_t stream,
+                                          std::shared_ptr<const Kernels> kernels) {
   config.validate();
-  return std::make_unique<CudaOptimizer>(config, size, stream);
+  return std::make_unique<CudaOptimizer>(config, size, stream, std::move(kernels));
 }
 
 }  // namespace dpcheck::cuda

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "src/optimizer.hpp"
+#include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck::cuda {
 
@@ -18,6 +19,8 @@ void adam_update(float* p, const float* g, float* m, float* v, long long n, floa
 
 // The Optimizer on device buffers, enqueued on `stream` (the engine's, so that it follows the backward
 // pass and the all-reduce without a host synchronization).
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::size_t size, cudaStream_t stream);
+// With `kernels`, the steps the plugin provides run instead of these kernels, on the same stream.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::size_t size, cudaStream_t stream,
+                                          std::shared_ptr<const Kernels> kernels = nullptr);
 
 }  // namespace dpcheck::cuda

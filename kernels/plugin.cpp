@@ -19,8 +19,9 @@ void* alloc(std::size_t bytes) {
 
 void release(void* p) { cudaFree(p); }
 
-std::unique_ptr<Optimizer> optimizer(const OptimizerConfig& config, std::size_t size, void* stream) {
-  return make_optimizer(config, size, static_cast<cudaStream_t>(stream));
+std::unique_ptr<Optimizer> optimizer(const OptimizerConfig& config, std::size_t size, void* stream,
+                                     std::shared_ptr<const Kernels> kernels) {
+  return make_optimizer(config, size, static_cast<cudaStream_t>(stream), std::move(kernels));
 }
 
 }  // namespace

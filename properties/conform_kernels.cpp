@@ -716,13 +716,30 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
     throw UsageError("--case needs --check: the check whose case it is");
   }
 
-  const Kernels kernels(plugin, -1, options.timeout);
-  const reference::BoundOptions bo = bound_options(target);
   std::vector<ConformRow> rows;
   const auto add = [&](ConformRow row) {
     if (options.on_row) options.on_row(row);
     rows.push_back(std::move(row));
   };
+  if (plugin.memory() == DPCHECK_CUDA) {
+    // The per-op checks fill and read host buffers; a device plugin's ops meet dpcheck's checks through
+    // the cuda engine, in verify's properties.
+    for (const OpCheck& check : checks) {
+      if (only && only != &check) continue;
+      ConformRow row;
+      row.section = "kernels";
+      row.check = check_name(check, only_determinism);
+      row.verdict = ConformVerdict::skip;
+      row.detail = "a device plugin: its ops are checked in the cuda engine by verify's properties below, not one "
+                   "by one (the per-op checks stage host buffers only)";
+      add(std::move(row));
+    }
+    if (options.properties && !only)
+      for (ConformRow& row : conform_properties(target, options)) rows.push_back(std::move(row));
+    return rows;
+  }
+  const Kernels kernels(plugin, -1, options.timeout);
+  const reference::BoundOptions bo = bound_options(target);
   if (only) {
     add(check_row(*only, only_determinism, kernels, options, bo));
     return rows;

@@ -104,6 +104,7 @@ std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& mod
     // The GPU mutants swap in a broken bias-gradient kernel (kernels/bias_grad.cu).
     if (target.mutant == "bias-grad-atomic") options.bias_grad = cuda::BiasGradKernel::atomic;
     if (target.mutant == "bias-grad-skip-tail") options.bias_grad = cuda::BiasGradKernel::skip_tail;
+    options.kernels = make_kernels(target.kernels, rank, target.timeout);
     return require_cuda().make_engine(model, options);
   }
   throw UsageError("unknown engine '" + target.engine + "'");
@@ -114,7 +115,8 @@ std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerC
   const OptimizerConfig c = mutant_optimizer_config(target.mutant, config, rank, world_size);
   if (target.engine == "cpu")
     return mutant_optimizer(target.mutant, make_cpu_optimizer(c, size, make_kernels(target.kernels, rank, target.timeout)));
-  if (target.engine == "cuda") return require_cuda().make_optimizer(c, size, stream);
+  if (target.engine == "cuda")
+    return require_cuda().make_optimizer(c, size, stream, make_kernels(target.kernels, rank, target.timeout));
   throw UsageError("unknown engine '" + target.engine + "'");
 }
 

@@ -17,6 +17,7 @@
 #include "src/comm.hpp"
 #include "src/engine.hpp"
 #include "src/optimizer.hpp"
+#include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck::cuda {
 
@@ -30,6 +31,9 @@ enum class BiasGradKernel {
 struct EngineOptions {
   bool tf32 = false;  // TF32 tensor cores for the matrix products (u = 2^-11 in the bound)
   BiasGradKernel bias_grad = BiasGradKernel::ordered;  // the mutants swap in a broken kernel
+  // A device kernel plugin's ops (--kernels), which replace the engine's own where it provides them;
+  // nullptr: dpcheck's kernels throughout.
+  std::shared_ptr<const Kernels> kernels;
 };
 
 struct StepModel {
@@ -77,7 +81,9 @@ struct Plugin {
   // GPU's own replica hash, not the host's XXH3.
   std::unique_ptr<Engine> (*make_engine)(const ModelConfig& model, const EngineOptions& options);
   // An optimizer whose state lives on the device, its work queued on `stream` (the engine's).
-  std::unique_ptr<Optimizer> (*make_optimizer)(const OptimizerConfig& config, std::size_t size, void* stream);
+  // A device kernel plugin's optimizer steps replace the optimizer's own where it provides them.
+  std::unique_ptr<Optimizer> (*make_optimizer)(const OptimizerConfig& config, std::size_t size, void* stream,
+                                               std::shared_ptr<const Kernels> kernels);
   void (*run_cuda_local)(int n, const RankFunction& fn, std::chrono::milliseconds timeout);
   void (*run_nccl_threads)(int n, const RankFunction& fn, std::chrono::milliseconds timeout);
   std::unique_ptr<Communicator> (*make_nccl_communicator)(Communicator& host, int device);
@@ -92,8 +98,9 @@ struct Plugin {
 // 3: the bench's hash row lost its reference check (kernels never call the reference), and the
 // Engine's hashes, comparisons and copies moved to its MemoryService (src/memory_service.hpp), which
 // changed the Engine's virtual functions. Raised with every change to the types above.
-// 4: device_alloc and device_free, for conform's buffers.
-inline constexpr int kPluginAbi = 4;
+// 4: device_alloc and device_free, for conform's buffers. 5: a device kernel plugin in EngineOptions
+// and make_optimizer.
+inline constexpr int kPluginAbi = 5;
 
 }  // namespace dpcheck::cuda
 

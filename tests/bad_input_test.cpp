@@ -216,7 +216,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {std::string("grad --model 4,1 --batch 8 --kernels ") + DPCHECK_KERNELS_NO_TABLE, 2, {"--kernels", "no table"}},
       {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_NO_NAME, 2, {"--kernels", "no name"}},
       {std::string("train --model 4,1 --log {d}/l.json --kernels ") + DPCHECK_KERNELS_DEVICE_MEMORY, 2,
-       {"--kernels", "DPCHECK_CUDA", "cuda engine"}},
+       {"--kernels", "DPCHECK_CUDA", "--engine cuda"}},
       // Timeouts: finite, positive, at most a day.
       {"train --model 4,1 --timeout inf", 2, {"--timeout", "inf"}},
       {"train --model 4,1 --timeout nan", 2, {"--timeout", "nan"}},

@@ -59,13 +59,14 @@ const KernelPlugin& load_kernel_plugin(const std::string& path) {
 }
 
 void require_kernels_for_engine(const KernelPlugin& plugin, std::string_view engine) {
-  if (engine == "cuda")
-    throw UsageError(plugin.what() + ": the cuda engine does not take kernel plugins yet (device kernel plugins are "
-                     "not wired into it); a DPCHECK_HOST plugin runs with --engine cpu");
-  if (plugin.memory() != DPCHECK_HOST)
+  const bool device = plugin.memory() == DPCHECK_CUDA;
+  if (engine == "cuda" && !device)
+    throw UsageError(plugin.what() + ": plugin '" + std::string(plugin.name()) +
+                     "' works on host memory (DPCHECK_HOST): it runs with --engine cpu, not the cuda engine");
+  if (engine != "cuda" && device)
     throw UsageError(plugin.what() + ": plugin '" + std::string(plugin.name()) +
                      "' works on device memory (DPCHECK_CUDA), which the " + std::string(engine) +
-                     " engine does not have; the cuda engine, whose memory it is, does not take kernel plugins yet");
+                     " engine does not have: run it with --engine cuda");
 }
 
 Kernels::Kernels(const KernelPlugin& plugin, int rank, std::chrono::milliseconds timeout)

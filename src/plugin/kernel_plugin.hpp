@@ -56,7 +56,8 @@ class KernelPlugin {
 const KernelPlugin& load_kernel_plugin(const std::string& path);
 
 // UsageError unless the plugin's buffers live where `engine`'s do: a DPCHECK_HOST plugin for the cpu
-// engine. Device (DPCHECK_CUDA) kernel plugins are not wired into the cuda engine yet, which says so.
+// engine, a DPCHECK_CUDA one for the cuda engine (kernels/cuda_engine.cpp and kernels/optimizer.cu
+// call it on the engine's stream).
 void require_kernels_for_engine(const KernelPlugin& plugin, std::string_view engine);
 
 // One handle of a plugin: init on construction, finalize on destruction. Calls are made from the thread
