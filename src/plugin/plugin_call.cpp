@@ -78,7 +78,9 @@ class Watchdog {
       for (auto it = calls_.begin(); it != calls_.end(); ++it)
         if (it->second.deadline < first->second.deadline) first = it;
       if (Clock::now() >= first->second.deadline) expire(first->second.message);
-      changed_.wait_until(lock, first->second.deadline);
+      // A copy: the wait lets go of the lock, and the call may end (and its entry go) meanwhile.
+      const Clock::time_point deadline = first->second.deadline;
+      changed_.wait_until(lock, deadline);
     }
   }
 
