@@ -136,7 +136,8 @@ void TimeoutOption::add_to(CLI::App& sub) {
 void add_kernels_option(CLI::App& sub, std::string& path) {
   sub.add_option("--kernels", path,
                  "A kernel plugin (a shared object exporting dpcheck_kernel_plugin, include/dpcheck/plugin.h): "
-                 "the ops it provides replace the cpu engine's and optimizer's own");
+                 "the ops it provides replace the engine's and optimizer's own (a host plugin with --engine cpu, a "
+                 "device one with --engine cuda)");
 }
 
 std::uint64_t parse_seed(std::string_view text, std::string_view option) {
