@@ -44,8 +44,8 @@ nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world
   for (const ConformRow& r : rows)
     checks.push_back({{"section", r.section},
                       {"check", r.check},
-                      {"verdict", std::string(conform_verdict_name(r.verdict)) == "FAIL" ? "fail"
-                                                                                          : std::string(conform_verdict_name(r.verdict))},
+                      {"verdict", r.verdict == ConformVerdict::fail ? std::string("fail")
+                                                                    : std::string(conform_verdict_name(r.verdict))},
                       {"detail", r.detail},
                       {"promise", or_null(r.promise)},
                       {"minimal_case", or_null(r.minimal)},

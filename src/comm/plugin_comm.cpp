@@ -49,12 +49,7 @@ class PluginCommunicator final : public Communicator {
     boot_.ctx = this;
     boot_.allgather = &PluginCommunicator::boot_allgather;
     boot_.barrier = &PluginCommunicator::boot_barrier;
-    int rc;
-    {
-      PluginCall call(plugin_.name, "init", rank(), timeout());
-      rc = plugin_.init(&boot_, &comm_);
-    }
-    check(rc, "init");
+    guarded("init", [&] { return plugin_.init(&boot_, &comm_); });
   }
 
   ~PluginCommunicator() override {
@@ -84,43 +79,23 @@ class PluginCommunicator final : public Communicator {
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     dpcheck_dtype_t t;
     if (!abi_dtype(dtype, &t)) return base_.host().allreduce(buf, count, dtype, op);
-    int rc;
-    {
-      PluginCall call(plugin_.name, "allreduce", rank(), timeout());
-      rc = plugin_.allreduce(comm_, buf, count, t, abi_op(op), stream_);
-    }
-    check(rc, "allreduce");
+    guarded("allreduce", [&] { return plugin_.allreduce(comm_, buf, count, t, abi_op(op), stream_); });
   }
 
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     dpcheck_dtype_t t;
     if (!abi_dtype(dtype, &t)) return base_.host().broadcast(buf, count, dtype, root);
-    int rc;
-    {
-      PluginCall call(plugin_.name, "broadcast", rank(), timeout());
-      rc = plugin_.broadcast(comm_, buf, count, t, root, stream_);
-    }
-    check(rc, "broadcast");
+    guarded("broadcast", [&] { return plugin_.broadcast(comm_, buf, count, t, root, stream_); });
   }
 
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     dpcheck_dtype_t t;
     if (!abi_dtype(dtype, &t)) return base_.host().allgather(send, recv, count, dtype);
-    int rc;
-    {
-      PluginCall call(plugin_.name, "allgather", rank(), timeout());
-      rc = plugin_.allgather(comm_, send, recv, count, t, stream_);
-    }
-    check(rc, "allgather");
+    guarded("allgather", [&] { return plugin_.allgather(comm_, send, recv, count, t, stream_); });
   }
 
   void barrier() override {
-    int rc;
-    {
-      PluginCall call(plugin_.name, "barrier", rank(), timeout());
-      rc = plugin_.barrier(comm_);
-    }
-    check(rc, "barrier");
+    guarded("barrier", [&] { return plugin_.barrier(comm_); });
   }
 
  private:
@@ -154,6 +129,16 @@ class PluginCommunicator final : public Communicator {
   static int boot_barrier(void* ctx) {
     auto* self = static_cast<PluginCommunicator*>(ctx);
     return self->bootstrap_call("barrier", [](Communicator& c) { c.barrier(); });
+  }
+
+  // One call into the plugin under the watchdog, its non-zero return an Error (check).
+  template <class Call> void guarded(const char* call, const Call& f) {
+    int rc;
+    {
+      PluginCall guard(plugin_.name, call, rank(), timeout());
+      rc = f();
+    }
+    check(rc, call);
   }
 
   void check(int rc, const char* call) {
