@@ -4,7 +4,10 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "properties/properties.hpp"
 
@@ -35,6 +38,18 @@ void remove_scratch(const Target& target, const std::filesystem::path& dir);
 void step_check_body(const Target& target, CaseRecord& record,
                      StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
                      void (*classify)(const Scenario& scenario) = nullptr);
+
+// The element whose |got - want| / bound is largest (a non-finite `got`: infinite), kept in `worst` when
+// it is larger than what `worst` holds: its ratio, its index and "<what> <element(i)> is <value>, the
+// formula gives <want> (error, bound, error ratio)".
+struct WorstElement {
+  double ratio = 0;
+  std::string where;
+  std::size_t index = 0;
+};
+void worst_against_formula(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
+                           const std::string& what, const std::function<std::string(std::size_t)>& element,
+                           WorstElement& worst);
 
 // Case bodies, one file per property (or family of properties).
 void gradient_average_body(const Target& target, CaseRecord& record);

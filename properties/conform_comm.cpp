@@ -237,20 +237,6 @@ template <class T, class Want> std::string compare(const T* buf, std::size_t cou
   return {};
 }
 
-// Every rank's text, in rank order, over dpcheck's own transport.
-std::vector<std::string> gather_text(Communicator& host, const std::string& mine) {
-  const std::vector<std::int64_t> sizes = host.allgather_value<std::int64_t>(static_cast<std::int64_t>(mine.size()));
-  const auto most = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
-  std::vector<std::string> out(sizes.size());
-  if (most == 0) return out;
-  std::string padded = mine;
-  padded.resize(most);
-  std::string all(most * sizes.size(), '\0');
-  host.allgather(padded.data(), all.data(), most, DType::u8);
-  for (std::size_t r = 0; r < sizes.size(); ++r) out[r] = all.substr(r * most, static_cast<std::size_t>(sizes[r]));
-  return out;
-}
-
 // ---- one check: its cases run on every rank, the first failing one is the minimal case -------------
 
 using CaseFn = std::function<std::string(Communicator&, const CommCase&)>;
@@ -280,7 +266,7 @@ ConformRow run_check(const Target& target, int n, const CommCheck& check, const 
           std::lock_guard lock(mutex);
           in_flight = k;
         }
-        const std::vector<std::string> all = gather_text(comm.host(), run(comm, check.cases[k]));
+        const std::vector<std::string> all = allgather_strings(comm.host(), run(comm, check.cases[k]));
         for (std::size_t r = 0; r < all.size(); ++r) {
           if (all[r].empty()) continue;
           if (records(target, comm)) {

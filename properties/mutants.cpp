@@ -70,39 +70,6 @@ constexpr std::array<MutantInfo, 24> kMutants{{
      "every bound is three times what rounding needs: every check passes, and proves less"},
 }};
 
-// Forwards every call; mutants override the one they break.
-class ForwardingCommunicator : public Communicator {
- public:
-  explicit ForwardingCommunicator(Communicator& inner) : inner_(inner) { Communicator::set_timeout(inner.timeout()); }
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string_view backend() const override { return inner_.backend(); }
-  MemorySpace memory_space() const override { return inner_.memory_space(); }
-  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    inner_.allreduce(buf, count, dtype, op);
-  }
-  void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
-    inner_.broadcast(buf, count, dtype, root);
-  }
-  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
-    inner_.allgather(send, recv, count, dtype);
-  }
-  void barrier() override { inner_.barrier(); }
-  std::vector<std::size_t> algorithm_thresholds(DType dtype) const override { return inner_.algorithm_thresholds(dtype); }
-  Communicator& host() override { return inner_.host(); }
-  bool shares_address_space() const override { return inner_.shares_address_space(); }
-  void set_stream(void* stream) override { inner_.set_stream(stream); }
-  void to_host(const void* src, void* dst, std::size_t bytes) override { inner_.to_host(src, dst, bytes); }
-  void from_host(const void* src, void* dst, std::size_t bytes) override { inner_.from_host(src, dst, bytes); }
-  void set_timeout(std::chrono::milliseconds t) override {
-    Communicator::set_timeout(t);
-    inner_.set_timeout(t);
-  }
-
- protected:
-  Communicator& inner_;
-};
-
 class SumNoAverage final : public ForwardingCommunicator {
  public:
   using ForwardingCommunicator::ForwardingCommunicator;

@@ -15,29 +15,6 @@
 
 namespace dpcheck {
 
-namespace {
-
-struct Worst {
-  double ratio = 0;
-  std::string where;
-};
-
-// Largest |got - want| / bound over the elements, and where.
-void compare(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
-             const std::string& what, const std::function<std::string(std::size_t)>& element, Worst& worst) {
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    const double ratio = !std::isfinite(got[i]) ? INFINITY : err == 0 ? 0.0 : bound[i] > 0 ? err / bound[i] : INFINITY;
-    if (ratio <= worst.ratio && !(worst.where.empty() && i == 0)) continue;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, " is %s, the formula gives %.17g (error %.3g, bound %.3g, error ratio %.4g)",
-                  float_bits_text(got[i]).c_str(), want[i], err, bound[i], ratio);
-    worst = {ratio, what + " " + element(i) + buf};
-  }
-}
-
-}  // namespace
-
 void optimizer_update_body(const Target& target, CaseRecord& record) {
   step_check_body(target, record, check_optimizer_update, "another rank's update left the formula's bound",
                   [](const Scenario& s) {
@@ -52,7 +29,7 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
   const ParamLayout layout(c.model);
   const OptimizerConfig config = c.optimizer_for(s.world_size);
   StepOutcome o;
-  Worst worst;
+  WorstElement worst;
   std::string step_error;
   std::mutex mu;
   run_world(target, s.world_size, [&](Communicator& comm) {
@@ -60,7 +37,7 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
     const std::size_t n = rt.engine->param_count(), k = rt.optimizer->state_size();
     const std::vector<std::string> names = rt.optimizer->state_names();
     std::vector<float> p0(n), p1(n), g(n), st0(k), st1(k);
-    Worst mine;
+    WorstElement mine;
     std::string my_step_error;
     for (int step = 0; step < c.steps; ++step) {
       rt.engine->store_params(p0);
@@ -75,9 +52,9 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
                         std::to_string(rt.optimizer->steps()) + " steps after its step " + std::to_string(t0 + 1);
       const reference::OptimizerStepBound want = reference::optimizer_step_bound(config, p0, g, st0, t0);
       const std::string at = "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(step) + ": ";
-      compare(p1, want.params, want.params_bound, at + "parameter", [&](std::size_t i) { return layout.describe_element(i); },
+      worst_against_formula(p1, want.params, want.params_bound, at + "parameter", [&](std::size_t i) { return layout.describe_element(i); },
               mine);
-      compare(st1, want.state, want.state_bound, at + "optimizer state",
+      worst_against_formula(st1, want.state, want.state_bound, at + "optimizer state",
               [&](std::size_t i) { return names[i / n] + " at " + layout.describe_element(i % n); }, mine);
     }
     const std::lock_guard<std::mutex> lock(mu);

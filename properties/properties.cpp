@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <system_error>
 
 #include "properties/common.hpp"
 #include "src/error.hpp"
+#include "src/replica_check.hpp"
 #include "src/comm/local_comm.hpp"
 
 namespace dpcheck {
@@ -128,6 +131,20 @@ const PropertyDef& find_property(std::string_view name) {
   std::string names;
   for (const PropertyDef& p : kProperties) names += (names.empty() ? "" : ", ") + std::string(p.name);
   throw UsageError("unknown property '" + std::string(name) + "' (known: " + names + ")");
+}
+
+void worst_against_formula(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
+                           const std::string& what, const std::function<std::string(std::size_t)>& element,
+                           WorstElement& worst) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    const double ratio = !std::isfinite(got[i]) ? INFINITY : err == 0 ? 0.0 : bound[i] > 0 ? err / bound[i] : INFINITY;
+    if (ratio <= worst.ratio && !(worst.where.empty() && i == 0)) continue;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, " is %s, the formula gives %.17g (error %.3g, bound %.3g, error ratio %.4g)",
+                  float_bits_text(got[i]).c_str(), want[i], err, bound[i], ratio);
+    worst = {ratio, what + " " + element(i) + buf, i};
+  }
 }
 
 }  // namespace dpcheck

@@ -52,11 +52,13 @@ std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {
   return backend.thresholds ? backend.thresholds(world_size, target.process_world) : std::vector<std::size_t>{};
 }
 
+std::string launch_prefix(const Target& target) {
+  return target.process_world ? backend_of(target).launch_prefix(target.process_world->size()) : std::string();
+}
+
 std::string replay_command(const Target& target, const std::string& token) {
   const Backend& backend = backend_of(target);
-  std::string cmd;
-  if (target.process_world) cmd = backend.launch_prefix(target.process_world->size());
-  cmd += "dpcheck verify";
+  std::string cmd = launch_prefix(target) + "dpcheck verify";
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
   if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
   if (target.tf32) cmd += " --tf32";

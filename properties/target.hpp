@@ -44,6 +44,9 @@ void validate_target(const Target& target);
 // (its row's thresholds, float32), so that scenarios can be drawn on both sides.
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size);
 
+// What starts the target's ranks when they are a launcher's processes ("mpirun -np 4 "), else "".
+std::string launch_prefix(const Target& target);
+
 // The command that replays one case of a property on this target: `dpcheck verify` with the engine,
 // communicator, kernels, mutant and world size the target was run with (the defaults left out), prefixed by its
 // row's launcher when the ranks are a launcher's processes, and --reproduce with the token (shell-quoted).

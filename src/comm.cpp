@@ -1,5 +1,6 @@
 #include "src/comm.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -27,6 +28,19 @@ bool Communicator::all(bool verdict) {
   std::int64_t v = verdict ? 1 : 0;
   host().allreduce(&v, 1, DType::i64, ReduceOp::min);
   return v == 1;
+}
+
+std::vector<std::string> allgather_strings(Communicator& host, const std::string& mine) {
+  const std::vector<std::int64_t> sizes = host.allgather_value<std::int64_t>(static_cast<std::int64_t>(mine.size()));
+  const auto most = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::vector<std::string> out(sizes.size());
+  if (most == 0) return out;
+  std::string padded = mine;
+  padded.resize(most);
+  std::string all(most * sizes.size(), '\0');
+  host.allgather(padded.data(), all.data(), most, DType::u8);
+  for (std::size_t r = 0; r < sizes.size(); ++r) out[r] = all.substr(r * most, static_cast<std::size_t>(sizes[r]));
+  return out;
 }
 
 }  // namespace dpcheck

@@ -20,6 +20,12 @@ std::uint64_t ulp_distance(float a, float b) {
   return static_cast<std::uint64_t>(d < 0 ? -d : d);
 }
 
+std::string float_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
 std::string float_bits_text(float f) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g (0x%08x)", static_cast<double>(f), std::bit_cast<std::uint32_t>(f));

@@ -40,6 +40,9 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
 // Distance in units in the last place between two floats (0 for +0 and -0; NaNs compare by bits).
 std::uint64_t ulp_distance(float a, float b);
 
+// Text for a float with all the digits that identify it: "-0.401440024", "nan", "inf".
+std::string float_text(double v);
+
 // A float with every digit that identifies it and its bits: "-0.401440024 (0xbecd8a3f)".
 std::string float_bits_text(float f);
 

@@ -141,7 +141,9 @@ double Trainer::compute_gradient(std::int64_t step) {
   }
   if (first) engine_.zero_grads();  // nothing to train on: contribute zeros, but still take part
 
+  if (observer_) observer_->local_gradient(*this, step, loss_sum, share);
   comm_.allreduce(engine_.grads(), engine_.param_count(), DType::f32, ReduceOp::avg);
+  if (observer_) observer_->reduced_gradient(*this, step);
   return global_mean_loss(loss_sum, share, global);
 }
 
@@ -213,6 +215,7 @@ StepResult Trainer::step() {
   r.global_batch = global_batch(r.step);
   r.loss = compute_gradient(r.step);
   optimizer_.step(engine_.params(), engine_.grads());
+  if (observer_) observer_->updated(*this, r.step);
   r.replicas = check_replicas(comm_, engine_, optimizer_, r.step);
   ++next_step_;
   return r;

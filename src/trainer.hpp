@@ -54,6 +54,25 @@ struct TrainConfig {
   std::string resume_mismatch(const nlohmann::json& saved, int world_size) const;
 };
 
+class Trainer;
+
+// Watches a step at its phases: the trace (train --trace) and the live checks (--check-finite,
+// --check-gradient-every). Every rank calls each hook at the same point of the same step, so a hook may
+// exchange messages over comm().host(); a hook that throws must throw on every rank (agree first), so
+// that every rank leaves the step together.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // The rank's gradient is in engine().grads(), weighted for the all-reduce, which has not run yet;
+  // loss_sum is the sum of the losses of its `examples` examples.
+  virtual void local_gradient(Trainer& /*trainer*/, std::int64_t /*step*/, double /*loss_sum*/,
+                              std::int64_t /*examples*/) {}
+  // The all-reduced gradient is in engine().grads(); the parameters are still those before the step.
+  virtual void reduced_gradient(Trainer& /*trainer*/, std::int64_t /*step*/) {}
+  // After the optimizer step, before the replica check.
+  virtual void updated(Trainer& /*trainer*/, std::int64_t /*step*/) {}
+};
+
 struct StepResult {
   std::int64_t step = 0;
   double loss = 0;              // mean loss over the global batch (before the update)
@@ -105,6 +124,10 @@ class Trainer {
   const DistributedSampler& sampler() const { return sampler_; }
   Engine& engine() { return engine_; }
   Optimizer& optimizer() { return optimizer_; }
+  const Dataset& data() const { return data_; }
+
+  // Hooks called at each phase of every step (nullptr: none). Not owned.
+  void set_observer(StepObserver* observer) { observer_ = observer; }
 
  protected:
   // Weight of a rank's mean gradient in the all-reduce avg: share * N / global.
@@ -126,6 +149,7 @@ class Trainer {
   std::int64_t slice_ = 1;
   std::int64_t steps_per_epoch_ = 1;
   std::int64_t next_step_ = 0;
+  StepObserver* observer_ = nullptr;
 };
 
 // array_split: n into `parts` sizes differing by at most one, larger first.

@@ -234,8 +234,8 @@ nlohmann::json parse_json(std::string_view text) {
   return j;
 }
 
-// The recorded configuration back as a TrainConfig (and its world size), with every field checked;
-// it must be one that TrainConfig::to_json could have written.
+}  // namespace
+
 std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
   Fields f(json, "config");
   TrainConfig c;
@@ -277,8 +277,6 @@ std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
     if (json.at(key) != value) refuse(in_quotes("config." + key) + " is " + shown(json.at(key)) + ", which dpcheck writes as " + shown(value));
   return {c, world};
 }
-
-}  // namespace
 
 Manifest parse_manifest(std::string_view text) {
   const nlohmann::json json = parse_json(text);
@@ -370,7 +368,7 @@ RankZeroWriter::~RankZeroWriter() {
   }
 }
 
-fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
+fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, bool collective) {
   fs::path final_dir;
   if (writes() && !checkpoint_dir_.empty()) {
     fs::create_directories(checkpoint_dir_);
@@ -428,8 +426,22 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model) {
     prune(checkpoint_dir_, final_dir, keep_);
   }
   // Every rank may read the checkpoint once save() returns.
-  comm_.host().barrier();
+  if (collective) comm_.host().barrier();
   return final_dir;
+}
+
+void RankZeroWriter::write_text(const fs::path& path, std::string_view contents) {
+  if (!writes()) return;
+  fs::create_directories(path.parent_path());
+  write_file_atomic(path, contents);
+}
+
+void RankZeroWriter::publish_dir(const fs::path& from, const fs::path& to) {
+  if (!writes()) return;
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(to, ec))) throw Error("cannot publish " + to.string() + ": it exists");
+  fs::rename(from, to);
+  sync_directory(to.parent_path().empty() ? fs::path(".") : to.parent_path());
 }
 
 void RankZeroWriter::log(const nlohmann::json& record) {
@@ -440,7 +452,9 @@ void RankZeroWriter::log(const nlohmann::json& record) {
     // (a FIFO with no reader fails with ENXIO), fstat says what was opened, and blocking writes resume.
     struct stat st {};
     if (::stat(log_path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) throw not_a_regular_log(log_path_, st.st_mode);
-    const int fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, new_file_mode);
+    const int fd = ::open(log_path_.c_str(),
+                          O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (log_truncate_ ? O_TRUNC : 0),
+                          new_file_mode);
     if (fd < 0) {
       const int err = errno;
       if (err == ENXIO && ::stat(log_path_.c_str(), &st) == 0) throw not_a_regular_log(log_path_, st.st_mode);
@@ -614,18 +628,22 @@ std::optional<Checkpoint> read_checkpoint(const fs::path& step_dir, const ModelC
   }
 }
 
-Checkpoint load_checkpoint(const fs::path& dir, const ModelConfig& model, std::vector<std::string>* skipped) {
+Checkpoint load_checkpoint(const fs::path& dir, const ModelConfig& model, std::vector<std::string>* skipped,
+                           std::int64_t at_most_step) {
   if (!fs::is_directory(dir)) throw UsageError(dir.string() + ": no such checkpoint directory");
   const auto candidates = checkpoints_in(dir);
   if (candidates.empty())
     throw UsageError("no usable checkpoint in " + dir.string() + ": it holds no step-NNNNNNNN directory");
   std::string reasons;
   for (const auto& [step, path] : candidates) {
+    if (step > at_most_step) continue;
     std::string why;
     if (std::optional<Checkpoint> c = read_checkpoint(path, model, &why)) return *std::move(c);
     reasons += (reasons.empty() ? "" : "; ") + why;
     if (skipped) skipped->push_back(std::move(why));
   }
+  if (reasons.empty())
+    throw UsageError("no usable checkpoint in " + dir.string() + ": none is of step " + std::to_string(at_most_step) + " or before");
   throw UsageError("no usable checkpoint in " + dir.string() + ": " + reasons);
 }
 

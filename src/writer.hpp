@@ -21,9 +21,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +34,8 @@
 #include "src/model.hpp"
 
 namespace dpcheck {
+
+struct TrainConfig;  // src/trainer.hpp
 
 struct Checkpoint {
   std::int64_t step = 0;             // steps completed: training resumes at this step
@@ -54,13 +58,23 @@ class RankZeroWriter {
   RankZeroWriter& operator=(const RankZeroWriter&) = delete;
 
   // Writes the checkpoint (rank 0) and keeps the newest `keep` of them. Returns its directory, or an
-  // empty path on ranks that do not write.
-  std::filesystem::path save(const Checkpoint& checkpoint, const ModelConfig& model);
+  // empty path on ranks that do not write. A collective (every rank may read the checkpoint once it
+  // returns), unless `collective` is false: then rank 0 alone calls it (a peer may be gone).
+  std::filesystem::path save(const Checkpoint& checkpoint, const ModelConfig& model, bool collective = true);
   // Appends one JSON line to the log (rank 0). The first call opens the log: UsageError naming the path
   // if it is anything but a regular file (a FIFO would block the open, or every write, forever).
   virtual void log(const nlohmann::json& record);
   // fsyncs the log.
   void flush();
+  // The log's first write truncates it instead of appending (a trace: one run a file).
+  void start_log_fresh() { log_truncate_ = true; }
+
+  // Writes `contents` to `path` (rank 0), through a temporary file, fsync and rename, creating the
+  // directory if needed: a bundle's manifest and index lists.
+  void write_text(const std::filesystem::path& path, std::string_view contents);
+  // Renames a directory this writer built under a temporary name into place (rank 0), then fsyncs
+  // the parent. Error if `to` exists: nothing is replaced.
+  void publish_dir(const std::filesystem::path& from, const std::filesystem::path& to);
 
   const std::filesystem::path& checkpoint_dir() const { return checkpoint_dir_; }
   const std::filesystem::path& log_path() const { return log_path_; }
@@ -74,10 +88,15 @@ class RankZeroWriter {
   std::filesystem::path checkpoint_dir_, log_path_;
   int keep_;
   int log_fd_ = -1;
+  bool log_truncate_ = false;
 };
 
 // "step-00000012"
 std::string checkpoint_name(std::int64_t step);
+
+// A recorded configuration (TrainConfig::to_json's form) back as a TrainConfig and its world size,
+// every field checked; it must be one that to_json could have written. UsageError with the reason.
+std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json);
 
 // What a manifest.json says, checked against itself but not yet against any file.
 struct Manifest {
@@ -111,7 +130,9 @@ std::optional<Checkpoint> read_checkpoint(const std::filesystem::path& step_dir,
 // The newest checkpoint under dir that read_checkpoint accepts. Each newer one skipped is reported in
 // `skipped` (if given) as "step-00000012: <reason>". Throws UsageError when none is usable, naming every
 // candidate and why it was skipped.
+// With at_most_step, only checkpoints of that step or before are candidates.
 Checkpoint load_checkpoint(const std::filesystem::path& dir, const ModelConfig& model,
-                           std::vector<std::string>* skipped = nullptr);
+                           std::vector<std::string>* skipped = nullptr,
+                           std::int64_t at_most_step = std::numeric_limits<std::int64_t>::max());
 
 }  // namespace dpcheck

@@ -113,12 +113,6 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
-std::string float_text(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
-
 // ---- timeouts and seeds -------------------------------------------------------------------------
 
 std::chrono::milliseconds parse_timeout(double seconds, std::string_view option) {
@@ -402,7 +396,14 @@ namespace dpcheck::cli {
 
 namespace {
 Communicator* g_process_world = nullptr;
+std::vector<std::string>& g_command_line() {
+  static std::vector<std::string> words{"dpcheck"};
+  return words;
 }
+}  // namespace
+
+const std::vector<std::string>& command_line() { return g_command_line(); }
+void set_command_line(std::vector<std::string> words) { g_command_line() = std::move(words); }
 
 Communicator* process_world() { return g_process_world; }
 void set_process_world(Communicator* world) { g_process_world = world; }

@@ -13,6 +13,7 @@
 #include "properties/target.hpp"
 #include "src/data.hpp"
 #include "src/model.hpp"
+#include "src/replica_check.hpp"  // float_text
 #include "src/sampler.hpp"
 
 namespace CLI {
@@ -47,8 +48,6 @@ int resolve_world(Target& target, int requested_world_size, bool world_size_give
 // in one write(2), so that the lines of several ranks sharing a terminal never interleave mid-line.
 void print_error(std::string_view message);
 
-// Text for a float with all the digits that identify it.
-std::string float_text(double v);
 
 // Text for an XML attribute or element (JUnit reports): & < > " and newlines escaped.
 std::string xml_escape(const std::string& s);

@@ -11,15 +11,18 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <span>
 #include <thread>
 
+#include "properties/divergence.hpp"
 #include "properties/mutants.hpp"
 #include "properties/target.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
+#include "src/trace.hpp"
 
 namespace dpcheck::cli {
 
@@ -29,7 +32,10 @@ struct TrainOptions {
   ModelOptions model;
   TrainConfig train;
   std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine{default_engine()}, comm, kernels;
-  std::string x, y, init, checkpoint_dir, resume, log;
+  std::string x, y, init, checkpoint_dir, resume, log, trace;
+  LiveCheckOptions checks;
+  std::string bundle_dir = ".";
+  bool no_bundle = false;
   int checkpoint_every = 0;
   int keep = 2;
   bool no_shuffle = false;
@@ -69,6 +75,7 @@ int run_train(TrainOptions& o) {
     throw UsageError("--init and --resume both give the starting parameters (--resume those of its checkpoint): give one");
   if (!o.fault.empty() && o.fault != "kill" && o.fault != "stall")
     throw UsageError("--inject-fault takes kill or stall");
+  if (o.checks.gradient_every < 0) throw UsageError("--check-gradient-every must be at least 0");
 
   Target target;
   target.engine = o.engine;
@@ -84,6 +91,8 @@ int run_train(TrainOptions& o) {
   check_on_writing_rank([&] {
     if (!o.log.empty()) check_output_path(o.log, "--log", OutputMode::append);
     if (!o.checkpoint_dir.empty()) check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
+    if (!o.trace.empty()) check_output_path(o.trace, "--trace");
+    if (!o.no_bundle) check_output_dir(o.bundle_dir, "--bundle-dir");
   });
 
   std::unique_ptr<Dataset> data;
@@ -134,41 +143,135 @@ int run_train(TrainOptions& o) {
   std::atomic<bool> passed{true};
   std::string failure;
   const ParamLayout layout(t.model);
-  run_world(target, world, [&](Communicator& comm) {
+  const nlohmann::json target_json = {{"engine", target.engine}, {"comm", target.comm}, {"kernels", target.kernels},
+                                      {"mutant", target.mutant}, {"tf32", target.tf32}};
+  const std::vector<std::string> state_names = make_cpu_optimizer(t.optimizer, 0)->state_names();
+  run_world(target, world, [&](Communicator& world_comm) {
+    // With --trace, the trainer talks through the recorder's wrapper, which sees its data collectives.
+    TraceRecorder recorder(t.model, state_names);
+    std::optional<TracingCommunicator> traced;
+    Communicator& comm = o.trace.empty() ? world_comm : traced.emplace(world_comm, recorder);
     RankTrainer rt = make_rank_trainer(target, t, comm, *data);
     rt.engine->load_params(params);
     if (resume) rt.trainer->restore(*resume);
     const std::unique_ptr<RankZeroWriter> writer = make_writer(target, comm, o.checkpoint_dir, o.log, o.keep);
+    std::unique_ptr<RankZeroWriter> trace_writer;
+    if (!o.trace.empty()) {
+      trace_writer = make_writer(target, comm, {}, o.trace);
+      trace_writer->start_log_fresh();
+      trace_writer->log(trace_header(t.to_json(world), target_json, world, t.model, state_names));
+    }
+    LiveChecks checks(target, o.checks);
+    StepObservers observers;
+    if (!o.trace.empty()) observers.add(&recorder);
+    if (o.checks.finite || o.checks.gradient_every > 0) observers.add(&checks);
+    if (!observers.empty()) rt.trainer->set_observer(&observers);
     const bool speaks = comm.rank() == 0;
-    const auto fail = [&](const std::string& why) {
+    // Rank 0 keeps the state before each step, for the bundle that a failing step leaves.
+    const bool bundles = !o.no_bundle && speaks;
+    Checkpoint before;
+    // Every rank calls it at the same step (collective: false when a peer may be gone, and then only
+    // the rank that saw it): says why, and leaves the bundle.
+    const auto fail = [&](const StepFailure& f, bool collective) {
       passed = false;
-      if (speaks) failure = why;
+      if (speaks) failure = f.message;
+      if (o.no_bundle || (!collective && !speaks)) return;
+      BundleManifest m;
+      m.config = t;
+      m.world_size = world;
+      m.target = target;
+      m.checks = o.checks;
+      m.command_line = command_line();
+      if (!o.x.empty()) {
+        m.x = std::filesystem::absolute(o.x).string();
+        m.y = std::filesystem::absolute(o.y).string();
+        if (speaks) m.x_xxh3 = file_xxh3(o.x), m.y_xxh3 = file_xxh3(o.y);
+      }
+      m.version = DPCHECK_VERSION;
+      m.failure = f;
+      for (int r = 0; r < world; ++r) {
+        const Trainer::Slot slot = rt.trainer->slot(r, f.step);
+        const std::vector<std::int64_t> share = rt.trainer->sampler().indices(r, slot.epoch);
+        m.indices.emplace_back(share.begin() + slot.begin, share.begin() + slot.end);
+      }
+      const std::filesystem::path path = fresh_bundle_path(o.bundle_dir, f.step);
+      write_bundle(target, comm, path, m, before, o.trace, collective);
+      if (speaks) failure += "\nrepro bundle " + path.string() + "; replay it with: " + bundle_replay_command(target, path);
     };
     while (rt.trainer->next_step() < t.steps) {
       if (!o.fault.empty() && comm.rank() == o.fault_rank && rt.trainer->next_step() == o.fault_step) {
         if (o.fault == "kill") ::raise(SIGKILL);
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // stops answering
       }
-      const StepResult r = rt.trainer->step();
+      if (bundles) before = rt.trainer->checkpoint();
+      const std::int64_t step = rt.trainer->next_step();
+      checks.clear();
+      std::optional<StepFailure> failed;
+      StepResult r;
+      try {
+        r = rt.trainer->step();
+      } catch (const StepCheckFailed& e) {
+        failed = e.failure;
+      } catch (const TimeoutError& e) {
+        // A peer that stopped answering: this rank says what it can and leaves a bundle, then the run ends
+        // as a timeout does.
+        if (writer) writer->flush();
+        if (trace_writer) trace_writer->flush();
+        StepFailure f;
+        f.kind = "timeout";
+        f.step = step;
+        f.rank = comm.rank();
+        f.message = e.what();
+        fail(f, false);
+        if (speaks && bundles) {
+          std::printf("%s\n", failure.substr(failure.find('\n') + 1).c_str());
+          std::fflush(stdout);
+        }
+        throw;
+      }
+      if (!o.trace.empty()) {
+        nlohmann::json extra = {{"loss", failed ? nlohmann::json(nullptr) : nlohmann::json(r.loss)},
+                                {"global_batch", rt.trainer->global_batch(step)}};
+        if (!checks.last().empty()) extra["checks"] = checks.last();
+        if (failed) extra["failure"] = failed->to_json();
+        const nlohmann::json line = recorder.finish_step(comm.host(), step, std::move(extra));
+        trace_writer->log(line);
+      }
+      if (failed) {
+        if (speaks) {
+          std::printf("%s\n", failed->message.c_str());
+          std::fflush(stdout);
+        }
+        writer->log({{"step", step}, {"failure", failed->to_json()}});
+        if (trace_writer) trace_writer->flush();
+        fail(*failed, true);
+        break;
+      }
       if (speaks) {
-        std::printf("step %4lld  loss %-14s global batch %-6lld %s\n", static_cast<long long>(r.step),
+        std::printf("step %4lld  loss %-14s global batch %-6lld %s", static_cast<long long>(r.step),
                     float_text(r.loss).c_str(), static_cast<long long>(r.global_batch), r.replicas.describe().c_str());
+        if (checks.last().contains("gradient_ratio"))
+          std::printf("  gradient error ratio %.3g", checks.last()["gradient_ratio"].get<double>());
+        std::printf("\n");
         std::fflush(stdout);
       }
-      writer->log({{"step", r.step},
-                   {"loss", r.loss},
-                   {"global_batch", r.global_batch},
-                   {"replicas_identical", r.replicas.synchronized},
-                   {"hash", r.replicas.hashes.empty() ? 0 : r.replicas.hashes[0]}});
+      nlohmann::json record = {{"step", r.step},
+                               {"loss", r.loss},
+                               {"global_batch", r.global_batch},
+                               {"replicas_identical", r.replicas.synchronized},
+                               {"hash", r.replicas.hashes.empty() ? 0 : r.replicas.hashes[0]}};
+      if (checks.last().contains("gradient_ratio")) record["gradient_ratio"] = checks.last()["gradient_ratio"];
+      writer->log(record);
       if (!r.replicas.synchronized) {
-        fail("replicas diverged");
+        if (trace_writer) trace_writer->flush();
+        fail(replica_failure(r.replicas), true);
         break;
       }
       // The loss is all-reduced, so every rank holds the same one. A NaN or an infinity spreads to every
       // parameter, identically on every rank, where the replica check cannot see it.
       if (!std::isfinite(r.loss)) {
-        fail("the loss at step " + std::to_string(r.step) + " is " + float_text(r.loss) +
-             ", not finite (the run diverged, or --lr is too large); stopped, and nothing after it is checkpointed");
+        if (trace_writer) trace_writer->flush();
+        fail(loss_failure(r.step, r.loss), true);
         break;
       }
       const std::int64_t done = rt.trainer->next_step();
@@ -177,7 +280,8 @@ int run_train(TrainOptions& o) {
         std::string bad = first_non_finite(c.params, layout, "parameter");
         if (bad.empty()) bad = first_non_finite(c.optimizer_state, layout, "optimizer state of");
         if (!bad.empty()) {
-          fail("after step " + std::to_string(r.step) + " " + bad + ", not finite; stopped without writing its checkpoint");
+          passed = false;
+          if (speaks) failure = "after step " + std::to_string(r.step) + " " + bad + ", not finite; stopped without writing its checkpoint";
           break;
         }
         const std::filesystem::path saved = writer->save(c, t.model);
@@ -185,11 +289,14 @@ int run_train(TrainOptions& o) {
       } else if (done == t.steps) {
         std::vector<float> last(layout.size());
         rt.engine->store_params(last);
-        if (const std::string bad = first_non_finite(last, layout, "parameter"); !bad.empty())
-          fail("after step " + std::to_string(r.step) + " " + bad + ", not finite");
+        if (const std::string bad = first_non_finite(last, layout, "parameter"); !bad.empty()) {
+          passed = false;
+          if (speaks) failure = "after step " + std::to_string(r.step) + " " + bad + ", not finite";
+        }
       }
     }
     writer->flush();
+    if (trace_writer) trace_writer->flush();
   });
   if (printing) std::printf("%s\n", passed ? "all steps passed the replica check" : ("FAILED: " + failure).c_str());
   return passed ? exit_ok : exit_check_failed;
@@ -223,6 +330,18 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--keep", o->keep, "Checkpoints to keep (default 2)");
   sub->add_option("--resume", o->resume, "Continue from the newest usable checkpoint in this directory");
   sub->add_option("--log", o->log, "Append one JSON line a step to this file (rank 0 only)");
+  sub->add_option("--trace", o->trace,
+                  "Write a value-level trace here (rank 0): one JSON line a step with every rank's digests of its "
+                  "examples, gradients, parameters, optimizer state and collectives (compare two with dpcheck diff)");
+  sub->add_flag("--check-finite", o->checks.finite,
+                "Every rank checks its loss and local gradient before the all-reduce; a NaN or infinity fails the "
+                "run naming the step, rank and element");
+  sub->add_option("--check-gradient-every", o->checks.gradient_every,
+                  "Every K steps, hold the all-reduced gradient against the float64 reference of the whole batch "
+                  "within the derived bound (0: never, the default)");
+  sub->add_option("--bundle-dir", o->bundle_dir,
+                  "Where a failing check leaves its repro bundle for dpcheck replay (default: the current directory)");
+  sub->add_flag("--no-bundle", o->no_bundle, "Leave no repro bundle when a check fails");
   sub->add_option("--mutant", o->mutant, "Train with a deliberately broken part (see dpcheck verify --list-mutants)");
   sub->add_option("--engine", o->engine, engine_option_help());
   sub->add_option("--comm", o->comm, comm_option_help());

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -28,6 +30,10 @@ using Runner = std::function<int()>;
 Communicator* process_world();
 void set_process_world(Communicator* world);
 
+// The command line as given ("dpcheck", then the arguments as main received them, before MPI_Init).
+const std::vector<std::string>& command_line();
+void set_command_line(std::vector<std::string> words);
+
 // The rank whose output a command prints: 0, or this process's rank under a launcher.
 bool is_printing_rank();
 
@@ -37,5 +43,6 @@ Runner add_train(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_audit(CLI::App& app);
 Runner add_conform(CLI::App& app);
+Runner add_replay(CLI::App& app);
 
 }  // namespace dpcheck::cli

@@ -19,6 +19,11 @@ int main(int argc, char** argv) {
   using namespace dpcheck;
   // Copied before MPI_Init, which may edit argv.
   const std::vector<std::string> args(argv + 1, argv + argc);
+  {
+    std::vector<std::string> words{"dpcheck"};
+    words.insert(words.end(), args.begin(), args.end());
+    cli::set_command_line(std::move(words));
+  }
   CLI::App app{"dpcheck: checks that data-parallel training keeps its promises: averaged shard gradients\n"
                "equal the whole-batch gradient, replicas stay bitwise identical, shards are disjoint\n"
                "and cover the data, and only rank 0 writes files.",
@@ -30,7 +35,7 @@ int main(int argc, char** argv) {
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string("dpcheck: error: ") + e.what() + " (see --help)\n";
   });
-  app.set_version_flag("--version", "dpcheck 0.1.0");
+  app.set_version_flag("--version", "dpcheck " DPCHECK_VERSION);
 
   std::vector<std::pair<const CLI::App*, cli::Runner>> runners;
   const auto add = [&](cli::Runner (*adder)(CLI::App&)) {
@@ -43,6 +48,7 @@ int main(int argc, char** argv) {
   add(cli::add_bench);
   add(cli::add_audit);
   add(cli::add_conform);
+  add(cli::add_replay);
 
   // Under an MPI launcher every process joins the world before anything else, and the processes agree
   // on the command line: then every later decision, a parse error included, is the same on every rank,

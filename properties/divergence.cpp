@@ -1,0 +1,520 @@
+#include "properties/divergence.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "properties/common.hpp"
+#include "reference/bound.hpp"
+#include "reference/optimizer.hpp"
+#include "reference/schedule.hpp"
+#include "src/files.hpp"
+#include "src/hash.hpp"
+#include "src/replica_check.hpp"
+#include "src/trace.hpp"
+
+namespace dpcheck {
+
+namespace fs = std::filesystem;
+
+// ---- failures ------------------------------------------------------------------------------------
+
+nlohmann::json StepFailure::to_json() const {
+  return {{"kind", kind}, {"step", step}, {"rank", rank}, {"element", element}, {"message", message}};
+}
+
+namespace {
+
+[[noreturn]] void bad_field(const std::string& what, const std::string& why) {
+  throw UsageError("\"" + what + "\" " + why);
+}
+
+const nlohmann::json& field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) bad_field(where + key, "is missing");
+  return j.at(key);
+}
+
+std::string text_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  const nlohmann::json& v = field(j, key, where);
+  if (!v.is_string()) bad_field(where + key, "is " + v.dump() + ", not a string");
+  return v.get<std::string>();
+}
+
+std::int64_t int_field(const nlohmann::json& j, const std::string& key, const std::string& where, std::int64_t lo,
+                       std::int64_t hi) {
+  const nlohmann::json& v = field(j, key, where);
+  if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+    bad_field(where + key, "is " + v.dump() + ", not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v.get<std::int64_t>();
+}
+
+bool bool_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  const nlohmann::json& v = field(j, key, where);
+  if (!v.is_boolean()) bad_field(where + key, "is " + v.dump() + ", not true or false");
+  return v.get<bool>();
+}
+
+constexpr std::int64_t kMaxStep = std::int64_t{1} << 53;
+
+}  // namespace
+
+StepFailure StepFailure::from_json(const nlohmann::json& j) {
+  StepFailure f;
+  f.kind = text_field(j, "kind", "failure.");
+  if (f.kind != "non-finite" && f.kind != "gradient-bound" && f.kind != "replicas" && f.kind != "loss" &&
+      f.kind != "timeout")
+    bad_field("failure.kind", "is \"" + f.kind + "\", not one of non-finite, gradient-bound, replicas, loss, timeout");
+  f.step = int_field(j, "step", "failure.", 0, kMaxStep);
+  f.rank = static_cast<int>(int_field(j, "rank", "failure.", -1, 1 << 20));
+  f.element = text_field(j, "element", "failure.");
+  f.message = text_field(j, "message", "failure.");
+  return f;
+}
+
+bool StepFailure::same_place(const StepFailure& o) const {
+  return kind == o.kind && step == o.step && rank == o.rank && element == o.element;
+}
+
+std::string StepFailure::where() const {
+  std::string s = "step " + std::to_string(step);
+  if (rank >= 0) s += ", rank " + std::to_string(rank);
+  if (!element.empty()) s += ", " + element;
+  return s;
+}
+
+StepFailure replica_failure(const ReplicaReport& replicas) {
+  StepFailure f;
+  f.kind = "replicas";
+  f.step = replicas.step;
+  f.rank = replicas.minority.empty() ? -1 : replicas.minority.front();
+  f.element = replicas.buffer + " " + replicas.element;
+  const std::string text = replicas.describe();
+  f.message = "replicas diverged: " + text.substr(0, text.find('\n'));
+  return f;
+}
+
+StepFailure loss_failure(std::int64_t step, double loss) {
+  StepFailure f;
+  f.kind = "loss";
+  f.step = step;
+  f.element = "loss";
+  f.message = "the loss at step " + std::to_string(step) + " is " + float_text(loss) +
+              ", not finite (the run diverged, or --lr is too large); stopped, and nothing after it is checkpointed";
+  return f;
+}
+
+// ---- live checks ---------------------------------------------------------------------------------
+
+LiveChecks::LiveChecks(const Target& target, LiveCheckOptions options) : target_(target), options_(options) {}
+
+void LiveChecks::local_gradient(Trainer& trainer, std::int64_t step, double loss_sum, std::int64_t) {
+  if (!options_.finite) return;
+  Engine& e = trainer.engine();
+  std::vector<float> g(e.param_count());
+  e.store_grads(g);
+  std::string mine;
+  if (!std::isfinite(loss_sum)) {
+    mine = "loss\tits loss sum is " + float_text(loss_sum);
+  } else {
+    const auto bad = std::find_if(g.begin(), g.end(), [](float v) { return !std::isfinite(v); });
+    if (bad != g.end()) {
+      const ParamLayout layout(trainer.config().model);
+      const std::string element = layout.describe_element(static_cast<std::size_t>(bad - g.begin()));
+      mine = element + "\tits local gradient at " + element + " is " + float_text(*bad);
+    }
+  }
+  const std::vector<std::string> all = allgather_strings(trainer.comm().host(), mine);
+  std::vector<int> bad_ranks;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) bad_ranks.push_back(static_cast<int>(r));
+  if (bad_ranks.empty()) {
+    last_["finite"] = true;
+    return;
+  }
+  const std::string& first = all[static_cast<std::size_t>(bad_ranks[0])];
+  StepFailure f;
+  f.kind = "non-finite";
+  f.step = step;
+  f.rank = bad_ranks[0];
+  f.element = first.substr(0, first.find('\t'));
+  f.message = "step " + std::to_string(step) + ": rank " + std::to_string(f.rank) + ": " + first.substr(first.find('\t') + 1) +
+              ", before the all-reduce";
+  if (bad_ranks.size() > 1) {
+    f.message += " (non-finite on ranks";
+    for (int r : bad_ranks) f.message += " " + std::to_string(r);
+    f.message += ")";
+  }
+  throw StepCheckFailed(std::move(f));
+}
+
+LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, std::int64_t step,
+                                      std::span<const float> params, std::span<const float> reduced,
+                                      Engine* whole_engine) {
+  const TrainConfig& c = trainer.config();
+  // Which examples the step holds is restated from a sampler of the configuration, not asked of the
+  // trainer under test, so that a sampler bug changes the batch the check expects.
+  const DistributedSampler sampler(c.sampler(trainer.world_size()));
+  const reference::StepExamples ex = reference::step_examples(c, sampler, step);
+  const Batch whole = trainer.data().gather(ex.global());
+  const reference::BoundOptions options = bound_options(target);
+  const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
+  const ParamLayout layout(c.model);
+  LiveGradientCheck out;
+  const reference::Comparison sharded =
+      reference::compare(reduced, bound, reference::sharded_roundings(ex.largest_share(), trainer.world_size(), options));
+  out.ratio = sharded.max_ratio;
+  reference::Comparison worst = sharded;
+  const char* which = "all-reduced";
+  if (whole_engine) {
+    whole_engine->load_params(params);
+    whole_engine->forward_backward(whole, 1.0f, false);
+    std::vector<float> g(layout.size());
+    whole_engine->store_grads(g);
+    const reference::Comparison w = reference::compare(g, bound, reference::whole_batch_roundings(whole.size, options));
+    out.whole_batch_ratio = w.max_ratio;
+    if (w.max_ratio > worst.max_ratio) {
+      worst = w;
+      which = "whole-batch";
+    }
+  }
+  out.element = layout.describe_element(worst.worst);
+  if (!worst.passed()) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "float32 %.9g, float64 reference %.17g, error ratio %.6g", worst.worst_value,
+                  worst.worst_reference, worst.max_ratio);
+    out.message = "step " + std::to_string(step) + ": the " + which + " gradient at " + out.element + " leaves the bound: " + buf;
+  }
+  return out;
+}
+
+void LiveChecks::reduced_gradient(Trainer& trainer, std::int64_t step) {
+  if (options_.gradient_every <= 0 || step % options_.gradient_every != 0) return;
+  std::string mine;
+  if (trainer.rank() == 0) {
+    Engine& e = trainer.engine();
+    std::vector<float> params(e.param_count()), reduced(e.param_count());
+    e.store_params(params);
+    e.store_grads(reduced);
+    if (!whole_) whole_ = make_engine(target_, trainer.config().model);
+    const LiveGradientCheck c = check_step_gradient(target_, trainer, step, params, reduced, whole_.get());
+    mine = nlohmann::json{{"ratio", c.ratio}, {"whole", c.whole_batch_ratio}, {"element", c.element}, {"message", c.message}}
+               .dump();
+  }
+  // Rank 0's verdict, on every rank.
+  const nlohmann::json verdict = nlohmann::json::parse(allgather_strings(trainer.comm().host(), mine)[0]);
+  last_["gradient_ratio"] = verdict.at("ratio");
+  last_["whole_batch_ratio"] = verdict.at("whole");
+  const std::string message = verdict.at("message").get<std::string>();
+  if (message.empty()) return;
+  StepFailure f;
+  f.kind = "gradient-bound";
+  f.step = step;
+  f.element = verdict.at("element").get<std::string>();
+  f.message = message;
+  throw StepCheckFailed(std::move(f));
+}
+
+// ---- bundles -------------------------------------------------------------------------------------
+
+nlohmann::json BundleManifest::to_json() const {
+  nlohmann::json data = x.empty() ? nlohmann::json{{"synthetic", true}}
+                                  : nlohmann::json{{"x", x}, {"y", y}, {"x_xxh3", x_xxh3}, {"y_xxh3", y_xxh3}};
+  return {{"dpcheck_bundle", kBundleVersion},
+          {"dpcheck_version", version},
+          {"command_line", command_line},
+          {"config", config.to_json(world_size)},
+          {"target",
+           {{"engine", target.engine},
+            {"comm", target.comm},
+            {"kernels", target.kernels},
+            {"mutant", target.mutant},
+            {"tf32", target.tf32},
+            {"timeout_ms", target.timeout.count()}}},
+          {"checks", {{"finite", checks.finite}, {"gradient_every", checks.gradient_every}}},
+          {"data", std::move(data)},
+          {"failure", failure.to_json()}};
+}
+
+BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
+  BundleManifest m;
+  if (!j.is_object()) throw UsageError("the manifest is " + std::string(j.type_name()) + ", not an object");
+  const std::int64_t v = int_field(j, "dpcheck_bundle", "", 0, 1 << 20);
+  if (v != kBundleVersion)
+    throw UsageError("bundle version " + std::to_string(v) + ": this dpcheck reads version " + std::to_string(kBundleVersion));
+  m.version = text_field(j, "dpcheck_version", "");
+  const nlohmann::json& cmd = field(j, "command_line", "");
+  if (!cmd.is_array()) bad_field("command_line", "is not a list");
+  for (const nlohmann::json& w : cmd) {
+    if (!w.is_string()) bad_field("command_line", "holds " + w.dump() + ", not a string");
+    m.command_line.push_back(w.get<std::string>());
+  }
+  std::tie(m.config, m.world_size) = recorded_config(field(j, "config", ""));
+  const nlohmann::json& t = field(j, "target", "");
+  m.target.engine = text_field(t, "engine", "target.");
+  m.target.comm = text_field(t, "comm", "target.");
+  m.target.kernels = text_field(t, "kernels", "target.");
+  m.target.mutant = text_field(t, "mutant", "target.");
+  m.target.tf32 = bool_field(t, "tf32", "target.");
+  m.target.timeout = std::chrono::milliseconds(int_field(t, "timeout_ms", "target.", 1, std::int64_t{1} << 40));
+  const nlohmann::json& c = field(j, "checks", "");
+  m.checks.finite = bool_field(c, "finite", "checks.");
+  m.checks.gradient_every = static_cast<int>(int_field(c, "gradient_every", "checks.", 0, 1 << 30));
+  const nlohmann::json& d = field(j, "data", "");
+  if (!d.contains("synthetic")) {
+    m.x = text_field(d, "x", "data.");
+    m.y = text_field(d, "y", "data.");
+    m.x_xxh3 = text_field(d, "x_xxh3", "data.");
+    m.y_xxh3 = text_field(d, "y_xxh3", "data.");
+  }
+  m.failure = StepFailure::from_json(field(j, "failure", ""));
+  return m;
+}
+
+fs::path fresh_bundle_path(const fs::path& parent, std::int64_t step) {
+  const std::string base = "dpcheck-bundle-" + checkpoint_name(step);
+  fs::path p = (parent / base).lexically_normal();
+  std::error_code ec;
+  for (int k = 2; fs::exists(fs::symlink_status(p, ec)); ++k) p = (parent / (base + "-" + std::to_string(k))).lexically_normal();
+  return p;
+}
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw UsageError("cannot read " + p.string());
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+nlohmann::json parse_json_file(const fs::path& p) {
+  const std::string text = read_text(p);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw UsageError(p.string() + " is not valid JSON");
+  }
+}
+
+}  // namespace
+
+std::string file_xxh3(const fs::path& path) {
+  const std::string bytes = read_text(path);
+  return digest_hex(hash_bytes(bytes.data(), bytes.size()));
+}
+
+std::string bundle_replay_command(const Target& target, const fs::path& bundle) {
+  return launch_prefix(target) + "dpcheck replay " + shell_word(bundle.string());
+}
+
+void write_bundle(const Target& target, Communicator& comm, const fs::path& path, const BundleManifest& manifest,
+                  const Checkpoint& before, const fs::path& trace, bool collective) {
+  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  const std::unique_ptr<RankZeroWriter> writer = make_writer(target, comm, tmp / "checkpoint", {}, 1);
+  writer->save(before, manifest.config.model, collective);
+  nlohmann::json indices = {{"step", manifest.failure.step}, {"ranks", manifest.indices}};
+  writer->write_text(tmp / "indices.json", indices.dump() + "\n");
+  if (!trace.empty() && fs::is_regular_file(trace)) writer->write_text(tmp / "trace.jsonl", read_text(trace));
+  // The manifest last: a bundle with one is whole.
+  writer->write_text(tmp / "manifest.json", manifest.to_json().dump(2) + "\n");
+  writer->publish_dir(tmp, path);
+}
+
+Bundle read_bundle(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw UsageError("bundle " + dir.string() + " is not a directory");
+  if (!fs::is_regular_file(dir / "manifest.json", ec))
+    throw UsageError("bundle " + dir.string() + " has no manifest.json (not a bundle, or one left half-written)");
+  Bundle b;
+  b.dir = dir;
+  try {
+    b.manifest = BundleManifest::from_json(parse_json_file(dir / "manifest.json"));
+  } catch (const UsageError& e) {
+    throw UsageError((dir / "manifest.json").string() + ": " + e.what());
+  }
+  std::vector<std::string> skipped;
+  b.before = load_checkpoint(dir / "checkpoint", b.manifest.config.model, &skipped);
+  if (b.before.step != b.manifest.failure.step)
+    throw UsageError("bundle " + dir.string() + ": its checkpoint is at step " + std::to_string(b.before.step) +
+                     ", its failure at step " + std::to_string(b.manifest.failure.step));
+  const nlohmann::json idx = parse_json_file(dir / "indices.json");
+  const nlohmann::json& ranks = field(idx, "ranks", "indices.json: ");
+  if (!ranks.is_array() || static_cast<int>(ranks.size()) != b.manifest.world_size)
+    throw UsageError((dir / "indices.json").string() + ": \"ranks\" must list " + std::to_string(b.manifest.world_size) + " ranks");
+  for (const nlohmann::json& r : ranks) {
+    std::vector<std::int64_t> v;
+    if (!r.is_array()) throw UsageError((dir / "indices.json").string() + ": a rank's indices are not a list");
+    for (const nlohmann::json& i : r) {
+      if (!i.is_number_integer()) throw UsageError((dir / "indices.json").string() + ": " + i.dump() + " is not an index");
+      v.push_back(i.get<std::int64_t>());
+    }
+    b.manifest.indices.push_back(std::move(v));
+  }
+  return b;
+}
+
+// ---- replay and attribution ----------------------------------------------------------------------
+
+namespace {
+
+// What one rank's step left at each phase, on the host.
+class Capture final : public StepObserver {
+ public:
+  void local_gradient(Trainer& t, std::int64_t, double, std::int64_t) override {
+    local.resize(t.engine().param_count());
+    t.engine().store_grads(local);
+    // The optimizer has not run yet: this is the state the step starts from.
+    params_before.resize(t.engine().param_count());
+    t.engine().store_params(params_before);
+    state_before.resize(t.optimizer().state_size());
+    t.optimizer().store_state(state_before);
+    steps_before = t.optimizer().steps();
+  }
+  void reduced_gradient(Trainer& t, std::int64_t) override {
+    reduced.resize(t.engine().param_count());
+    t.engine().store_grads(reduced);
+  }
+  void updated(Trainer& t, std::int64_t) override {
+    params.resize(t.engine().param_count());
+    t.engine().store_params(params);
+    state.resize(t.optimizer().state_size());
+    t.optimizer().store_state(state);
+  }
+  std::vector<float> local, reduced, params, state;
+  std::vector<float> params_before, state_before;
+  std::int64_t steps_before = 0;
+};
+
+constexpr const char* kPhases[] = {"data", "local gradient", "all-reduce", "optimizer", "replicas"};
+
+// This rank's row of the table: one PhaseRatio per phase reached, as JSON.
+nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const reference::StepExamples& ex,
+                              const std::vector<std::int64_t>& used, const Capture& cap, const ReplicaReport* replicas,
+                              int rank) {
+  const TrainConfig& c = in.config;
+  const ParamLayout layout(c.model);
+  const reference::BoundOptions options = bound_options(target);
+  const auto r = static_cast<std::size_t>(rank);
+  nlohmann::json row = nlohmann::json::array();
+  const auto add = [&](const char* phase, double ratio, const std::string& element) {
+    row.push_back({{"phase", phase}, {"rank", rank}, {"ratio", std::isfinite(ratio) ? nlohmann::json(ratio) : nlohmann::json("inf")},
+                   {"element", element}});
+  };
+  // data: the examples the rank used, against the configuration's sampler and the recorded ones.
+  const std::vector<std::int64_t>& want = ex.ranks[r];
+  std::string data_note;
+  if (used != want) data_note = "the sampler under test gives other examples than the configuration's";
+  else if (!in.indices.empty() && in.indices[r] != used) data_note = "other examples than the failing run recorded";
+  add("data", data_note.empty() ? 0.0 : INFINITY, data_note);
+
+  const std::int64_t global = static_cast<std::int64_t>(ex.global().size());
+  if (!cap.local.empty()) {
+    if (want.empty()) {
+      const auto bad = std::find_if(cap.local.begin(), cap.local.end(), [](float v) { return v != 0.0f; });
+      add("local gradient", bad == cap.local.end() ? 0.0 : INFINITY,
+          bad == cap.local.end() ? "" : layout.describe_element(static_cast<std::size_t>(bad - cap.local.begin())));
+    } else {
+      const Batch share = in.data->gather(want);
+      const reference::GradientBound b = reference::gradient_bound(c.model, cap.params_before, share, options);
+      // The rank's gradient enters the all-reduce weighted by its share: share * N / global.
+      const double weight = static_cast<double>(share.size) * in.world_size / static_cast<double>(global);
+      const reference::Comparison cmp =
+          reference::compare(cap.local, b, reference::whole_batch_roundings(share.size, options), 1.0 / weight);
+      add("local gradient", cmp.max_ratio, layout.describe_element(cmp.worst));
+    }
+  }
+  if (!cap.reduced.empty()) {
+    const Batch whole = in.data->gather(ex.global());
+    const reference::GradientBound b = reference::gradient_bound(c.model, cap.params_before, whole, options);
+    const reference::Comparison cmp =
+        reference::compare(cap.reduced, b, reference::sharded_roundings(ex.largest_share(), in.world_size, options));
+    add("all-reduce", cmp.max_ratio, layout.describe_element(cmp.worst));
+  }
+  if (!cap.params.empty()) {
+    const reference::OptimizerStepBound want_step = reference::optimizer_step_bound(
+        c.optimizer_for(in.world_size), cap.params_before, cap.reduced, cap.state_before, cap.steps_before);
+    WorstElement worst;
+    worst_against_formula(cap.params, want_step.params, want_step.params_bound, "parameter",
+                          [&](std::size_t i) { return layout.describe_element(i); }, worst);
+    const std::size_t n = layout.size();
+    WorstElement state;
+    worst_against_formula(cap.state, want_step.state, want_step.state_bound, "state",
+                          [&](std::size_t i) { return layout.describe_element(i % n); }, state);
+    const bool in_state = state.ratio > worst.ratio;
+    const std::size_t i = in_state ? state.index % n : worst.index;
+    add("optimizer", std::max(worst.ratio, state.ratio), (in_state ? "optimizer state at " : "") + layout.describe_element(i));
+  }
+  if (replicas) {
+    const bool minority =
+        std::find(replicas->minority.begin(), replicas->minority.end(), rank) != replicas->minority.end();
+    add("replicas", replicas->synchronized || !minority ? 0.0 : INFINITY,
+        replicas->synchronized ? "" : replicas->buffer + " " + replicas->element);
+  }
+  return row;
+}
+
+}  // namespace
+
+ReplayResult replay_step(const Target& target, const ReplayInput& in) {
+  const std::int64_t step = in.step;
+  const DistributedSampler sampler(in.config.sampler(in.world_size));
+  const reference::StepExamples ex = reference::step_examples(in.config, sampler, step);
+  ReplayResult result;
+  std::mutex mu;
+  std::vector<nlohmann::json> rows;
+  run_world(target, in.world_size, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(target, in.config, comm, *in.data);
+    rt.trainer->restore(in.before);
+    while (rt.trainer->next_step() < step) rt.trainer->step();
+    Capture cap;
+    LiveChecks checks(target, in.checks);
+    StepObservers chain;
+    chain.add(&cap);
+    chain.add(&checks);
+    rt.trainer->set_observer(&chain);
+    std::optional<StepFailure> failure;
+    std::optional<ReplicaReport> replicas;
+    double loss = 0;
+    try {
+      const StepResult r = rt.trainer->step();
+      loss = r.loss;
+      replicas = r.replicas;
+      if (!r.replicas.synchronized) failure = replica_failure(r.replicas);
+      else if (!std::isfinite(r.loss)) failure = loss_failure(step, r.loss);
+    } catch (const StepCheckFailed& e) {
+      failure = e.failure;
+    }
+    const std::vector<std::int64_t> used = rt.trainer->local_indices(step);
+    const nlohmann::json row = attribute_rank(target, in, ex, used, cap, replicas ? &*replicas : nullptr, comm.rank());
+    const std::vector<std::string> all = allgather_strings(comm.host(), row.dump());
+    if (!records(target, comm)) return;
+    const std::lock_guard<std::mutex> lock(mu);
+    for (const std::string& s : all) rows.push_back(nlohmann::json::parse(s));
+    result.failure = failure;
+    result.loss = loss;
+  });
+  // Phase order first, then rank order.
+  for (const char* phase : kPhases)
+    for (const nlohmann::json& row : rows)
+      for (const nlohmann::json& p : row)
+        if (p.at("phase") == phase) {
+          PhaseRatio pr;
+          pr.phase = phase;
+          pr.rank = p.at("rank").get<int>();
+          pr.ratio = p.at("ratio").is_string() ? INFINITY : p.at("ratio").get<double>();
+          pr.element = p.at("element").get<std::string>();
+          if (result.first_out_of_bound.empty() && pr.ratio > 1.0)
+            result.first_out_of_bound = pr.phase + " on rank " + std::to_string(pr.rank) +
+                                        (pr.element.empty() ? "" : " at " + pr.element);
+          result.phases.push_back(std::move(pr));
+        }
+  return result;
+}
+
+}  // namespace dpcheck
