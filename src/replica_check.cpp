@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstdio>
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -18,6 +19,17 @@ std::uint64_t ulp_distance(float a, float b) {
   };
   const std::int64_t d = ordered(a) - ordered(b);
   return static_cast<std::uint64_t>(d < 0 ? -d : d);
+}
+
+std::uint64_t ulp_distance(double a, double b) {
+  // As for floats, but the ordered values span nearly 2^64, so their difference is taken unsigned.
+  const auto ordered = [](double f) -> std::int64_t {
+    const auto bits = std::bit_cast<std::int64_t>(f);
+    return bits < 0 ? std::numeric_limits<std::int64_t>::min() - bits : bits;
+  };
+  const std::int64_t oa = ordered(a), ob = ordered(b);
+  const auto ua = static_cast<std::uint64_t>(oa), ub = static_cast<std::uint64_t>(ob);
+  return oa >= ob ? ua - ub : ub - ua;
 }
 
 std::string float_bits_text(float f) {

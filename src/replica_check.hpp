@@ -39,6 +39,8 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
 
 // Distance in units in the last place between two floats (0 for +0 and -0; NaNs compare by bits).
 std::uint64_t ulp_distance(float a, float b);
+// The same for doubles: up to 2^64 - 2 (from the largest negative to the largest positive double).
+std::uint64_t ulp_distance(double a, double b);
 
 // A float with every digit that identifies it and its bits: "-0.401440024 (0xbecd8a3f)".
 std::string float_bits_text(float f);
