@@ -448,6 +448,8 @@ std::int64_t NpyArray::count() const {
 
 std::string NpyArray::shape_string() const { return shape_to_string(shape); }
 
+std::string shape_text(std::span<const std::int64_t> shape) { return shape_to_string(shape); }
+
 std::string index_text(std::span<const std::int64_t> shape, std::size_t flat) {
   std::vector<std::size_t> index(shape.size());
   for (std::size_t d = shape.size(); d-- > 0;) {

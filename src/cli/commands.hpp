@@ -37,5 +37,6 @@ Runner add_train(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_audit(CLI::App& app);
 Runner add_conform(CLI::App& app);
+Runner add_diff(CLI::App& app);
 
 }  // namespace dpcheck::cli
