@@ -532,8 +532,11 @@ std::string steps_text(std::int64_t n) { return std::to_string(n) + (n == 1 ? " 
 }  // namespace
 
 void print_trace_diff(std::ostream& out, const TraceDiff& d) {
-  for (const std::string& c : d.config_differences) out << "configuration differs: " << c << "\n";
+  const auto configuration = [&] {
+    for (const std::string& c : d.config_differences) out << "configuration differs: " << c << "\n";
+  };
   if (d.identical()) {
+    configuration();
     out << "identical: " << steps_text(d.steps_compared) << " matched (" << d.items_compared
         << " items compared; world size " << d.world_size_a << ")\n";
     return;
@@ -541,6 +544,7 @@ void print_trace_diff(std::ostream& out, const TraceDiff& d) {
   out << "A: " << d.path_a.string() << " (" << steps_text(d.steps_a) << ", world size " << d.world_size_a << ")\n";
   out << "B: " << d.path_b.string() << " (" << steps_text(d.steps_b) << ", world size " << d.world_size_b << ")\n";
   if (d.config_differences.empty()) out << "configuration: the same\n";
+  configuration();
   for (const std::string& n : d.notes) out << "note: " << n << "\n";
   if (const TraceMismatch* m = d.first()) {
     out << "first difference: " << m->where() << "\n";
@@ -569,10 +573,9 @@ void print_trace_diff(std::ostream& out, const TraceDiff& d) {
     }
     const std::size_t later = d.differing_steps.size() - 1;
     if (later > 0) {
-      out << "later: " << steps_text(static_cast<std::int64_t>(later)) << " more differ:";
-      for (std::size_t i = 1; i <= std::min(later, kListed); ++i) out << " " << d.differing_steps[i].step;
-      if (later > kListed) out << " ...";
-      out << "\n";
+      out << "later: " << later << (later == 1 ? " more step differs (" : " more steps differ (");
+      for (std::size_t i = 1; i <= std::min(later, kListed); ++i) out << (i > 1 ? ", " : "") << d.differing_steps[i].step;
+      out << (later > kListed ? ", ...)\n" : ")\n");
     } else {
       out << "later: no other step differs\n";
     }
