@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <sstream>
 
 #include "src/choice.hpp"
 #include "src/error.hpp"
+#include "src/npy.hpp"
 #include "src/rng.hpp"
 
 namespace dpcheck {
@@ -127,17 +127,7 @@ const Slice& ParamLayout::slice_at(std::size_t i) const {
 
 std::string ParamLayout::describe_element(std::size_t i) const {
   const Slice& s = slice_at(i);
-  std::size_t rest = i - s.offset;
-  std::vector<std::size_t> index(s.shape.size());
-  for (std::size_t d = s.shape.size(); d-- > 0;) {
-    index[d] = rest % static_cast<std::size_t>(s.shape[d]);
-    rest /= static_cast<std::size_t>(s.shape[d]);
-  }
-  std::ostringstream os;
-  os << s.name << "[";
-  for (std::size_t d = 0; d < index.size(); ++d) os << (d ? ", " : "") << index[d];
-  os << "]";
-  return os.str();
+  return s.name + index_text(s.shape, i - s.offset);
 }
 
 std::vector<float> init_params(const ModelConfig& config, std::uint64_t seed) {

@@ -448,6 +448,19 @@ std::int64_t NpyArray::count() const {
 
 std::string NpyArray::shape_string() const { return shape_to_string(shape); }
 
+std::string shape_text(std::span<const std::int64_t> shape) { return shape_to_string(shape); }
+
+std::string index_text(std::span<const std::int64_t> shape, std::size_t flat) {
+  std::vector<std::size_t> index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % static_cast<std::size_t>(shape[d]);
+    flat /= static_cast<std::size_t>(shape[d]);
+  }
+  std::string out = "[";
+  for (std::size_t d = 0; d < index.size(); ++d) out += (d ? ", " : "") + std::to_string(index[d]);
+  return out + "]";
+}
+
 std::vector<float> NpyArray::as_float32() const {
   check_consistent(*this);
   if (dtype == DType::f32) return convert<float, float>(*this);
@@ -464,16 +477,7 @@ std::vector<float> NpyArray::as_finite_float32(const std::filesystem::path& path
   const auto i = static_cast<std::size_t>(bad - out.begin());
   double original = *bad;
   if (dtype == DType::f64) std::memcpy(&original, data.data() + i * sizeof(double), sizeof(double));
-  // The element's index in the array's own shape, as NumPy would index it.
-  std::string where = "element [";
-  std::size_t rest = i;
-  std::vector<std::size_t> index(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    index[d] = rest % static_cast<std::size_t>(shape[d]);
-    rest /= static_cast<std::size_t>(shape[d]);
-  }
-  for (std::size_t d = 0; d < index.size(); ++d) where += (d ? ", " : "") + std::to_string(index[d]);
-  where += "]";
+  const std::string where = "element " + index_text(shape, i);
   char value[40];
   std::snprintf(value, sizeof value, "%.9g", original);
   if (std::isfinite(original)) fail(path, where + " is " + value + ", beyond float32's range (about 3.4e38)");

@@ -35,6 +35,12 @@ struct NpyArray {
 
 NpyArray read_npy(const std::filesystem::path& path);
 
+// A shape as NumPy prints it: "(256, 4)", "(3,)", "()".
+std::string shape_text(std::span<const std::int64_t> shape);
+
+// Flat element `flat` of a C-order array of `shape` as NumPy indexes it: "[3, 1]" ("[]" for 0-d).
+std::string index_text(std::span<const std::int64_t> shape, std::size_t flat);
+
 // Writes with write_file_atomic (src/files.hpp): a reader never sees half a file, and a symbolic link
 // is written through to its target, as np.save does.
 void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape,

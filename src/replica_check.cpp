@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstdio>
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -24,6 +25,17 @@ std::string float_text(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
+}
+
+std::uint64_t ulp_distance(double a, double b) {
+  // As for floats, but the ordered values span nearly 2^64, so their difference is taken unsigned.
+  const auto ordered = [](double f) -> std::int64_t {
+    const auto bits = std::bit_cast<std::int64_t>(f);
+    return bits < 0 ? std::numeric_limits<std::int64_t>::min() - bits : bits;
+  };
+  const std::int64_t oa = ordered(a), ob = ordered(b);
+  const auto ua = static_cast<std::uint64_t>(oa), ub = static_cast<std::uint64_t>(ob);
+  return oa >= ob ? ua - ub : ub - ua;
 }
 
 std::string float_bits_text(float f) {

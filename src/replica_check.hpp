@@ -39,6 +39,8 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
 
 // Distance in units in the last place between two floats (0 for +0 and -0; NaNs compare by bits).
 std::uint64_t ulp_distance(float a, float b);
+// The same for doubles: up to 2^64 - 2 (from the largest negative to the largest positive double).
+std::uint64_t ulp_distance(double a, double b);
 
 // Text for a float with all the digits that identify it: "-0.401440024", "nan", "inf".
 std::string float_text(double v);

@@ -135,6 +135,18 @@ class BadInput : public testing::Test {
     ASSERT_EQ(::mkfifo((d / "init_fifo" / "layers.1.bias.npy").c_str(), 0600), 0);
     params[2] = std::numeric_limits<float>::quiet_NaN();  // layers.0.weight[0, 2]
     write_params(d / "init_nan", model, params);
+
+    // dpcheck diff: a trace of no steps, one whose step line is damaged, one of an unknown format
+    // version, and a directory with no .npy file.
+    nlohmann::json trace{{"dpcheck_trace", 1}, {"config", nlohmann::json::object()}, {"target", nlohmann::json::object()},
+                         {"world_size", 1}, {"digest", "xxh3"}, {"tensors", nlohmann::json::array({"layers.0.weight"})},
+                         {"state", nlohmann::json::array()}};
+    std::ofstream(d / "trace.jsonl") << trace.dump() << "\n";
+    std::ofstream(d / "trace_bad.jsonl") << trace.dump() << "\n{\"step\": 0, \"loss\n";
+    trace["dpcheck_trace"] = 2;
+    std::ofstream(d / "trace_v2.jsonl") << trace.dump() << "\n";
+    fs::create_directories(d / "no_npy");
+    std::ofstream(d / "no_npy" / "manifest.json") << "{}\n";
   }
 
   const ScratchDir dir_;
@@ -303,6 +315,26 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --kernels {d}/missing.so", 2, {"--kernels", "missing.so", "no such file"}},
       {"conform --kernels {r}", 2, {"--kernels", "dpcheck_comm_plugin", "--comm"}},
       {"conform --comm {r} --check 'property no_such_property'", 2, {"no_such_property"}},
+      // diff: two inputs of one kind, each there and readable, traces well formed and of a known version.
+      {"diff {d}/trace.jsonl {d}/missing.jsonl", 2, {"B", "missing.jsonl", "no such file"}},
+      {"diff {d}/missing {d}/init", 2, {"A", "missing", "no such file"}},
+      {"diff {d}/afile {d}/init", 2, {"afile", "neither a trace"}},
+      {"diff {d}/fifo {d}/trace.jsonl", 2, {"fifo", "FIFO"}},
+      {"diff {d}/x.npy {d}/x_nan.npy", 2, {"x.npy", "a single .npy file"}},
+      {"diff {d}/init {d}/no_npy", 2, {"no_npy", "holds no .npy files"}},
+      {"diff {d}/trace.jsonl {d}/init", 2, {"is a trace", "is a directory of .npy tensors"}},
+      {"diff {d}/trace.jsonl {d}/trace_bad.jsonl", 2, {"trace_bad.jsonl:2", "not JSON"}},
+      {"diff {d}/trace_v2.jsonl {d}/trace.jsonl", 2, {"trace_v2.jsonl:1", "version 2"}},
+      {"diff {d}/init {d}/init_fifo", 2, {"layers.1.bias.npy", "FIFO"}},
+      {"diff {d}/init {d}/init --ulp -1", 2, {"--ulp", "-1"}},
+      {"diff {d}/init {d}/init --ulp 1.5", 2, {"--ulp", "1.5"}},
+      {"diff {d}/init {d}/init --rtol nan", 2, {"--rtol", "nan"}},
+      {"diff {d}/init {d}/init --rtol -1e-6", 2, {"--rtol", "-1e-6"}},
+      {"diff {d}/init {d}/init --ulp 1 --rtol 1e-6", 2, {"--ulp or --rtol, not both"}},
+      {"diff {d}/trace.jsonl {d}/trace.jsonl --ulp 1", 2, {"--ulp", "traces compare digest by digest"}},
+      {"diff {d}/init {d}/init --json /dev/full", 2, {"--json", "character device"}},
+      {"diff {d}/trace.jsonl {d}/trace.jsonl --json {d}/fifo", 2, {"--json", "FIFO"}},
+      {"diff {d}/init", 2, {"B"}},
   };
 
   const fs::path d = dir_.path();

@@ -833,5 +833,15 @@ TEST_F(NpyTest, ConcurrentWritersNeverExposeAPartialFile) {
   EXPECT_EQ(listing(), std::vector<std::string>{"x.npy"});
 }
 
+// Element indices read as NumPy's arr[3, 1]: the last axis varies fastest.
+TEST(IndexText, COrderMultiIndex) {
+  const std::vector<std::int64_t> matrix{4, 3}, cube{2, 3, 5}, vector{7}, scalar{};
+  EXPECT_EQ(index_text(matrix, 0), "[0, 0]");
+  EXPECT_EQ(index_text(matrix, 10), "[3, 1]");
+  EXPECT_EQ(index_text(cube, 29), "[1, 2, 4]");
+  EXPECT_EQ(index_text(vector, 6), "[6]");
+  EXPECT_EQ(index_text(scalar, 0), "[]");
+}
+
 }  // namespace
 }  // namespace dpcheck

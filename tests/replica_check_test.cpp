@@ -260,5 +260,21 @@ TEST(UlpDistance, OppositeSignsAreFarApartAndSymmetric) {
   EXPECT_EQ(ulp_distance(-3.5f, 0.25f), ulp_distance(-3.5f, 0.0f) + ulp_distance(0.0f, 0.25f));
 }
 
+// The double version, to its ends: the largest distance (2^64 - 2, from -max to +max) must not wrap.
+TEST(UlpDistance, DoublesAcrossTheWholeRange) {
+  EXPECT_EQ(ulp_distance(1.0, std::nextafter(1.0, 2.0)), 1u);
+  EXPECT_EQ(ulp_distance(+0.0, -0.0), 0u);
+  const double tiny = std::numeric_limits<double>::denorm_min(), max = std::numeric_limits<double>::max();
+  EXPECT_EQ(ulp_distance(-tiny, tiny), 2u);
+  EXPECT_EQ(ulp_distance(2.0, 4.0), std::uint64_t{1} << 52);
+  EXPECT_EQ(ulp_distance(max, std::numeric_limits<double>::infinity()), 1u);
+  EXPECT_EQ(ulp_distance(-max, max), 2 * (std::bit_cast<std::uint64_t>(max)));
+  EXPECT_EQ(ulp_distance(max, -max), ulp_distance(-max, max));
+  EXPECT_EQ(ulp_distance(-3.5, 0.25), ulp_distance(-3.5, 0.0) + ulp_distance(0.0, 0.25));
+  // A float and its double agree on the ulp count only within float's own spacing: 1 float ulp at 1 is
+  // 2^29 double ulps.
+  EXPECT_EQ(ulp_distance(1.0, static_cast<double>(std::nextafter(1.0f, 2.0f))), std::uint64_t{1} << 29);
+}
+
 }  // namespace
 }  // namespace dpcheck

@@ -44,5 +44,6 @@ Runner add_bench(CLI::App& app);
 Runner add_audit(CLI::App& app);
 Runner add_conform(CLI::App& app);
 Runner add_replay(CLI::App& app);
+Runner add_diff(CLI::App& app);
 
 }  // namespace dpcheck::cli
