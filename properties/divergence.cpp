@@ -314,10 +314,11 @@ std::string bundle_replay_command(const Target& target, const fs::path& bundle) 
 }
 
 void write_bundle(const Target& target, Communicator& comm, const fs::path& path, const BundleManifest& manifest,
-                  const Checkpoint& before, const fs::path& trace, bool collective) {
+                  const Checkpoint& before, const Checkpoint& start, const fs::path& trace, bool collective) {
   const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
   const std::unique_ptr<RankZeroWriter> writer = make_writer(target, comm, tmp / "checkpoint", {}, 1);
   writer->save(before, manifest.config.model, collective);
+  make_writer(target, comm, tmp / "start", {}, 1)->save(start, manifest.config.model, collective);
   nlohmann::json indices = {{"step", manifest.failure.step}, {"ranks", manifest.indices}};
   writer->write_text(tmp / "indices.json", indices.dump() + "\n");
   if (!trace.empty() && fs::is_regular_file(trace)) writer->write_text(tmp / "trace.jsonl", read_text(trace));
@@ -340,6 +341,10 @@ Bundle read_bundle(const fs::path& dir) {
   }
   std::vector<std::string> skipped;
   b.before = load_checkpoint(dir / "checkpoint", b.manifest.config.model, &skipped);
+  b.start = load_checkpoint(dir / "start", b.manifest.config.model, &skipped);
+  if (b.start.step > b.before.step)
+    throw UsageError("bundle " + dir.string() + ": its start (step " + std::to_string(b.start.step) +
+                     ") is after its failing step");
   if (b.before.step != b.manifest.failure.step)
     throw UsageError("bundle " + dir.string() + ": its checkpoint is at step " + std::to_string(b.before.step) +
                      ", its failure at step " + std::to_string(b.manifest.failure.step));

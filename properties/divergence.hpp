@@ -121,9 +121,11 @@ std::filesystem::path fresh_bundle_path(const std::filesystem::path& parent, std
 // Writes the bundle through the target's RankZeroWriter (rank 0 writes: a temporary directory renamed
 // into place); `trace` is the trace file so far ("" when none). A collective, unless `collective` is
 // false (a peer may be gone): then rank 0 alone calls it.
+// `start` is the state the run began from (its step 0, or the step it resumed at): a failure that
+// depends on more than the step's own inputs (a communicator's call count) replays from there.
 void write_bundle(const Target& target, Communicator& comm, const std::filesystem::path& path,
-                  const BundleManifest& manifest, const Checkpoint& before, const std::filesystem::path& trace,
-                  bool collective = true);
+                  const BundleManifest& manifest, const Checkpoint& before, const Checkpoint& start,
+                  const std::filesystem::path& trace, bool collective = true);
 
 // XXH3-64 of a file's bytes, as 16 hex digits (the data files a bundle names).
 std::string file_xxh3(const std::filesystem::path& path);
@@ -135,6 +137,7 @@ struct Bundle {
   std::filesystem::path dir;
   BundleManifest manifest;
   Checkpoint before;
+  Checkpoint start;
 };
 // Reads and checks a bundle directory; UsageError naming the file and the reason.
 Bundle read_bundle(const std::filesystem::path& dir);

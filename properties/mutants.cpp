@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -19,7 +21,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 24> kMutants{{
+constexpr std::array<MutantInfo, 26> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -64,6 +66,11 @@ constexpr std::array<MutantInfo, 24> kMutants{{
      "the all-reduce sums the ranks in the order they arrive, so every rank agrees but runs differ from each other"},
     {"resume-cleanup-every-rank", "only_rank0_writes",
      "every rank deletes the checkpoints that do not verify when training starts, not rank 0 alone"},
+    {"rank-nan-gradient", "gradient_average_matches_whole_batch",
+     "from step 1 on, the last rank's local gradient picks up a NaN (as an uninitialised buffer or a bad kernel leaves "
+     "one) before the all-reduce spreads it to every replica"},
+    {"allreduce-corrupt-one", "replicas_bitwise_synchronized",
+     "the second gradient all-reduce leaves one element of rank 0's result at rank 0's own input, unreduced"},
     {"bound-without-kink-term", "bound_holds_for_any_summation_order",
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",
@@ -382,6 +389,14 @@ std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Commu
   if (mutant == "allreduce-rank-order") return std::make_unique<RankOrderSum>(inner);
   if (mutant == "allreduce-large-message-tail") return std::make_unique<LargeMessageTailCommunicator>(inner);
   if (mutant == "allreduce-arrival-order") return std::make_unique<ArrivalOrderCommunicator>(inner);
+  if (mutant == "allreduce-corrupt-one") {
+    Fault f;
+    f.step = 1;
+    f.rank = 0;
+    f.element = 7;  // modulo the gradient's length
+    f.kind = FaultKind::keep_input;
+    return fault_communicator(inner, f);
+  }
   return nullptr;
 }
 
@@ -395,6 +410,70 @@ OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig
   if (mutant == "optimizer-rank-perturb" && world_size > 1 && rank == world_size - 1)
     config.lr = std::nextafter(static_cast<float>(config.lr), INFINITY);  // one float32 ULP
   return config;
+}
+
+void inject_fault(const MemoryService& memory, float* buf, std::size_t n, const Fault& fault) {
+  if (n == 0) return;
+  float* at = buf + fault.element % n;
+  float v = 0;
+  memory.copy_to_host(at, &v, 1);
+  v = fault.kind == FaultKind::nan ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) ^ 1u);
+  memory.copy_from_host(&v, at, 1);
+}
+
+namespace {
+
+class FaultCommunicator final : public ForwardingCommunicator {
+ public:
+  FaultCommunicator(Communicator& inner, const Fault& fault) : ForwardingCommunicator(inner), fault_(fault) {}
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    const bool now = dtype == DType::f32 && calls_ == fault_.step && rank() == fault_.rank && count > 0;
+    if (dtype == DType::f32) ++calls_;
+    auto* at = static_cast<float*>(buf) + (count > 0 ? fault_.element % count : 0);
+    float input = 0;
+    if (now) inner_.to_host(at, &input, sizeof input);
+    inner_.allreduce(buf, count, dtype, op);
+    if (!now) return;
+    float v = input;
+    if (fault_.kind != FaultKind::keep_input) {
+      inner_.to_host(at, &v, sizeof v);
+      v = fault_.kind == FaultKind::nan ? std::numeric_limits<float>::quiet_NaN()
+                                        : std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) ^ 1u);
+    }
+    inner_.from_host(&v, at, sizeof v);
+  }
+
+ private:
+  Fault fault_;
+  std::int64_t calls_ = 0;
+};
+
+class FaultTrainer final : public Trainer {
+ public:
+  FaultTrainer(const Fault& fault, const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
+               const DistributedSampler& sampler, const Dataset& data)
+      : Trainer(config, comm, engine, optimizer, sampler, data), fault_(fault) {}
+
+ protected:
+  void local_gradient_ready(std::int64_t step) override {
+    // The fault's step, or (fault.step < 0) every step from -fault.step on.
+    const bool now = fault_.step >= 0 ? step == fault_.step : step >= -fault_.step;
+    if (now && rank() == fault_.rank) inject_fault(engine().memory(), engine().grads(), engine().param_count(), fault_);
+  }
+
+ private:
+  Fault fault_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> fault_communicator(Communicator& inner, const Fault& fault) {
+  return std::make_unique<FaultCommunicator>(inner, fault);
+}
+
+std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm, Engine& engine,
+                                       Optimizer& optimizer, const DistributedSampler& sampler, const Dataset& data) {
+  return std::make_unique<FaultTrainer>(fault, config, comm, engine, optimizer, sampler, data);
 }
 
 namespace {
@@ -422,6 +501,14 @@ constexpr std::pair<std::string_view, decltype(&trainer_of<Trainer>)> kTrainerMu
 std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConfig& config, Communicator& comm,
                                         Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
                                         const Dataset& data) {
+  if (mutant == "rank-nan-gradient") {
+    Fault f;
+    f.step = -1;  // every step from 1 on
+    f.rank = comm.size() - 1;
+    f.element = 0;
+    f.kind = FaultKind::nan;
+    return fault_trainer(f, config, comm, engine, optimizer, sampler, data);
+  }
   for (const auto& [name, make] : kTrainerMutants)
     if (name == mutant) return make(config, comm, engine, optimizer, sampler, data);
   return nullptr;

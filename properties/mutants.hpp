@@ -4,6 +4,8 @@
 // small case, while the correct implementation passes everything.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -29,6 +31,27 @@ struct MutantInfo {
 std::span<const MutantInfo> mutants();
 const MutantInfo* find_mutant(std::string_view name);  // nullptr when unknown
 void require_known_mutant(std::string_view name);      // UsageError listing the names
+
+// Fault injection, like Megatron's error injector: one element of one buffer changed at one step, so
+// that a check or a trace diff can be held to locating exactly it: the lowest mantissa bit flipped
+// (the smallest change there is), a NaN, or (all-reduce only) the element left as this rank's own
+// input, as a reduction that skips one chunk on one rank leaves it.
+enum class FaultKind { flip_low_bit, nan, keep_input };
+struct Fault {
+  // Local gradient: the training step (below 0: every step from -step on); all-reduce: the data call's
+  // sequence number on the communicator, from 0.
+  std::int64_t step = 0;
+  int rank = 0;
+  std::size_t element = 0;    // reduced modulo the buffer's length
+  FaultKind kind = FaultKind::flip_low_bit;
+};
+// Changes element fault.element of n floats in `memory`'s space (one float copied out and back).
+void inject_fault(const MemoryService& memory, float* buf, std::size_t n, const Fault& fault);
+// The output of data all-reduce number fault.step (counted from 0 on this communicator) on fault.rank.
+std::unique_ptr<Communicator> fault_communicator(Communicator& inner, const Fault& fault);
+// A trainer whose fault.rank's local gradient takes the fault at step fault.step, before the all-reduce.
+std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm, Engine& engine,
+                                       Optimizer& optimizer, const DistributedSampler& sampler, const Dataset& data);
 
 // Hooks for target.cpp. Each returns nullptr (or its input unchanged) when the mutant does not break
 // that part, so the correct part is used.

@@ -141,6 +141,7 @@ double Trainer::compute_gradient(std::int64_t step) {
   }
   if (first) engine_.zero_grads();  // nothing to train on: contribute zeros, but still take part
 
+  local_gradient_ready(step);
   if (observer_) observer_->local_gradient(*this, step, loss_sum, share);
   comm_.allreduce(engine_.grads(), engine_.param_count(), DType::f32, ReduceOp::avg);
   if (observer_) observer_->reduced_gradient(*this, step);

@@ -136,6 +136,9 @@ class Trainer {
   virtual double micro_batch_weight(std::int64_t micro, std::int64_t share) const;
   // The examples this rank feeds its engine at a step.
   virtual Batch local_batch(std::int64_t step) const;
+  // Called when the rank's local gradient is ready, before the observer sees it and before the
+  // all-reduce: a fault-injecting trainer (a mutant) changes it here.
+  virtual void local_gradient_ready(std::int64_t /*step*/) {}
   // The mean loss over the global batch from this rank's sum of per-example losses (a collective).
   virtual double global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t global);
 

@@ -53,6 +53,7 @@ int run_replay(ReplayOptions& o) {
   ReplayInput in;
   Target target;
   std::optional<StepFailure> recorded;
+  std::optional<Checkpoint> start;
   std::string data_x, data_y;
   if (is_bundle) {
     if (o.given("--step")) throw UsageError("--step is for a checkpoint directory; a bundle replays its failing step");
@@ -62,6 +63,7 @@ int run_replay(ReplayOptions& o) {
     in.world_size = b.manifest.world_size;
     in.checks = b.manifest.checks;
     in.before = std::move(b.before);
+    start = std::move(b.start);
     in.step = b.manifest.failure.step;
     in.indices = b.manifest.indices;
     target = b.manifest.target;
@@ -148,7 +150,19 @@ int run_replay(ReplayOptions& o) {
     if (recorded) std::printf("recorded failure: %s at %s\n", recorded->kind.c_str(), recorded->where().c_str());
     std::fflush(stdout);
   }
-  const ReplayResult r = replay_step(target, in);
+  ReplayResult r = replay_step(target, in);
+  // The step alone may pass where the run failed: a bug that depends on what ran before the step (a
+  // communicator's call count, a counter that wraps) needs the run from its start.
+  bool from_start = false;
+  if (recorded && !retargeted && !(r.failure && r.failure->same_place(*recorded)) && start && start->step < in.step) {
+    ReplayInput whole = in;
+    whole.before = *start;
+    ReplayResult again = replay_step(target, whole);
+    if (again.failure && again.failure->same_place(*recorded)) {
+      r = std::move(again);
+      from_start = true;
+    }
+  }
   if (!printing) return r.failure ? exit_check_failed : exit_ok;
 
   if (r.failure) std::printf("replay: %s\n", r.failure->message.c_str());
@@ -160,6 +174,10 @@ int run_replay(ReplayOptions& o) {
                                                       : ("first phase out of the bound: " + r.first_out_of_bound).c_str());
   if (recorded) {
     if (!retargeted) {
+      if (from_start)
+        std::printf("the step alone passes from the bundle's checkpoint; from the start of the run (step %lld) it fails "
+                    "again: the failure depends on state from before the step (a communicator's or kernel's own)\n",
+                    static_cast<long long>(start->step));
       if (r.failure && r.failure->same_place(*recorded) && r.failure->message == recorded->message)
         std::printf("reproduced bit for bit: the same verdict at the same place (%s at %s)\n", recorded->kind.c_str(),
                     recorded->where().c_str());

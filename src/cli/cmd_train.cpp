@@ -167,9 +167,11 @@ int run_train(TrainOptions& o) {
     if (o.checks.finite || o.checks.gradient_every > 0) observers.add(&checks);
     if (!observers.empty()) rt.trainer->set_observer(&observers);
     const bool speaks = comm.rank() == 0;
-    // Rank 0 keeps the state before each step, for the bundle that a failing step leaves.
+    // Rank 0 keeps the state before each step, and the one the run began from, for the bundle that a
+    // failing step leaves.
     const bool bundles = !o.no_bundle && speaks;
-    Checkpoint before;
+    Checkpoint before, start;
+    if (bundles) start = rt.trainer->checkpoint();
     // Every rank calls it at the same step (collective: false when a peer may be gone, and then only
     // the rank that saw it): says why, and leaves the bundle.
     const auto fail = [&](const StepFailure& f, bool collective) {
@@ -195,7 +197,7 @@ int run_train(TrainOptions& o) {
         m.indices.emplace_back(share.begin() + slot.begin, share.begin() + slot.end);
       }
       const std::filesystem::path path = fresh_bundle_path(o.bundle_dir, f.step);
-      write_bundle(target, comm, path, m, before, o.trace, collective);
+      write_bundle(target, comm, path, m, before, start, o.trace, collective);
       if (speaks) failure += "\nrepro bundle " + path.string() + "; replay it with: " + bundle_replay_command(target, path);
     };
     while (rt.trainer->next_step() < t.steps) {
