@@ -70,7 +70,7 @@ constexpr std::array<MutantInfo, 26> kMutants{{
      "from step 1 on, the last rank's local gradient picks up a NaN (as an uninitialised buffer or a bad kernel leaves "
      "one) before the all-reduce spreads it to every replica"},
     {"allreduce-corrupt-one", "replicas_bitwise_synchronized",
-     "the second gradient all-reduce leaves one element of rank 0's result at rank 0's own input, unreduced"},
+     "the second gradient all-reduce leaves one element (the last) of rank 0's result at rank 0's own input, unreduced"},
     {"bound-without-kink-term", "bound_holds_for_any_summation_order",
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",
@@ -393,7 +393,7 @@ std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Commu
     Fault f;
     f.step = 1;
     f.rank = 0;
-    f.element = 7;  // modulo the gradient's length
+    f.element = std::numeric_limits<std::size_t>::max();  // the last: the output layer's last bias
     f.kind = FaultKind::keep_input;
     return fault_communicator(inner, f);
   }
@@ -414,7 +414,7 @@ OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig
 
 void inject_fault(const MemoryService& memory, float* buf, std::size_t n, const Fault& fault) {
   if (n == 0) return;
-  float* at = buf + fault.element % n;
+  float* at = buf + std::min(fault.element, n - 1);
   float v = 0;
   memory.copy_to_host(at, &v, 1);
   v = fault.kind == FaultKind::nan ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) ^ 1u);
@@ -429,7 +429,7 @@ class FaultCommunicator final : public ForwardingCommunicator {
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     const bool now = dtype == DType::f32 && calls_ == fault_.step && rank() == fault_.rank && count > 0;
     if (dtype == DType::f32) ++calls_;
-    auto* at = static_cast<float*>(buf) + (count > 0 ? fault_.element % count : 0);
+    auto* at = static_cast<float*>(buf) + (count > 0 ? std::min(fault_.element, count - 1) : 0);
     float input = 0;
     if (now) inner_.to_host(at, &input, sizeof input);
     inner_.allreduce(buf, count, dtype, op);

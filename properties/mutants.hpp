@@ -42,7 +42,7 @@ struct Fault {
   // sequence number on the communicator, from 0.
   std::int64_t step = 0;
   int rank = 0;
-  std::size_t element = 0;    // reduced modulo the buffer's length
+  std::size_t element = 0;    // beyond the buffer: its last element
   FaultKind kind = FaultKind::flip_low_bit;
 };
 // Changes element fault.element of n floats in `memory`'s space (one float copied out and back).

@@ -110,6 +110,10 @@ class BadInput : public testing::Test {
     fs::create_symlink(d / "kept.json", d / "link.json");
     fs::create_symlink(d / "fifo", d / "link-to-fifo");
     std::ofstream(d / "afile") << "not a directory\n";
+    // A repro bundle whose manifest is not one.
+    fs::create_directory(d / "badbundle");
+    std::ofstream(d / "badbundle" / "manifest.json") << "{}\n";
+    std::ofstream(d / "badbundle" / "indices.json") << "{}\n";
     const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
     const std::vector<std::int64_t> x_shape{8, 4}, y_shape{8, 1};
     std::vector<float> x(32, 0.5f), y(8, 0.25f);
@@ -335,6 +339,19 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"diff {d}/init {d}/init --json /dev/full", 2, {"--json", "character device"}},
       {"diff {d}/trace.jsonl {d}/trace.jsonl --json {d}/fifo", 2, {"--json", "FIFO"}},
       {"diff {d}/init", 2, {"B"}},
+      {"train --model 4,1 --trace {d}/fifo", 2, {"--trace", "FIFO"}},
+      {"train --model 4,1 --trace {d}/afile/t.jsonl", 2, {"--trace", "not a directory"}},
+      {"train --model 4,1 --check-gradient-every -1", 2, {"--check-gradient-every", "at least 0"}},
+      {"train --model 4,1 --bundle-dir {d}/afile", 2, {"--bundle-dir", "a regular file, not a directory"}},
+      {"replay {d}/missing", 2, {"missing", "not a directory"}},
+      {"replay {d}/afile", 2, {"afile", "not a directory"}},
+      {"replay {d}/init", 2, {"init", "not a repro bundle", "--step"}},
+      {"replay {d}/init --step -1", 2, {"--step", "at least 0"}},
+      {"replay {d}/init --step 0", 2, {"no checkpoint in", "init"}},
+      {"replay {d}/badbundle", 2, {"badbundle", "manifest.json", "dpcheck_bundle", "missing"}},
+      {"replay {d}/badbundle --step 3", 2, {"--step", "a bundle replays its failing step"}},
+      {"replay {d}/badbundle --check-gradient-every -2", 2, {"badbundle"}},
+      {"replay", 2, {"bundle"}},
   };
 
   const fs::path d = dir_.path();

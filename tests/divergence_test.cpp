@@ -1,0 +1,251 @@
+// The divergence tools held to their promises, each against planted faults:
+//   trace_diff_locates_first_divergence: two runs that differ by one fault at a drawn step, phase, rank
+//     and element are diffed to exactly that step, phase, rank and tensor (or all-reduce call);
+//   live_gradient_check_catches: with --check-gradient-every 1, each gradient mutant fails training at
+//     the very step where the offline property (check_sharded_gradient) first fails, and never where it
+//     passes;
+//   replay_reproduces_failure: for every mutant that `train` with its live checks hits, the bundle it
+//     leaves replays to the same verdict at the same element, bit for bit, and a replay without the
+//     mutant passes.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "properties/divergence.hpp"
+#include "properties/mutants.hpp"
+#include "properties/properties.hpp"
+#include "properties/scenario.hpp"
+#include "src/diff.hpp"
+#include "src/trace.hpp"
+#include "tests/test_support.hpp"
+
+namespace dpcheck {
+
+// GoogleTest names a parameter by printing it.
+void PrintTo(const MutantInfo& m, std::ostream* os) { *os << m.name; }
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Injected {
+  Fault fault;
+  bool in_allreduce = false;  // the output of one all-reduce; else a rank's local gradient
+};
+
+// Trains the scenario on the default target with the recorder on, the fault (if any) injected, and
+// writes the trace to `file`.
+void traced_run(const Scenario& s, const std::optional<Injected>& injected, const fs::path& file) {
+  Target target;
+  target.world_size = s.world_size;
+  const SyntheticDataset data(s.train.data_size(), s.train.model, s.train.seed);
+  const std::vector<std::string> state_names = make_cpu_optimizer(s.train.optimizer, 0)->state_names();
+  std::vector<std::string> lines;
+  std::mutex mu;
+  run_world(target, s.world_size, [&](Communicator& world_comm) {
+    TraceRecorder recorder(s.train.model, state_names);
+    std::unique_ptr<Communicator> faulty;
+    if (injected && injected->in_allreduce) faulty = fault_communicator(world_comm, injected->fault);
+    // The recorder sees what the trainer sends and receives: the fault's result included.
+    TracingCommunicator comm(faulty ? *faulty : world_comm, recorder);
+    RankTrainer rt = make_rank_trainer(target, s.train, comm, data);
+    if (injected && !injected->in_allreduce)
+      rt.trainer = fault_trainer(injected->fault, s.train, comm, *rt.engine, *rt.optimizer, *rt.sampler, data);
+    rt.trainer->set_observer(&recorder);
+    while (rt.trainer->next_step() < s.train.steps) {
+      const StepResult r = rt.trainer->step();
+      const nlohmann::json line = recorder.finish_step(comm.host(), r.step, {{"loss", r.loss}});
+      if (comm.rank() != 0) continue;
+      const std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line.dump());
+    }
+  });
+  std::ofstream out(file);
+  out << trace_header(s.train.to_json(s.world_size), {{"engine", "cpu"}}, s.world_size, s.train.model, state_names).dump()
+      << "\n";
+  for (const std::string& l : lines) out << l << "\n";
+}
+
+TEST(Divergence, TraceDiffLocatesFirstDivergence) {
+  const ScratchDir dir;
+  const bool ok = rc::check("trace_diff_locates_first_divergence", [&] {
+    ScenarioSpace space;
+    space.min_world_size = 2;
+    space.max_world_size = 4;
+    space.max_layers = 2;
+    space.max_width = 12;
+    space.max_batch = 24;
+    space.max_steps = 4;
+    const Scenario s = *gen_scenario(space);
+    const ParamLayout layout(s.train.model);
+    Injected in;
+    in.in_allreduce = *rc::gen::arbitrary<bool>();
+    in.fault.step = *rc::gen::inRange(0, s.train.steps);  // one data all-reduce a step: the call is the step
+    in.fault.rank = *rc::gen::inRange(0, s.world_size);
+    in.fault.element = *rc::gen::inRange<std::size_t>(0, layout.size());
+    in.fault.kind = *rc::gen::element(FaultKind::flip_low_bit, FaultKind::nan);
+    traced_run(s, std::nullopt, dir.path() / "a.jsonl");
+    traced_run(s, in, dir.path() / "b.jsonl");
+    const TraceDiff d = diff_traces(dir.path() / "a.jsonl", dir.path() / "b.jsonl");
+    RC_ASSERT(d.first() != nullptr);
+    const TraceMismatch& m = *d.first();
+    RC_ASSERT(m.step == in.fault.step);
+    RC_ASSERT(m.rank == in.fault.rank);
+    if (in.in_allreduce) {
+      RC_ASSERT(m.phase == TracePhase::all_reduce);
+      RC_ASSERT(m.item.find("seq " + std::to_string(in.fault.step) + " allreduce") != std::string::npos);
+      RC_ASSERT(m.item.ends_with(" out"));
+    } else {
+      RC_ASSERT(m.phase == TracePhase::local_gradient);
+      RC_ASSERT(m.item == "local_grad " + layout.slice_at(in.fault.element).name);
+    }
+  });
+  EXPECT_TRUE(ok);
+}
+
+// The step at which live training with --check-gradient-every 1 fails (-1: it does not).
+std::int64_t live_failing_step(const Scenario& s, const Target& target) {
+  const SyntheticDataset data(s.train.data_size(), s.train.model, s.train.seed);
+  std::int64_t failed = -1;
+  std::mutex mu;
+  run_world(target, s.world_size, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(target, s.train, comm, data);
+    LiveCheckOptions o;
+    o.gradient_every = 1;
+    LiveChecks checks(target, o);
+    rt.trainer->set_observer(&checks);
+    try {
+      while (rt.trainer->next_step() < s.train.steps) rt.trainer->step();
+    } catch (const StepCheckFailed& e) {
+      const std::lock_guard<std::mutex> lock(mu);
+      failed = e.failure.step;
+    }
+  });
+  return failed;
+}
+
+class LiveGradientCheck : public testing::TestWithParam<MutantInfo> {};
+
+TEST_P(LiveGradientCheck, CatchesAtTheFirstStepThePropertyFails) {
+  const MutantInfo& m = GetParam();
+  Target target;
+  target.mutant = std::string(m.name);
+  int caught = 0;
+  const bool ok = rc::check(std::string("live_gradient_check_catches ") + std::string(m.name), [&] {
+    ScenarioSpace space;
+    space.max_world_size = 4;
+    space.max_layers = 2;
+    space.max_width = 12;
+    space.max_batch = 24;
+    space.max_steps = 4;
+    space.uneven_only = m.caught_by == "uneven_shares_match_whole_batch";
+    space.accumulate = m.caught_by == "accumulation_matches_whole_batch";
+    Scenario s = *gen_scenario(space);
+    std::int64_t offline = -1;
+    for (int k = 0; k < s.train.steps && offline < 0; ++k) {
+      s.at_step = k;
+      if (!check_sharded_gradient(s, target).passed) offline = k;
+    }
+    const std::int64_t live = live_failing_step(s, target);
+    RC_ASSERT(live == offline);
+    if (live >= 0) ++caught;
+  });
+  EXPECT_TRUE(ok);
+  EXPECT_GT(caught, 0) << m.name << " was never caught";
+}
+
+std::vector<MutantInfo> gradient_mutants() {
+  std::vector<MutantInfo> out;
+  for (const MutantInfo& m : mutants())
+    if ((m.caught_by == "gradient_average_matches_whole_batch" || m.caught_by == "uneven_shares_match_whole_batch" ||
+         m.caught_by == "accumulation_matches_whole_batch") &&
+        (m.engine.empty() || m.engine == "cpu") && !m.wide_minimal_case)
+      out.push_back(m);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(GradientMutants, LiveGradientCheck, testing::ValuesIn(gradient_mutants()),
+                         [](const testing::TestParamInfo<MutantInfo>& p) { return test_case_name(p.param.name); });
+
+// One training run as a user would start it, with every live check on.
+CommandResult train(const fs::path& dir, const std::string& mutant) {
+  return run_command(std::string(DPCHECK_BINARY) +
+                         " train --model 6,8,3 --batch 10 --dataset-size 13 --policy uneven --world-size 3 --steps 4"
+                         " --optimizer adam --check-finite --check-gradient-every 1 --bundle-dir " +
+                         dir.string() + " --mutant " + mutant,
+                     120);
+}
+
+TEST(Divergence, ReplayReproducesFailure) {
+  std::vector<std::string> hit;
+  for (const MutantInfo& m : mutants()) {
+    if (!m.engine.empty() && m.engine != "cpu") continue;
+    const ScratchDir dir;
+    const CommandResult run = train(dir.path(), std::string(m.name));
+    ASSERT_TRUE(run.status == 0 || run.status == 1) << m.name << "\n" << run.output;
+    if (run.status == 0) continue;
+    std::vector<fs::path> bundles;
+    for (const auto& e : fs::directory_iterator(dir.path())) bundles.push_back(e.path());
+    ASSERT_EQ(bundles.size(), 1u) << m.name << ": one failure, one bundle\n" << run.output;
+    EXPECT_NE(run.output.find("replay it with: dpcheck replay " + bundles[0].string()), std::string::npos) << run.output;
+    const CommandResult again = run_command(std::string(DPCHECK_BINARY) + " replay " + bundles[0].string(), 120);
+    EXPECT_EQ(again.status, 1) << m.name << "\n" << again.output;
+    EXPECT_NE(again.output.find("reproduced bit for bit"), std::string::npos) << m.name << "\n" << again.output;
+    const CommandResult without = run_command(std::string(DPCHECK_BINARY) + " replay " + bundles[0].string() + " --mutant none", 120);
+    EXPECT_EQ(without.status, 0) << m.name << "\n" << without.output;
+    EXPECT_NE(without.output.find("the replay target passes"), std::string::npos) << m.name << "\n" << without.output;
+    hit.push_back(std::string(m.name));
+  }
+  std::string names;
+  for (const std::string& h : hit) names += " " + h;
+  std::printf("mutants train hits, each replayed bit for bit:%s\n", names.c_str());
+  for (const char* must : {"rank-nan-gradient", "allreduce-corrupt-one", "drop-one-sample", "mean-of-means",
+                           "allreduce-rank-order", "optimizer-rank-perturb", "sampler-off-by-one"})
+    EXPECT_NE(std::find(hit.begin(), hit.end(), must), hit.end()) << must << " was not hit";
+}
+
+TEST(Divergence, CheckFiniteNamesTheRankBeforeTheAllReduce) {
+  const ScratchDir dir;
+  const CommandResult run = train(dir.path(), "rank-nan-gradient");
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("step 1: rank 2: its local gradient at layers.0.weight[0, 0] is nan, before the all-reduce"),
+            std::string::npos)
+      << run.output;
+  // Attributed on replay: the local gradient of rank 2 is the first phase out of the bound.
+  std::vector<fs::path> bundles;
+  for (const auto& e : fs::directory_iterator(dir.path())) bundles.push_back(e.path());
+  ASSERT_EQ(bundles.size(), 1u);
+  const CommandResult again = run_command(std::string(DPCHECK_BINARY) + " replay " + bundles[0].string(), 120);
+  EXPECT_NE(again.output.find("first phase out of the bound: local gradient on rank 2 at layers.0.weight[0, 0]"),
+            std::string::npos)
+      << again.output;
+}
+
+TEST(Divergence, ReplayOfACheckpointDirectoryAtAStep) {
+  const ScratchDir dir;
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  const CommandResult run = run_command(std::string(DPCHECK_BINARY) +
+                                            " train --model 6,8,3 --batch 12 --world-size 2 --steps 3 --checkpoint-every 1"
+                                            " --checkpoint-dir " + ckpt + " --keep 5",
+                                        120);
+  ASSERT_EQ(run.status, 0) << run.output;
+  const CommandResult replay = run_command(std::string(DPCHECK_BINARY) + " replay " + ckpt + " --step 2", 120);
+  EXPECT_EQ(replay.status, 0) << replay.output;
+  EXPECT_NE(replay.output.find("step 2 on 2 ranks"), std::string::npos) << replay.output;
+  EXPECT_NE(replay.output.find("every phase stays within the bound"), std::string::npos) << replay.output;
+  // With a mutant that breaks the step, the same replay names the phase.
+  const CommandResult broken =
+      run_command(std::string(DPCHECK_BINARY) + " replay " + ckpt + " --step 2 --mutant drop-one-sample", 120);
+  EXPECT_EQ(broken.status, 1) << broken.output;
+  EXPECT_NE(broken.output.find("first phase out of the bound: local gradient on rank 1"), std::string::npos) << broken.output;
+}
+
+}  // namespace
+}  // namespace dpcheck
