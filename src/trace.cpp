@@ -1,7 +1,10 @@
 #include "src/trace.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "src/engine.hpp"
 #include "src/error.hpp"
@@ -10,29 +13,61 @@
 
 namespace dpcheck {
 
+namespace {
+
+constexpr std::size_t kLanes = 16;
+
+// m elements (a multiple of kLanes) into per-lane sums, largest magnitudes and non-finite counts,
+// without a branch, so that the compiler keeps the lanes in vector registers: a NaN or an infinity
+// (exponent bits all ones) is masked to zero and counted.
+void summarize_block(const float* p, std::size_t m, float* acc, float* most, std::int32_t* bad) {
+  for (std::size_t i = 0; i < m; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      const std::uint32_t bits = std::bit_cast<std::uint32_t>(p[i + l]);
+      const std::uint32_t keep = (bits & 0x7f800000u) == 0x7f800000u ? 0u : 0xffffffffu;
+      acc[l] += std::bit_cast<float>(bits & keep);
+      const float a = std::bit_cast<float>(bits & keep & 0x7fffffffu);
+      most[l] = most[l] > a ? most[l] : a;
+      bad[l] += static_cast<std::int32_t>(keep & 1u) ^ 1;
+    }
+}
+
+}  // namespace
+
 TensorSummary summarize(std::span<const float> values) {
   TensorSummary s;
   s.digest = hash_bytes(values.data(), values.size_bytes());
-  // Four partial sums and maxima, so that the loop is not one long chain of dependent double adds.
-  double sum[4] = {0, 0, 0, 0}, most[4] = {0, 0, 0, 0};
-  std::int64_t bad = 0;
-  const std::size_t n = values.size();
-  const auto take = [&](int lane, float v) {
-    const double a = std::fabs(static_cast<double>(v));
-    if (!(a <= 3.4028234663852886e38)) {  // NaN or an infinity
-      ++bad;
-      return;
+  // Each block of 1024 elements is summed in float lanes and folded into a double, so that the sum of
+  // a large tensor does not lose its small terms.
+  constexpr std::size_t kBlock = 1024;
+  float most[kLanes] = {};
+  std::int32_t bad[kLanes] = {};
+  double sum = 0;
+  const float* p = values.data();
+  const std::size_t n = values.size(), whole = n - n % kLanes;
+  for (std::size_t i = 0; i < whole; i += kBlock) {
+    float acc[kLanes] = {};
+    summarize_block(p + i, std::min(kBlock, whole - i), acc, most, bad);
+    for (std::size_t l = 0; l < kLanes; ++l) sum += acc[l];
+  }
+  float top = 0;
+  std::int64_t non_finite = 0;
+  for (std::size_t l = 0; l < kLanes; ++l) {
+    top = std::max(top, most[l]);
+    non_finite += bad[l];
+  }
+  for (std::size_t i = whole; i < n; ++i) {
+    const float a = std::fabs(p[i]);
+    if (!(a <= std::numeric_limits<float>::max())) {
+      ++non_finite;
+      continue;
     }
-    sum[lane] += v;
-    most[lane] = a > most[lane] ? a : most[lane];
-  };
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; ++l) take(l, values[i + static_cast<std::size_t>(l)]);
-  for (; i < n; ++i) take(0, values[i]);
-  s.sum = (sum[0] + sum[1]) + (sum[2] + sum[3]);
-  s.max_abs = std::max(std::max(most[0], most[1]), std::max(most[2], most[3]));
-  s.non_finite = bad;
+    sum += p[i];
+    top = std::max(top, a);
+  }
+  s.sum = sum;
+  s.max_abs = top;
+  s.non_finite = non_finite;
   return s;
 }
 

@@ -8,19 +8,25 @@
 // allreduce-worker ...` (a hidden subcommand), whose rank 0 prints its rows as one JSON line.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <cctype>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "properties/target.hpp"
 #include "src/backends.hpp"
 #include "src/bench.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/files.hpp"
 #include "src/model.hpp"
 #include "src/process.hpp"
+#include "src/trace.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/cli/gpu_report.hpp"
 #include "src/cli/commands.hpp"
@@ -215,6 +221,16 @@ struct StepArgs {
   std::string json;
 };
 
+struct TraceArgs {
+  ModelOptions model;
+  std::int64_t batch = 64;
+  int world_size = 1;
+  int steps = 40;
+  int warmup = 5;
+  std::string engine{default_engine()};
+  std::string json;
+};
+
 struct HashArgs {
   std::string bytes = "4G";
   int repeats = 20;
@@ -276,6 +292,77 @@ int run_hash(const HashArgs& a) {
   return exit_ok;
 }
 
+// What train --trace costs: two trainers of the same run side by side, one plain and one with the
+// recorder on (its communicator wrapper, its digests, the gather to rank 0 and the line written to a
+// file), their steps interleaved so that both see the same machine; the medians of the step times.
+int run_trace_bench(TraceArgs& a) {
+  if (a.steps < 1 || a.warmup < 0) throw UsageError("--steps must be at least 1 and --warmup at least 0");
+  TrainConfig t;
+  t.model = a.model.config();
+  t.batch = a.batch;
+  t.steps = a.warmup + a.steps;
+  Target target;
+  target.engine = a.engine;
+  target.comm = default_comm(a.engine);
+  target.world_size = a.world_size;
+  validate_target(target);
+  t.validate(a.world_size);
+  if (!a.json.empty()) check_output_path(a.json, "--json");
+  const SyntheticDataset data(t.data_size(), t.model, t.seed);
+  const std::vector<std::string> state_names = make_cpu_optimizer(t.optimizer, 0)->state_names();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dpcheck-bench-trace-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<double> plain, traced;
+  std::size_t line_bytes = 0;
+  using clock = std::chrono::steady_clock;
+  run_world(target, a.world_size, [&](Communicator& comm) {
+    RankTrainer base = make_rank_trainer(target, t, comm, data);
+    TraceRecorder recorder(t.model, state_names);
+    TracingCommunicator tracing(comm, recorder);
+    RankTrainer rec = make_rank_trainer(target, t, tracing, data);
+    rec.trainer->set_observer(&recorder);
+    const std::unique_ptr<RankZeroWriter> writer = make_writer(target, comm, {}, dir / "trace.jsonl");
+    for (int s = 0; s < t.steps; ++s) {
+      const auto t0 = clock::now();
+      base.trainer->step();
+      const auto t1 = clock::now();
+      const StepResult r = rec.trainer->step();
+      const nlohmann::json line = recorder.finish_step(comm.host(), r.step, {{"loss", r.loss}});
+      writer->log(line);
+      const auto t2 = clock::now();
+      if (comm.rank() != 0 || s < a.warmup) continue;
+      plain.push_back(std::chrono::duration<double>(t1 - t0).count());
+      traced.push_back(std::chrono::duration<double>(t2 - t1).count());
+      line_bytes = line.dump().size() + 1;
+    }
+  });
+  std::filesystem::remove_all(dir);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double p = median(plain), q = median(traced);
+  const double overhead = q / p - 1;
+  std::printf("dpcheck bench trace: model %s, batch %lld, %d ranks, engine %s; median of %d steps after %d untimed\n",
+              dims_string(t.model.dims).c_str(), static_cast<long long>(t.batch), a.world_size, a.engine.c_str(), a.steps,
+              a.warmup);
+  std::printf("%-22s %12s\n", "", "ms a step");
+  std::printf("%-22s %12.3f\n", "step", p * 1e3);
+  std::printf("%-22s %12.3f\n", "step with --trace", q * 1e3);
+  std::printf("trace cost: %.2f%% of the step (goal under 5%%), %zu bytes a line\n", overhead * 100, line_bytes);
+  if (!a.json.empty())
+    write_file_atomic(a.json, nlohmann::json{{"model", dims_string(t.model.dims)},
+                                             {"batch", t.batch},
+                                             {"world_size", a.world_size},
+                                             {"engine", a.engine},
+                                             {"step_s", p},
+                                             {"traced_step_s", q},
+                                             {"overhead", overhead},
+                                             {"line_bytes", line_bytes}}
+                                      .dump(2) + "\n");
+  return exit_ok;
+}
+
 }  // namespace
 
 Runner add_bench(CLI::App& app) {
@@ -334,19 +421,33 @@ Runner add_bench(CLI::App& app) {
   hash->add_option("--repeats", hargs->repeats, "Timed runs; the median is reported")->capture_default_str();
   hash->add_option("--json", hargs->json, "Also write the table as JSON to this file");
 
+  CLI::App* trace = bench->add_subcommand(
+      "trace", "What train --trace costs, as a fraction of the step: the same run with and without it, steps interleaved");
+  auto targs = std::make_shared<TraceArgs>();
+  targs->model.dims = "784,256,10";
+  targs->model.loss = "cross-entropy";
+  targs->model.add_to(*trace, false);
+  trace->add_option("--batch", targs->batch, "Global batch")->capture_default_str();
+  trace->add_option("--world-size", targs->world_size, "Ranks, as threads")->capture_default_str();
+  trace->add_option("--steps", targs->steps, "Timed steps of each; the median is reported")->capture_default_str();
+  trace->add_option("--warmup", targs->warmup, "Untimed steps first")->capture_default_str();
+  trace->add_option("--engine", targs->engine, engine_option_help());
+  trace->add_option("--json", targs->json, "Also write the figures as JSON to this file");
+
   // A name that is not a benchmark is kept aside and reported as a usage error below, with the list
   // of benchmarks, instead of a generic parse error.
   bench->allow_extras();
   allreduce->allow_extras(false);
 
-  return [bench, allreduce, args, worker, wargs, step, sargs, hash, hargs]() -> int {
+  return [bench, allreduce, args, worker, wargs, step, sargs, hash, hargs, trace, targs]() -> int {
+    if (trace->parsed()) return run_trace_bench(*targs);
     if (allreduce->parsed()) return run_allreduce(*args);
     if (step->parsed()) return run_step(*sargs);
     if (hash->parsed()) return run_hash(*hargs);
     if (worker->parsed()) return run_allreduce_worker(*wargs);
     const std::vector<std::string> extra = bench->remaining();
     if (!extra.empty())
-      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce, step, hash)");
+      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce, step, hash, trace)");
     std::cerr << bench->help();
     return exit_usage;
   };
