@@ -352,6 +352,9 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"replay {d}/badbundle --step 3", 2, {"--step", "a bundle replays its failing step"}},
       {"replay {d}/badbundle --check-gradient-every -2", 2, {"badbundle"}},
       {"replay", 2, {"bundle"}},
+      {"bench trace --steps 0", 2, {"--steps", "at least 1"}},
+      {"bench trace --model 4,0", 2, {"--model"}},
+      {"bench trace --json /dev/full", 2, {"--json", "character device"}},
   };
 
   const fs::path d = dir_.path();

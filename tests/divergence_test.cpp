@@ -228,6 +228,24 @@ TEST(Divergence, CheckFiniteNamesTheRankBeforeTheAllReduce) {
       << again.output;
 }
 
+TEST(Divergence, AStuckRankAmongThreadsEndsTheRunWithinTheTimeoutLeavingABundle) {
+  const ScratchDir dir;
+  const CommandResult run = run_command(std::string(DPCHECK_BINARY) +
+                                            " train --model 6,8,3 --batch 12 --world-size 3 --steps 4 --timeout 2"
+                                            " --inject-fault stall --fault-rank 1 --fault-step 2 --bundle-dir " +
+                                            dir.path().string(),
+                                        60);
+  EXPECT_EQ(run.status, 3) << run.output;
+  EXPECT_LT(run.seconds, 20) << run.output;
+  EXPECT_NE(run.output.find("rank 1 did not arrive"), std::string::npos) << run.output;
+  const fs::path bundle = dir.path() / "dpcheck-bundle-step-00000002";
+  ASSERT_TRUE(fs::is_regular_file(bundle / "manifest.json")) << run.output;
+  const Bundle b = read_bundle(bundle);
+  EXPECT_EQ(b.manifest.failure.kind, "timeout");
+  EXPECT_EQ(b.before.step, 2);
+  EXPECT_EQ(b.start.step, 0);
+}
+
 TEST(Divergence, ReplayOfACheckpointDirectoryAtAStep) {
   const ScratchDir dir;
   const std::string ckpt = (dir.path() / "ckpt").string();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <span>
@@ -229,7 +230,13 @@ int run_train(TrainOptions& o) {
           std::printf("%s\n", failure.substr(failure.find('\n') + 1).c_str());
           std::fflush(stdout);
         }
-        throw;
+        if (target.process_world) throw;  // the launcher ends the other processes
+        // Ranks as threads: the stuck one can neither be stopped nor joined, so the process ends here,
+        // as the plugin watchdog ends it. Rank 0 first (its bundle is written); another rank waits a
+        // moment for it, in case rank 0 is the stuck one.
+        if (!speaks) std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(target.timeout, std::chrono::seconds(5)));
+        print_error(e.what());
+        std::_Exit(exit_runtime_error);
       }
       if (!o.trace.empty()) {
         nlohmann::json extra = {{"loss", failed ? nlohmann::json(nullptr) : nlohmann::json(r.loss)},
