@@ -157,6 +157,7 @@ struct ReplayResult {
   std::vector<PhaseRatio> phases;      // phase x rank, in phase order
   std::string first_out_of_bound;      // "all-reduce on rank 1", or "" when every phase holds
   double loss = 0;
+  std::vector<float> params_after, state_after;  // rank 0's, when the step ran to its end
 };
 
 struct ReplayInput {
@@ -172,5 +173,41 @@ struct ReplayInput {
 // Trains on `target` from the checkpoint up to `input.step`, runs that step with the given checks, and
 // measures every phase of it on every rank against the float64 reference.
 ReplayResult replay_step(const Target& target, const ReplayInput& input);
+
+// ---- rounding or bug ----------------------------------------------------------------------------
+
+// A --checkpoint-dir directory: its recorded configuration and world size, and its checkpoints by step.
+struct CheckpointRun {
+  std::filesystem::path dir;
+  TrainConfig config;
+  int world_size = 1;
+  std::vector<std::int64_t> steps;  // ascending
+};
+// UsageError naming the directory when it holds no checkpoint whose manifest reads.
+CheckpointRun read_checkpoint_run(const std::filesystem::path& dir);
+
+// One step of two runs: for each, its update from its own parameters replayed on the target and held
+// against the float64 reference, and whether the replay gives the bits the run recorded next.
+struct DriftStep {
+  std::int64_t step = 0;
+  double ratio[2] = {0, 0};       // the largest error ratio of any phase on any rank
+  std::string where[2];           // the first phase out of the bound, or ""
+  bool same_bits[2] = {false, false};  // replayed parameters and state == the run's next checkpoint
+  std::uint64_t apart_ulp = 0;    // largest distance between the two runs' parameters after the step
+};
+
+struct DriftReport {
+  std::vector<DriftStep> steps;
+  int bug_run = -1;               // 0 or 1: the run whose step left the bound first; -1: none did
+  std::int64_t bug_step = -1;
+  std::string bug_where;
+  int unreproduced_run = -1;      // a run whose recorded step the target does not give bit for bit
+  std::int64_t unreproduced_step = -1;
+};
+
+// For every step s at which both runs hold checkpoints s and s + 1 (from `from` on): replays run k's
+// step s from its checkpoint on targets[k] with its own configuration and world size, over data[k].
+DriftReport rounding_or_bug(const Target targets[2], const CheckpointRun runs[2], const Dataset* const data[2],
+                            std::int64_t from = 0);
 
 }  // namespace dpcheck

@@ -189,7 +189,7 @@ class TraceReader {
     if (line.empty()) fail("empty line");
     try {
       return json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // a syntax error, or a number beyond a double (1e400)
       std::string what = e.what();
       // "[json.exception.parse_error.101] parse error at ..." -> "parse error at ..."
       if (const std::size_t at = what.find("] "); what.starts_with("[json.") && at != std::string::npos) what.erase(0, at + 2);

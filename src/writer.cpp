@@ -628,6 +628,8 @@ std::optional<Checkpoint> read_checkpoint(const fs::path& step_dir, const ModelC
   }
 }
 
+std::vector<std::pair<std::int64_t, fs::path>> checkpoint_steps(const fs::path& dir) { return checkpoints_in(dir); }
+
 Checkpoint load_checkpoint(const fs::path& dir, const ModelConfig& model, std::vector<std::string>* skipped,
                            std::int64_t at_most_step) {
   if (!fs::is_directory(dir)) throw UsageError(dir.string() + ": no such checkpoint directory");

@@ -147,6 +147,7 @@ class BadInput : public testing::Test {
                          {"state", nlohmann::json::array()}};
     std::ofstream(d / "trace.jsonl") << trace.dump() << "\n";
     std::ofstream(d / "trace_bad.jsonl") << trace.dump() << "\n{\"step\": 0, \"loss\n";
+    std::ofstream(d / "trace_huge.jsonl") << trace.dump() << "\n{\"step\": 0, \"loss\": 1e400}\n";
     trace["dpcheck_trace"] = 2;
     std::ofstream(d / "trace_v2.jsonl") << trace.dump() << "\n";
     fs::create_directories(d / "no_npy");
@@ -328,6 +329,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"diff {d}/init {d}/no_npy", 2, {"no_npy", "holds no .npy files"}},
       {"diff {d}/trace.jsonl {d}/init", 2, {"is a trace", "is a directory of .npy tensors"}},
       {"diff {d}/trace.jsonl {d}/trace_bad.jsonl", 2, {"trace_bad.jsonl:2", "not JSON"}},
+      {"diff {d}/trace.jsonl {d}/trace_huge.jsonl", 2, {"trace_huge.jsonl:2", "1e400"}},
       {"diff {d}/trace_v2.jsonl {d}/trace.jsonl", 2, {"trace_v2.jsonl:1", "version 2"}},
       {"diff {d}/init {d}/init_fifo", 2, {"layers.1.bias.npy", "FIFO"}},
       {"diff {d}/init {d}/init --ulp -1", 2, {"--ulp", "-1"}},
@@ -353,6 +355,10 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"replay {d}/badbundle --check-gradient-every -2", 2, {"badbundle"}},
       {"replay", 2, {"bundle"}},
       {"bench trace --steps 0", 2, {"--steps", "at least 1"}},
+      {"drift {d}/missing {d}/init", 2, {"missing", "not a directory"}},
+      {"drift {d}/init {d}/init", 2, {"no checkpoint in", "init"}},
+      {"drift {d}/init {d}/init --from -1", 2, {"--from", "at least 0"}},
+      {"drift {d}/init", 2, {"b"}},
       {"bench trace --model 4,0", 2, {"--model"}},
       {"bench trace --json /dev/full", 2, {"--json", "character device"}},
   };

@@ -6,7 +6,9 @@
 //     passes;
 //   replay_reproduces_failure: for every mutant that `train` with its live checks hits, the bundle it
 //     leaves replays to the same verdict at the same element, bit for bit, and a replay without the
-//     mutant passes.
+//     mutant passes;
+//   rounding or bug (dpcheck drift): two runs of one seed on 2 and 3 ranks drift apart by rounding, and
+//     a third with a planted bug is named at its first step out of the bound.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 
@@ -263,6 +265,40 @@ TEST(Divergence, ReplayOfACheckpointDirectoryAtAStep) {
       run_command(std::string(DPCHECK_BINARY) + " replay " + ckpt + " --step 2 --mutant drop-one-sample", 120);
   EXPECT_EQ(broken.status, 1) << broken.output;
   EXPECT_NE(broken.output.find("first phase out of the bound: local gradient on rank 1"), std::string::npos) << broken.output;
+}
+
+// Three runs of one seed with their checkpoints and traces: on 2 ranks, on 3, and on 3 with a bug that
+// shows only when shares differ in size.
+TEST(Divergence, DriftTellsRoundingFromABug) {
+  const ScratchDir dir;
+  const auto train_run = [&](const std::string& name, int ranks, const std::string& extra) {
+    const std::string d = (dir.path() / name).string();
+    const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " train --model 8,16,4 --batch 25 --steps 4 --policy uneven" +
+                                            " --world-size " + std::to_string(ranks) + " --checkpoint-every 1 --keep 10" +
+                                            " --checkpoint-dir " + d + " --trace " + d + ".jsonl" + extra,
+                                        120);
+    ASSERT_EQ(r.status, 0) << r.output;
+  };
+  train_run("two", 2, "");
+  train_run("three", 3, "");
+  train_run("broken", 3, " --mutant mean-of-means");
+  const std::string bin = std::string(DPCHECK_BINARY) + " drift ";
+  const std::string two = (dir.path() / "two").string(), three = (dir.path() / "three").string(),
+                    broken = (dir.path() / "broken").string();
+  const CommandResult rounding = run_command(bin + two + " " + three + " --trace-a " + two + ".jsonl --trace-b " + three + ".jsonl", 120);
+  EXPECT_EQ(rounding.status, 0) << rounding.output;
+  EXPECT_NE(rounding.output.find("rounding, amplified by training"), std::string::npos) << rounding.output;
+  const CommandResult bug = run_command(bin + two + " " + broken + " --trace-a " + two + ".jsonl --trace-b " + broken + ".jsonl", 120);
+  EXPECT_EQ(bug.status, 1) << bug.output;
+  EXPECT_NE(bug.output.find("bug: step 1 of B leaves the bound from its own parameters (local gradient on rank 0"),
+            std::string::npos)
+      << bug.output;
+  EXPECT_NE(bug.output.find("replay it with: dpcheck replay " + broken + " --step 1 --mutant mean-of-means"), std::string::npos)
+      << bug.output;
+  // Without the trace that names its target, the broken run's steps do not replay to its bits.
+  const CommandResult undecided = run_command(bin + two + " " + broken, 120);
+  EXPECT_EQ(undecided.status, 1) << undecided.output;
+  EXPECT_NE(undecided.output.find("not decided: step 1 of B"), std::string::npos) << undecided.output;
 }
 
 }  // namespace

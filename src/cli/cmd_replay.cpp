@@ -9,8 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <optional>
 
@@ -81,22 +79,11 @@ int run_replay(ReplayOptions& o) {
   } else {
     if (!o.given("--step")) throw UsageError(o.path + " is not a repro bundle; to replay a checkpoint directory, give --step");
     if (o.step < 0) throw UsageError("--step must be at least 0");
-    // The newest checkpoint at or before the step; its manifest says the model.
+    // The newest checkpoint at or before the step; the manifests say the model.
     const fs::path dir(o.path);
-    std::optional<Manifest> m;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().filename().string().rfind("step-", 0) != 0 || !fs::is_regular_file(e.path() / "manifest.json", ec)) continue;
-      std::ifstream f(e.path() / "manifest.json");
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      try {
-        m = parse_manifest(text);
-        break;
-      } catch (const UsageError&) {
-        continue;
-      }
-    }
-    if (!m) throw UsageError("no checkpoint in " + o.path + " (a directory written by train --checkpoint-dir)");
-    std::tie(in.config, in.world_size) = recorded_config(m->config);
+    const CheckpointRun run = read_checkpoint_run(dir);
+    in.config = run.config;
+    in.world_size = run.world_size;
     in.before = load_checkpoint(dir, in.config.model, nullptr, o.step);
     in.step = o.step;
     in.checks.finite = true;

@@ -45,5 +45,6 @@ Runner add_audit(CLI::App& app);
 Runner add_conform(CLI::App& app);
 Runner add_replay(CLI::App& app);
 Runner add_diff(CLI::App& app);
+Runner add_drift(CLI::App& app);
 
 }  // namespace dpcheck::cli

@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   add(cli::add_conform);
   add(cli::add_replay);
   add(cli::add_diff);
+  add(cli::add_drift);
 
   // Under an MPI launcher every process joins the world before anything else, and the processes agree
   // on the command line: then every later decision, a parse error included, is the same on every rank,

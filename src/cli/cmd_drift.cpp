@@ -1,0 +1,158 @@
+// dpcheck drift: the classic complaint, "the same seed on 4 ranks and on 8 drifts apart", answered from
+// the two runs' checkpoints (train --checkpoint-every 1). Each run's every step is replayed from its own
+// checkpoint, on the target, and held against the float64 reference within the derived bound, and the
+// replay must give the bits the run recorded next. When every step of both runs stays within the bound,
+// the drift is rounding, amplified by training (the table shows how far apart the runs grow); otherwise
+// the first step that leaves it is a bug, named with its phase, rank and element and the command that
+// replays it. Each run replays on the target its trace's header names (--trace-a, --trace-b), or on the
+// one the options give. Exit status: 0 rounding, 1 a bug (or a recorded step the target does not give again).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "properties/divergence.hpp"
+#include "src/cli/cli_common.hpp"
+#include "src/cli/commands.hpp"
+#include "src/error.hpp"
+
+namespace dpcheck::cli {
+
+namespace {
+
+struct DriftOptions {
+  std::string a, b, engine{default_engine()}, comm, kernels, x, y, trace[2];
+  std::int64_t from = 0;
+  TimeoutOption timeout;
+};
+
+// The "target" object of a trace's header (train --trace), each field with its type.
+nlohmann::json trace_target(const std::string& path, const char* option) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) throw UsageError(std::string(option) + " " + path + ": cannot read its first line");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception&) {
+    throw UsageError(std::string(option) + " " + path + ": its first line is not JSON");
+  }
+  if (!header.is_object() || !header.contains("dpcheck_trace") || !header.contains("target") || !header["target"].is_object())
+    throw UsageError(std::string(option) + " " + path + ": not a trace of train --trace (no \"target\" in its header)");
+  const nlohmann::json& t = header["target"];
+  for (const char* key : {"engine", "comm", "kernels", "mutant"})
+    if (!t.contains(key) || !t[key].is_string())
+      throw UsageError(std::string(option) + " " + path + ": \"target." + key + "\" is missing or not a string");
+  if (!t.contains("tf32") || !t["tf32"].is_boolean())
+    throw UsageError(std::string(option) + " " + path + ": \"target.tf32\" is missing or not true or false");
+  return t;
+}
+
+std::string ratio_text(double r) {
+  if (!std::isfinite(r)) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", r);
+  return buf;
+}
+
+int run_drift(DriftOptions& o) {
+  if (o.from < 0) throw UsageError("--from must be at least 0");
+  const CheckpointRun runs[2] = {read_checkpoint_run(o.a), read_checkpoint_run(o.b)};
+  if (runs[0].config.model.dims != runs[1].config.model.dims)
+    throw UsageError(o.a + " and " + o.b + " hold different models (" + dims_string(runs[0].config.model.dims) + " and " +
+                     dims_string(runs[1].config.model.dims) + ")");
+  if (o.x.empty() != o.y.empty()) throw UsageError("give both --x and --y, or neither");
+  if (process_world()) throw UsageError("drift runs each run's ranks as threads: start it without a launcher");
+  // Each run replays on the target its trace names (engine, communicator, kernels, mutant), or on the
+  // one the options give.
+  Target targets[2];
+  for (int k = 0; k < 2; ++k) {
+    Target& t = targets[k];
+    t.engine = o.engine;
+    t.comm = o.comm.empty() ? default_comm(o.engine) : o.comm;
+    t.kernels = o.kernels;
+    t.timeout = o.timeout.value();
+    if (!o.trace[k].empty()) {
+      const nlohmann::json target = trace_target(o.trace[k], k == 0 ? "--trace-a" : "--trace-b");
+      t.engine = target.at("engine").get<std::string>();
+      t.comm = target.at("comm").get<std::string>();
+      t.kernels = target.at("kernels").get<std::string>();
+      t.mutant = target.at("mutant").get<std::string>();
+      t.tf32 = target.at("tf32").get<bool>();
+    }
+    t.world_size = runs[k].world_size;
+    validate_target(t);
+  }
+  std::unique_ptr<Dataset> data[2];
+  for (int k = 0; k < 2; ++k) {
+    const TrainConfig& c = runs[k].config;
+    if (!o.x.empty()) {
+      data[k] = std::make_unique<ArrayDataset>(ArrayDataset::load(o.x, o.y, c.model));
+      if (data[k]->size() != c.data_size())
+        throw UsageError(o.x + " holds " + std::to_string(data[k]->size()) + " examples; the run had " + std::to_string(c.data_size()));
+    } else {
+      data[k] = std::make_unique<SyntheticDataset>(c.data_size(), c.model, c.seed);
+    }
+  }
+  const Dataset* const views[2] = {data[0].get(), data[1].get()};
+  std::printf("dpcheck drift: A %s (%d ranks, %s), B %s (%d ranks, %s)\n", o.a.c_str(), runs[0].world_size,
+              targets[0].describe().c_str(), o.b.c_str(), runs[1].world_size, targets[1].describe().c_str());
+  std::fflush(stdout);
+  const DriftReport r = rounding_or_bug(targets, runs, views, o.from);
+  if (r.steps.empty())
+    throw UsageError("no step s from " + std::to_string(o.from) + " at which both " + o.a + " and " + o.b +
+                     " hold checkpoints s and s + 1 (train with --checkpoint-every 1 and --keep large enough)");
+  std::printf("\n%5s  %-10s %-10s %-14s %-14s %s\n", "step", "A ratio", "B ratio", "A replayed", "B replayed", "A-B apart after (ulp)");
+  for (const DriftStep& s : r.steps)
+    std::printf("%5lld  %-10s %-10s %-14s %-14s %llu\n", static_cast<long long>(s.step), ratio_text(s.ratio[0]).c_str(),
+                ratio_text(s.ratio[1]).c_str(), s.same_bits[0] ? "same bits" : "OTHER BITS", s.same_bits[1] ? "same bits" : "OTHER BITS",
+                static_cast<unsigned long long>(s.apart_ulp));
+  const char* name[2] = {"A", "B"};
+  const std::string* path[2] = {&o.a, &o.b};
+  if (r.bug_run >= 0) {
+    const Target& t = targets[r.bug_run];
+    std::string cmd = "dpcheck replay " + shell_word(*path[r.bug_run]) + " --step " + std::to_string(r.bug_step);
+    if (t.engine != default_engine()) cmd += " --engine " + t.engine;
+    if (t.comm != default_comm(t.engine)) cmd += " --comm " + shell_word(t.comm);
+    if (!t.kernels.empty()) cmd += " --kernels " + shell_word(t.kernels);
+    if (!t.mutant.empty()) cmd += " --mutant " + t.mutant;
+    if (t.tf32) cmd += " --tf32";
+    std::printf("\nbug: step %lld of %s leaves the bound from its own parameters (%s); replay it with: %s\n",
+                static_cast<long long>(r.bug_step), name[r.bug_run], r.bug_where.c_str(), cmd.c_str());
+    return exit_check_failed;
+  }
+  if (r.unreproduced_run >= 0) {
+    std::printf("\nnot decided: step %lld of %s replayed on this target does not give the bits the run recorded next "
+                "(was it run on another engine, communicator or kernels? give them)\n",
+                static_cast<long long>(r.unreproduced_step), name[r.unreproduced_run]);
+    return exit_check_failed;
+  }
+  std::printf("\nrounding, amplified by training: every step of both runs stays within the bound from its own "
+              "parameters, and replays to the bits recorded; the runs end %llu ulp apart\n",
+              static_cast<unsigned long long>(r.steps.back().apart_ulp));
+  return exit_ok;
+}
+
+}  // namespace
+
+Runner add_drift(CLI::App& app) {
+  auto o = std::make_shared<DriftOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "drift", "Rounding or bug? Two runs that drift apart, from their checkpoints (train --checkpoint-every 1)");
+  sub->add_option("a", o->a, "The first run's --checkpoint-dir")->required();
+  sub->add_option("b", o->b, "The second run's --checkpoint-dir")->required();
+  sub->add_option("--trace-a", o->trace[0], "A's trace (train --trace): its header says the target A trained on");
+  sub->add_option("--trace-b", o->trace[1], "B's trace: the target B trained on");
+  sub->add_option("--engine", o->engine, "Without a trace: the engine the runs trained on (" + engine_option_help() + ")");
+  sub->add_option("--comm", o->comm, "The communicator they trained over (default: the engine's)");
+  add_kernels_option(*sub, o->kernels);
+  sub->add_option("--x", o->x, "Inputs .npy, when the runs trained on --x/--y");
+  sub->add_option("--y", o->y, "Targets .npy, with --x");
+  sub->add_option("--from", o->from, "The first step to look at (default 0)");
+  o->timeout.add_to(*sub);
+  return [o] { return run_drift(*o); };
+}
+
+}  // namespace dpcheck::cli
