@@ -108,6 +108,31 @@ StepFailure loss_failure(std::int64_t step, double loss) {
   return f;
 }
 
+bool has_non_finite(std::span<const float> values) {
+  return std::any_of(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+}
+
+StepFailure non_finite_state_failure(std::int64_t step, std::span<const float> params, std::span<const float> state,
+                                     const ParamLayout& layout, const std::string& suffix) {
+  StepFailure f;
+  f.kind = "non-finite";
+  f.step = step;
+  const auto find = [](std::span<const float> v) {
+    return static_cast<std::size_t>(std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }) - v.begin());
+  };
+  std::string what;
+  float value = 0;
+  if (const std::size_t i = find(params); i < params.size()) {
+    f.element = "parameter " + layout.describe_element(i);
+    value = params[i];
+  } else if (const std::size_t j = find(state); j < state.size()) {
+    f.element = "optimizer state of " + layout.describe_element(j % layout.size());
+    value = state[j];
+  }
+  f.message = "after step " + std::to_string(step) + " " + f.element + " is " + float_text(value) + ", not finite" + suffix;
+  return f;
+}
+
 // ---- live checks ---------------------------------------------------------------------------------
 
 LiveChecks::LiveChecks(const Target& target, LiveCheckOptions options) : target_(target), options_(options) {}
@@ -200,13 +225,21 @@ void LiveChecks::reduced_gradient(Trainer& trainer, std::int64_t step) {
     std::vector<float> params(e.param_count()), reduced(e.param_count());
     e.store_params(params);
     e.store_grads(reduced);
-    if (!whole_) whole_ = make_engine(target_, trainer.config().model);
-    const LiveGradientCheck c = check_step_gradient(target_, trainer, step, params, reduced, whole_.get());
-    mine = nlohmann::json{{"ratio", c.ratio}, {"whole", c.whole_batch_ratio}, {"element", c.element}, {"message", c.message}}
-               .dump();
+    // What goes wrong here goes to every rank, which all throw it, so none is left waiting.
+    try {
+      if (!whole_) whole_ = make_engine(target_, trainer.config().model);
+      const LiveGradientCheck c = check_step_gradient(target_, trainer, step, params, reduced, whole_.get());
+      mine = nlohmann::json{{"ratio", c.ratio}, {"whole", c.whole_batch_ratio}, {"element", c.element}, {"message", c.message}}
+                 .dump();
+    } catch (const std::exception& error) {
+      mine = nlohmann::json{{"error", error.what()}}.dump();
+    }
   }
-  // Rank 0's verdict, on every rank.
+  // Rank 0's verdict, on every rank. (The others wait for it within the collective timeout: the check
+  // costs about one float64 forward and backward pass of the global batch.)
   const nlohmann::json verdict = nlohmann::json::parse(allgather_strings(trainer.comm().host(), mine)[0]);
+  if (verdict.contains("error"))
+    throw Error("step " + std::to_string(step) + ": the live gradient check failed to run: " + verdict["error"].get<std::string>());
   last_["gradient_ratio"] = verdict.at("ratio");
   last_["whole_batch_ratio"] = verdict.at("whole");
   const std::string message = verdict.at("message").get<std::string>();
@@ -340,14 +373,19 @@ Bundle read_bundle(const fs::path& dir) {
     throw UsageError((dir / "manifest.json").string() + ": " + e.what());
   }
   std::vector<std::string> skipped;
-  b.before = load_checkpoint(dir / "checkpoint", b.manifest.config.model, &skipped);
   b.start = load_checkpoint(dir / "start", b.manifest.config.model, &skipped);
-  if (b.start.step > b.before.step)
-    throw UsageError("bundle " + dir.string() + ": its start (step " + std::to_string(b.start.step) +
-                     ") is after its failing step");
-  if (b.before.step != b.manifest.failure.step)
+  try {
+    b.before = load_checkpoint(dir / "checkpoint", b.manifest.config.model, &skipped);
+  } catch (const UsageError& e) {
+    b.before_unreadable = e.what();
+    b.before = b.start;
+  }
+  if (b.before_unreadable.empty() && b.before.step != b.manifest.failure.step)
     throw UsageError("bundle " + dir.string() + ": its checkpoint is at step " + std::to_string(b.before.step) +
                      ", its failure at step " + std::to_string(b.manifest.failure.step));
+  if (b.start.step > b.manifest.failure.step)
+    throw UsageError("bundle " + dir.string() + ": its start (step " + std::to_string(b.start.step) +
+                     ") is after its failing step");
   const nlohmann::json idx = parse_json_file(dir / "indices.json");
   const nlohmann::json& ranks = field(idx, "ranks", "indices.json: ");
   if (!ranks.is_array() || static_cast<int>(ranks.size()) != b.manifest.world_size)
@@ -492,6 +530,8 @@ ReplayResult replay_step(const Target& target, const ReplayInput& in) {
       replicas = r.replicas;
       if (!r.replicas.synchronized) failure = replica_failure(r.replicas);
       else if (!std::isfinite(r.loss)) failure = loss_failure(step, r.loss);
+      else if (has_non_finite(cap.params) || has_non_finite(cap.state))
+        failure = non_finite_state_failure(step, cap.params, cap.state, ParamLayout(in.config.model), "");
     } catch (const StepCheckFailed& e) {
       failure = e.failure;
     }

@@ -48,6 +48,12 @@ struct StepFailure {
 // The failures the trainer's own checks find after a step, as train and replay both report them.
 StepFailure replica_failure(const ReplicaReport& replicas);
 StepFailure loss_failure(std::int64_t step, double loss);
+// A parameter or optimizer state element that is not finite after the step (the first one; state is
+// params.size() per block, may be empty); kind "non-finite", every rank. `suffix` ends the message.
+StepFailure non_finite_state_failure(std::int64_t step, std::span<const float> params, std::span<const float> state,
+                                     const ParamLayout& layout, const std::string& suffix);
+// Whether any of them is not finite.
+bool has_non_finite(std::span<const float> values);
 
 // Thrown on every rank at once by a live check that failed.
 class StepCheckFailed : public Error {
@@ -138,6 +144,9 @@ struct Bundle {
   BundleManifest manifest;
   Checkpoint before;
   Checkpoint start;
+  // Set when the state before the step is not a checkpoint dpcheck reads (it holds a NaN or an
+  // infinity: the run had diverged before the failing step); `before` is then the run's start.
+  std::string before_unreadable;
 };
 // Reads and checks a bundle directory; UsageError naming the file and the reason.
 Bundle read_bundle(const std::filesystem::path& dir);

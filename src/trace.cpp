@@ -203,6 +203,8 @@ nlohmann::json TraceRecorder::finish_step(Communicator& host, std::int64_t step,
     }
     ranks.push_back(std::move(part));
   }
+  for (nlohmann::json& c : collectives)  // the last ranks that skipped a call
+    while (c["ranks"].size() < parts.size()) c["ranks"].push_back(nullptr);
   line["ranks"] = std::move(ranks);
   line["collectives"] = std::move(collectives);
   return line;

@@ -186,6 +186,11 @@ std::string TrainConfig::resume_mismatch(const nlohmann::json& saved, int world_
 
 Checkpoint Trainer::checkpoint() const {
   Checkpoint c;
+  checkpoint_into(c);
+  return c;
+}
+
+void Trainer::checkpoint_into(Checkpoint& c) const {
   c.step = next_step_;
   c.epoch = next_step_ / steps_per_epoch_;
   c.step_in_epoch = next_step_ % steps_per_epoch_;
@@ -196,7 +201,6 @@ Checkpoint Trainer::checkpoint() const {
   optimizer_.store_state(c.optimizer_state);
   c.optimizer_steps = optimizer_.steps();
   c.config = config_.to_json(comm_.size());
-  return c;
 }
 
 void Trainer::restore(const Checkpoint& c) {

@@ -114,6 +114,8 @@ class Trainer {
 
   // Everything needed to continue bit for bit: parameters, optimizer state and steps, the next step.
   Checkpoint checkpoint() const;
+  // The same into `c`, reusing its buffers (a snapshot before every step costs a copy, no allocation).
+  void checkpoint_into(Checkpoint& c) const;
   // Continues from a checkpoint (UsageError if it does not fit this trainer's model and optimizer).
   virtual void restore(const Checkpoint& checkpoint);
 

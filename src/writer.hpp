@@ -127,13 +127,13 @@ Manifest parse_manifest(std::string_view text);
 std::optional<Checkpoint> read_checkpoint(const std::filesystem::path& step_dir, const ModelConfig& model,
                                           std::string* why = nullptr);
 
-// The newest checkpoint under dir that read_checkpoint accepts. Each newer one skipped is reported in
-// `skipped` (if given) as "step-00000012: <reason>". Throws UsageError when none is usable, naming every
-// candidate and why it was skipped.
 // The step-NNNNNNNN entries of a checkpoint directory, newest first (not yet read or checked).
 std::vector<std::pair<std::int64_t, std::filesystem::path>> checkpoint_steps(const std::filesystem::path& dir);
 
-// With at_most_step, only checkpoints of that step or before are candidates.
+// The newest checkpoint under dir that read_checkpoint accepts. Each newer one skipped is reported in
+// `skipped` (if given) as "step-00000012: <reason>". Throws UsageError when none is usable, naming every
+// candidate and why it was skipped. With at_most_step, only checkpoints of that step or before are
+// candidates.
 Checkpoint load_checkpoint(const std::filesystem::path& dir, const ModelConfig& model,
                            std::vector<std::string>* skipped = nullptr,
                            std::int64_t at_most_step = std::numeric_limits<std::int64_t>::max());

@@ -360,6 +360,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"drift {d}/init {d}/init --from -1", 2, {"--from", "at least 0"}},
       {"drift {d}/init", 2, {"b"}},
       {"bench trace --model 4,0", 2, {"--model"}},
+      {"bench trace --batch 100000000000", 2, {"--batch"}},
       {"bench trace --json /dev/full", 2, {"--json", "character device"}},
   };
 

@@ -156,6 +156,9 @@ TEST_P(LiveGradientCheck, CatchesAtTheFirstStepThePropertyFails) {
       if (!check_sharded_gradient(s, target).passed) offline = k;
     }
     const std::int64_t live = live_failing_step(s, target);
+    RC_CLASSIFY(live < 0, "not exercised");
+    RC_CLASSIFY(live == 0, "caught at step 0");
+    RC_CLASSIFY(live > 0, "caught after step 0");
     RC_ASSERT(live == offline);
     if (live >= 0) ++caught;
   });
@@ -246,6 +249,22 @@ TEST(Divergence, AStuckRankAmongThreadsEndsTheRunWithinTheTimeoutLeavingABundle)
   EXPECT_EQ(b.manifest.failure.kind, "timeout");
   EXPECT_EQ(b.before.step, 2);
   EXPECT_EQ(b.start.step, 0);
+}
+
+// A run that diverges: the state before the failing step already holds an infinity, which no checkpoint
+// reader accepts, so the replay starts from the bundle's start and still gives the same verdict.
+TEST(Divergence, ADivergedRunReplaysFromItsStart) {
+  const ScratchDir dir;
+  const CommandResult run = run_command(std::string(DPCHECK_BINARY) + " train --model 4,3 --batch 8 --steps 3 --lr 1e38" +
+                                            " --world-size 2 --bundle-dir " + dir.path().string(),
+                                        60);
+  EXPECT_EQ(run.status, 1) << run.output;
+  const fs::path bundle = dir.path() / "dpcheck-bundle-step-00000002";
+  ASSERT_TRUE(fs::is_directory(bundle)) << run.output;
+  const CommandResult again = run_command(std::string(DPCHECK_BINARY) + " replay " + bundle.string(), 60);
+  EXPECT_EQ(again.status, 1) << again.output;
+  EXPECT_NE(again.output.find("replaying from the run's start, step 0"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("reproduced bit for bit"), std::string::npos) << again.output;
 }
 
 TEST(Divergence, ReplayOfACheckpointDirectoryAtAStep) {

@@ -232,6 +232,19 @@ MachineLimits machine_limits() {
   return m;
 }
 
+void check_train_size(const TrainConfig& t, int world, const Target& target, bool reference) {
+  RunSize needs;
+  needs.model = t.model;
+  needs.batch = t.batch;
+  needs.dataset = t.data_size();
+  needs.world_size = world;
+  needs.ranks_are_threads = target.process_world == nullptr;
+  needs.replicas_on_host = find_engine(target.engine).memory == MemorySpace::host;
+  needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam ? 2 : t.optimizer.kind == OptimizerKind::momentum ? 1 : 0;
+  needs.reference = reference;
+  check_run_size(needs);
+}
+
 void check_run_size(const RunSize& run, const MachineLimits& machine) {
   const double n = run.world_size;
   const std::string world_text = "--world-size " + std::to_string(run.world_size);

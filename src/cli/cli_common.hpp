@@ -116,6 +116,10 @@ struct RunSize {
   bool json = false;              // grad --json: all of those again as text
 };
 
+// check_run_size for a training run of `config` on `world` ranks of `target` (train, replay, drift,
+// bench trace), with `reference` when the float64 reference runs beside it (live checks, replay).
+void check_train_size(const TrainConfig& config, int world, const Target& target, bool reference = false);
+
 // Estimates the run's memory (parameters, gradients, optimizer state and checkpoint copies per replica,
 // activations for the batch, the sampler's order, the ranks themselves) and threads, and throws
 // UsageError naming the input whose part is largest -- --model, --batch, --dataset-size or

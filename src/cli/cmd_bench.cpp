@@ -307,6 +307,7 @@ int run_trace_bench(TraceArgs& a) {
   target.world_size = a.world_size;
   validate_target(target);
   t.validate(a.world_size);
+  check_train_size(t, a.world_size, target);
   if (!a.json.empty()) check_output_path(a.json, "--json");
   const SyntheticDataset data(t.data_size(), t.model, t.seed);
   const std::vector<std::string> state_names = make_cpu_optimizer(t.optimizer, 0)->state_names();

@@ -97,8 +97,11 @@ int run_drift(DriftOptions& o) {
     }
   }
   const Dataset* const views[2] = {data[0].get(), data[1].get()};
+  for (int k = 0; k < 2; ++k) check_train_size(runs[k].config, runs[k].world_size, targets[k], true);
   std::printf("dpcheck drift: A %s (%d ranks, %s), B %s (%d ranks, %s)\n", o.a.c_str(), runs[0].world_size,
               targets[0].describe().c_str(), o.b.c_str(), runs[1].world_size, targets[1].describe().c_str());
+  // Checkpoints do not say where their data came from: say what the replays train on.
+  if (o.x.empty()) std::printf("data: synthetic, from each run's seed (give --x and --y if the runs trained on files)\n");
   std::fflush(stdout);
   const DriftReport r = rounding_or_bug(targets, runs, views, o.from);
   if (r.steps.empty())
@@ -119,13 +122,14 @@ int run_drift(DriftOptions& o) {
     if (!t.kernels.empty()) cmd += " --kernels " + shell_word(t.kernels);
     if (!t.mutant.empty()) cmd += " --mutant " + t.mutant;
     if (t.tf32) cmd += " --tf32";
+    if (!o.x.empty()) cmd += " --x " + shell_word(o.x) + " --y " + shell_word(o.y);
     std::printf("\nbug: step %lld of %s leaves the bound from its own parameters (%s); replay it with: %s\n",
                 static_cast<long long>(r.bug_step), name[r.bug_run], r.bug_where.c_str(), cmd.c_str());
     return exit_check_failed;
   }
   if (r.unreproduced_run >= 0) {
     std::printf("\nnot decided: step %lld of %s replayed on this target does not give the bits the run recorded next "
-                "(was it run on another engine, communicator or kernels? give them)\n",
+                "(was it run on another engine, communicator, kernels or data? give them, or its trace)\n",
                 static_cast<long long>(r.unreproduced_step), name[r.unreproduced_run]);
     return exit_check_failed;
   }

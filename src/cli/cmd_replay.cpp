@@ -57,6 +57,9 @@ int run_replay(ReplayOptions& o) {
     if (o.given("--step")) throw UsageError("--step is for a checkpoint directory; a bundle replays its failing step");
     if (o.given("--world-size")) throw UsageError("--world-size is for a checkpoint directory; a bundle replays on its own world size");
     Bundle b = read_bundle(o.path);
+    if (!b.before_unreadable.empty() && is_printing_rank())
+      std::printf("the state before the step is not one to start from (%s): replaying from the run's start, step %lld\n",
+                  b.before_unreadable.c_str(), static_cast<long long>(b.start.step));
     in.config = b.manifest.config;
     in.world_size = b.manifest.world_size;
     in.checks = b.manifest.checks;
@@ -84,6 +87,9 @@ int run_replay(ReplayOptions& o) {
     const CheckpointRun run = read_checkpoint_run(dir);
     in.config = run.config;
     in.world_size = run.world_size;
+    if (!run.steps.empty() && o.step > run.steps.back())
+      throw UsageError("--step " + std::to_string(o.step) + " is beyond " + o.path + "'s newest checkpoint (step " +
+                       std::to_string(run.steps.back()) + "): the run never reached it");
     in.before = load_checkpoint(dir, in.config.model, nullptr, o.step);
     in.step = o.step;
     in.checks.finite = true;
@@ -129,11 +135,16 @@ int run_replay(ReplayOptions& o) {
     data = std::make_unique<SyntheticDataset>(in.config.data_size(), in.config.model, in.config.seed);
   }
   in.data = data.get();
+  check_train_size(in.config, world, target, true);
 
   const bool printing = is_printing_rank();
   if (printing) {
     std::printf("dpcheck replay: %s, step %lld on %d ranks, %s%s\n", o.path.c_str(), static_cast<long long>(in.step), world,
                 target.describe().c_str(), retargeted ? " (re-targeted)" : "");
+    // A checkpoint does not say where its data came from: say what this replay trains on.
+    if (!is_bundle && data_x.empty())
+      std::printf("data: synthetic, seed %llu (give --x and --y if the run trained on files)\n",
+                  static_cast<unsigned long long>(in.config.seed));
     if (recorded) std::printf("recorded failure: %s at %s\n", recorded->kind.c_str(), recorded->where().c_str());
     std::fflush(stdout);
   }
@@ -141,7 +152,7 @@ int run_replay(ReplayOptions& o) {
   // The step alone may pass where the run failed: a bug that depends on what ran before the step (a
   // communicator's call count, a counter that wraps) needs the run from its start.
   bool from_start = false;
-  if (recorded && !retargeted && !(r.failure && r.failure->same_place(*recorded)) && start && start->step < in.step) {
+  if (recorded && !retargeted && !(r.failure && r.failure->same_place(*recorded)) && start && start->step < in.before.step) {
     ReplayInput whole = in;
     whole.before = *start;
     ReplayResult again = replay_step(target, whole);

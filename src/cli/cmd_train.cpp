@@ -36,6 +36,7 @@ struct TrainOptions {
   std::string x, y, init, checkpoint_dir, resume, log, trace;
   LiveCheckOptions checks;
   std::string bundle_dir = ".";
+  bool bundle_dir_given = false;
   bool no_bundle = false;
   int checkpoint_every = 0;
   int keep = 2;
@@ -93,7 +94,9 @@ int run_train(TrainOptions& o) {
     if (!o.log.empty()) check_output_path(o.log, "--log", OutputMode::append);
     if (!o.checkpoint_dir.empty()) check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
     if (!o.trace.empty()) check_output_path(o.trace, "--trace");
-    if (!o.no_bundle) check_output_dir(o.bundle_dir, "--bundle-dir");
+    // The default (the current directory) is not held against a run that may never fail: a read-only one
+    // costs only the bundle, said when a check fails.
+    if (!o.no_bundle && o.bundle_dir_given) check_output_dir(o.bundle_dir, "--bundle-dir");
   });
 
   std::unique_ptr<Dataset> data;
@@ -106,15 +109,7 @@ int run_train(TrainOptions& o) {
   }
   t.validate(world);
   check_accumulate(t.accumulate, t.batch, world);
-  RunSize needs;
-  needs.model = t.model;
-  needs.batch = t.batch;
-  needs.dataset = t.data_size();
-  needs.world_size = world;
-  needs.ranks_are_threads = target.process_world == nullptr;
-  needs.replicas_on_host = find_engine(target.engine).memory == MemorySpace::host;
-  needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam ? 2 : t.optimizer.kind == OptimizerKind::momentum ? 1 : 0;
-  check_run_size(needs);
+  check_train_size(t, world, target, o.checks.gradient_every > 0);
   if (!data) data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
   const std::vector<float> params = o.init.empty() ? init_params(t.model, t.seed) : load_params_dir(o.init, t.model);
   std::optional<Checkpoint> resume;
@@ -143,6 +138,9 @@ int run_train(TrainOptions& o) {
   // rank 0 says why.
   std::atomic<bool> passed{true};
   std::string failure;
+  // A timeout among threads: 1 while rank 0 writes its bundle, 2 when done; one thread reports it.
+  std::atomic<int> timeout_bundle{0};
+  std::atomic<bool> timeout_reported{false};
   const ParamLayout layout(t.model);
   const nlohmann::json target_json = {{"engine", target.engine}, {"comm", target.comm}, {"kernels", target.kernels},
                                       {"mutant", target.mutant}, {"tf32", target.tf32}};
@@ -178,35 +176,46 @@ int run_train(TrainOptions& o) {
     const auto fail = [&](const StepFailure& f, bool collective) {
       passed = false;
       if (speaks) failure = f.message;
-      if (o.no_bundle || (!collective && !speaks)) return;
-      BundleManifest m;
-      m.config = t;
-      m.world_size = world;
-      m.target = target;
-      m.checks = o.checks;
-      m.command_line = command_line();
-      if (!o.x.empty()) {
-        m.x = std::filesystem::absolute(o.x).string();
-        m.y = std::filesystem::absolute(o.y).string();
-        if (speaks) m.x_xxh3 = file_xxh3(o.x), m.y_xxh3 = file_xxh3(o.y);
+      if (o.no_bundle || !speaks) {
+        if (collective && !o.no_bundle) comm.host().barrier();  // rank 0 writes the bundle meanwhile
+        return;
       }
-      m.version = DPCHECK_VERSION;
-      m.failure = f;
-      for (int r = 0; r < world; ++r) {
-        const Trainer::Slot slot = rt.trainer->slot(r, f.step);
-        const std::vector<std::int64_t> share = rt.trainer->sampler().indices(r, slot.epoch);
-        m.indices.emplace_back(share.begin() + slot.begin, share.begin() + slot.end);
+      try {
+        BundleManifest m;
+        m.config = t;
+        m.world_size = world;
+        m.target = target;
+        m.checks = o.checks;
+        m.command_line = command_line();
+        if (!o.x.empty()) {
+          m.x = std::filesystem::absolute(o.x).string();
+          m.y = std::filesystem::absolute(o.y).string();
+          m.x_xxh3 = file_xxh3(o.x);
+          m.y_xxh3 = file_xxh3(o.y);
+        }
+        m.version = DPCHECK_VERSION;
+        m.failure = f;
+        for (int r = 0; r < world; ++r) {
+          const Trainer::Slot slot = rt.trainer->slot(r, f.step);
+          const std::vector<std::int64_t> share = rt.trainer->sampler().indices(r, slot.epoch);
+          m.indices.emplace_back(share.begin() + slot.begin, share.begin() + slot.end);
+        }
+        const std::filesystem::path path = fresh_bundle_path(o.bundle_dir, f.step);
+        // Rank 0 alone, so that a bundle it cannot write (a full disk, a read-only directory) costs the
+        // bundle and not a hang of the others in a collective.
+        write_bundle(target, comm, path, m, before, start, o.trace, false);
+        failure += "\nrepro bundle " + path.string() + "; replay it with: " + bundle_replay_command(target, path);
+      } catch (const std::exception& e) {
+        failure += std::string("\nno repro bundle: ") + e.what();
       }
-      const std::filesystem::path path = fresh_bundle_path(o.bundle_dir, f.step);
-      write_bundle(target, comm, path, m, before, start, o.trace, collective);
-      if (speaks) failure += "\nrepro bundle " + path.string() + "; replay it with: " + bundle_replay_command(target, path);
+      if (collective) comm.host().barrier();
     };
     while (rt.trainer->next_step() < t.steps) {
       if (!o.fault.empty() && comm.rank() == o.fault_rank && rt.trainer->next_step() == o.fault_step) {
         if (o.fault == "kill") ::raise(SIGKILL);
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // stops answering
       }
-      if (bundles) before = rt.trainer->checkpoint();
+      if (bundles) rt.trainer->checkpoint_into(before);
       const std::int64_t step = rt.trainer->next_step();
       checks.clear();
       std::optional<StepFailure> failed;
@@ -216,27 +225,35 @@ int run_train(TrainOptions& o) {
       } catch (const StepCheckFailed& e) {
         failed = e.failure;
       } catch (const TimeoutError& e) {
-        // A peer that stopped answering: this rank says what it can and leaves a bundle, then the run ends
-        // as a timeout does.
+        // A peer that stopped answering: rank 0 leaves a bundle, then the run ends as a timeout does.
         if (writer) writer->flush();
         if (trace_writer) trace_writer->flush();
         StepFailure f;
         f.kind = "timeout";
         f.step = step;
-        f.rank = comm.rank();
         f.message = e.what();
-        fail(f, false);
-        if (speaks && bundles) {
+        if (speaks) {
+          timeout_bundle = 1;
+          fail(f, false);
+          timeout_bundle = 2;
           std::printf("%s\n", failure.substr(failure.find('\n') + 1).c_str());
           std::fflush(stdout);
         }
         if (target.process_world) throw;  // the launcher ends the other processes
         // Ranks as threads: the stuck one can neither be stopped nor joined, so the process ends here,
-        // as the plugin watchdog ends it. Rank 0 first (its bundle is written); another rank waits a
-        // moment for it, in case rank 0 is the stuck one.
-        if (!speaks) std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(target.timeout, std::chrono::seconds(5)));
-        print_error(e.what());
-        std::_Exit(exit_runtime_error);
+        // as the plugin watchdog ends it. Another rank gives rank 0 a moment to start its bundle (rank 0
+        // may be the stuck one) and, once started, the time to finish it; one thread says why.
+        if (!speaks) {
+          const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(target.timeout, std::chrono::seconds(5));
+          while (timeout_bundle == 0 && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          while (timeout_bundle == 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (!timeout_reported.exchange(true)) {
+          print_error(e.what());
+          std::_Exit(exit_runtime_error);
+        }
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // the reporting thread ends the process
       }
       if (!o.trace.empty()) {
         nlohmann::json extra = {{"loss", failed ? nlohmann::json(nullptr) : nlohmann::json(r.loss)},
@@ -289,8 +306,8 @@ int run_train(TrainOptions& o) {
         std::string bad = first_non_finite(c.params, layout, "parameter");
         if (bad.empty()) bad = first_non_finite(c.optimizer_state, layout, "optimizer state of");
         if (!bad.empty()) {
-          passed = false;
-          if (speaks) failure = "after step " + std::to_string(r.step) + " " + bad + ", not finite; stopped without writing its checkpoint";
+          fail(non_finite_state_failure(r.step, c.params, c.optimizer_state, layout, ""), true);
+          if (speaks) failure += "\nstopped without writing the checkpoint of step " + std::to_string(done);
           break;
         }
         const std::filesystem::path saved = writer->save(c, t.model);
@@ -298,10 +315,7 @@ int run_train(TrainOptions& o) {
       } else if (done == t.steps) {
         std::vector<float> last(layout.size());
         rt.engine->store_params(last);
-        if (const std::string bad = first_non_finite(last, layout, "parameter"); !bad.empty()) {
-          passed = false;
-          if (speaks) failure = "after step " + std::to_string(r.step) + " " + bad + ", not finite";
-        }
+        if (!first_non_finite(last, layout, "parameter").empty()) fail(non_finite_state_failure(r.step, last, {}, layout, ""), true);
       }
     }
     writer->flush();
@@ -362,6 +376,7 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--fault-step", o->fault_step, "")->group("");
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
+    o->bundle_dir_given = sub->count("--bundle-dir") > 0;
     if (sub->count("--comm") == 0) o->comm = default_comm(o->engine);
     return run_train(*o);
   };
