@@ -2,7 +2,7 @@
 # The test command, and what CI runs: installs what is missing, builds (the ci preset, CUDA where nvcc
 # is found) and runs every test with ctest (JUnit results in build/junit.xml); then every CPU test under
 # AddressSanitizer and UndefinedBehaviorSanitizer and the thread-backend and trainer tests under
-# ThreadSanitizer (ci/sanitize.sh), and each parser's fuzz target for 20 s over its seed corpus
+# ThreadSanitizer (ci/sanitize.sh), and each parser's fuzz target for 15 s over its seed corpus
 # (ci/fuzz.sh). Extra arguments go to the main build's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,5 +14,5 @@ ctest --preset ci --parallel "$(nproc)"
 echo "ci/test.sh: main build and tests took $((SECONDS - start)) s"
 bash ci/sanitize.sh asan tsan
 start=$SECONDS
-bash ci/fuzz.sh 20
+bash ci/fuzz.sh 15
 echo "ci/test.sh: fuzzing took $((SECONDS - start)) s"

@@ -106,25 +106,16 @@ void TraceRecorder::local_gradient(Trainer& trainer, std::int64_t step, double, 
   const std::vector<std::int64_t> idx = trainer.local_indices(step);
   indices_count_ = static_cast<std::int64_t>(idx.size());
   indices_digest_ = hash_bytes(idx.data(), idx.size() * sizeof(std::int64_t));
-  Engine& e = trainer.engine();
-  if (e.memory_space() == MemorySpace::host) {
-    local_ = tensors(e.grads(), e.param_count());
-  } else {
-    host_.resize(e.param_count());
-    e.store_grads(host_);
-    local_ = tensors(host_.data(), host_.size());
-  }
+  local_ = gradient_tensors(trainer.engine());
 }
 
-void TraceRecorder::reduced_gradient(Trainer& trainer, std::int64_t) {
-  Engine& e = trainer.engine();
-  if (e.memory_space() == MemorySpace::host) {
-    reduced_ = tensors(e.grads(), e.param_count());
-  } else {
-    host_.resize(e.param_count());
-    e.store_grads(host_);
-    reduced_ = tensors(host_.data(), host_.size());
-  }
+void TraceRecorder::reduced_gradient(Trainer& trainer, std::int64_t) { reduced_ = gradient_tensors(trainer.engine()); }
+
+std::vector<TensorSummary> TraceRecorder::gradient_tensors(Engine& e) {
+  if (e.memory_space() == MemorySpace::host) return tensors(e.grads(), e.param_count());
+  host_.resize(e.param_count());
+  e.store_grads(host_);
+  return tensors(host_.data(), host_.size());
 }
 
 void TraceRecorder::updated(Trainer& trainer, std::int64_t) {

@@ -71,6 +71,8 @@ class TraceRecorder final : public StepObserver {
 
  private:
   std::vector<TensorSummary> tensors(const float* flat, std::size_t n) const;
+  // The engine's gradient buffer, through a host copy when it lives on a device.
+  std::vector<TensorSummary> gradient_tensors(Engine& engine);
 
   ParamLayout layout_;
   std::vector<std::string> state_names_;

@@ -222,27 +222,15 @@ TEST(Backends, TheMpiRowRunsOnTheLaunchersWorld) {
 
 // What a user's communicator plugin will be: one more row. Registered here at run time, it validates,
 // shows in the help, replays with its --comm, and carries the properties through run_world.
-class Relay final : public Communicator {
+class Relay final : public ForwardingCommunicator {
  public:
-  explicit Relay(Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
+  using ForwardingCommunicator::ForwardingCommunicator;
   std::string_view backend() const override { return "test-relay"; }
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     ++calls;
     inner_.allreduce(buf, count, dtype, op);
   }
-  void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
-    inner_.broadcast(buf, count, dtype, root);
-  }
-  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
-    inner_.allgather(send, recv, count, dtype);
-  }
-  void barrier() override { inner_.barrier(); }
   static inline std::atomic<int> calls{0};
-
- private:
-  Communicator& inner_;
 };
 
 Backend relay_row() {

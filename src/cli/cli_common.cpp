@@ -232,6 +232,13 @@ MachineLimits machine_limits() {
   return m;
 }
 
+std::string ratio_text(double ratio, const char* infinite) {
+  if (!std::isfinite(ratio)) return infinite;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", ratio);
+  return buf;
+}
+
 void check_train_size(const TrainConfig& t, int world, const Target& target, bool reference) {
   RunSize needs;
   needs.model = t.model;

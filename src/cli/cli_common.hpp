@@ -44,6 +44,9 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
 // would run a whole world of its own). Returns the world size to use.
 int resolve_world(Target& target, int requested_world_size, bool world_size_given);
 
+// An error ratio in three digits, or `infinite` for an infinite one (a NaN met, bits that differ).
+std::string ratio_text(double ratio, const char* infinite);
+
 // Writes "dpcheck: error: <message>" and a newline to standard error (after flushing standard output)
 // in one write(2), so that the lines of several ranks sharing a terminal never interleave mid-line.
 void print_error(std::string_view message);

@@ -50,13 +50,6 @@ nlohmann::json trace_target(const std::string& path, const char* option) {
   return t;
 }
 
-std::string ratio_text(double r) {
-  if (!std::isfinite(r)) return "inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", r);
-  return buf;
-}
-
 int run_drift(DriftOptions& o) {
   if (o.from < 0) throw UsageError("--from must be at least 0");
   const CheckpointRun runs[2] = {read_checkpoint_run(o.a), read_checkpoint_run(o.b)};
@@ -109,8 +102,8 @@ int run_drift(DriftOptions& o) {
                      " hold checkpoints s and s + 1 (train with --checkpoint-every 1 and --keep large enough)");
   std::printf("\n%5s  %-10s %-10s %-14s %-14s %s\n", "step", "A ratio", "B ratio", "A replayed", "B replayed", "A-B apart after (ulp)");
   for (const DriftStep& s : r.steps)
-    std::printf("%5lld  %-10s %-10s %-14s %-14s %llu\n", static_cast<long long>(s.step), ratio_text(s.ratio[0]).c_str(),
-                ratio_text(s.ratio[1]).c_str(), s.same_bits[0] ? "same bits" : "OTHER BITS", s.same_bits[1] ? "same bits" : "OTHER BITS",
+    std::printf("%5lld  %-10s %-10s %-14s %-14s %llu\n", static_cast<long long>(s.step), ratio_text(s.ratio[0], "inf").c_str(),
+                ratio_text(s.ratio[1], "inf").c_str(), s.same_bits[0] ? "same bits" : "OTHER BITS", s.same_bits[1] ? "same bits" : "OTHER BITS",
                 static_cast<unsigned long long>(s.apart_ulp));
   const char* name[2] = {"A", "B"};
   const std::string* path[2] = {&o.a, &o.b};

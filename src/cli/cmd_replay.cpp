@@ -36,13 +36,6 @@ struct ReplayOptions {
   bool given(const char* option) const { return sub->count(option) > 0; }
 };
 
-std::string ratio_text(double r) {
-  if (!std::isfinite(r)) return "differs";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", r);
-  return buf;
-}
-
 int run_replay(ReplayOptions& o) {
   std::error_code ec;
   if (!fs::is_directory(o.path, ec)) throw UsageError(o.path + " is not a directory (a repro bundle or a checkpoint directory)");
@@ -167,7 +160,7 @@ int run_replay(ReplayOptions& o) {
   else std::printf("replay: the step passes every check on this target (loss %s)\n", float_text(r.loss).c_str());
   std::printf("\n%-16s %5s  %-12s %s\n", "phase", "rank", "error ratio", "worst element");
   for (const PhaseRatio& p : r.phases)
-    std::printf("%-16s %5d  %-12s %s\n", p.phase.c_str(), p.rank, ratio_text(p.ratio).c_str(), p.element.c_str());
+    std::printf("%-16s %5d  %-12s %s\n", p.phase.c_str(), p.rank, ratio_text(p.ratio, "differs").c_str(), p.element.c_str());
   std::printf("\n%s\n", r.first_out_of_bound.empty() ? "every phase stays within the bound of the float64 reference"
                                                       : ("first phase out of the bound: " + r.first_out_of_bound).c_str());
   if (recorded) {
