@@ -120,7 +120,6 @@ StepFailure non_finite_state_failure(std::int64_t step, std::span<const float> p
   const auto find = [](std::span<const float> v) {
     return static_cast<std::size_t>(std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }) - v.begin());
   };
-  std::string what;
   float value = 0;
   if (const std::size_t i = find(params); i < params.size()) {
     f.element = "parameter " + layout.describe_element(i);
@@ -139,9 +138,15 @@ LiveChecks::LiveChecks(const Target& target, LiveCheckOptions options) : target_
 
 void LiveChecks::local_gradient(Trainer& trainer, std::int64_t step, double loss_sum, std::int64_t) {
   if (!options_.finite) return;
+  // The gradient where it lies on the host; a copy from a device.
   Engine& e = trainer.engine();
-  std::vector<float> g(e.param_count());
-  e.store_grads(g);
+  std::vector<float> copy;
+  std::span<const float> g(e.grads(), e.param_count());
+  if (e.memory_space() != MemorySpace::host) {
+    copy.resize(e.param_count());
+    e.store_grads(copy);
+    g = copy;
+  }
   std::string mine;
   if (!std::isfinite(loss_sum)) {
     mine = "loss\tits loss sum is " + float_text(loss_sum);

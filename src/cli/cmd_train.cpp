@@ -52,14 +52,6 @@ struct TrainOptions {
   int fault_step = 0;
 };
 
-// The first element of `values` that is not finite, as "layers.0.weight[3, 1] is nan"; "" when all are.
-std::string first_non_finite(std::span<const float> values, const ParamLayout& layout, const char* what) {
-  const auto bad = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
-  if (bad == values.end()) return {};
-  const auto i = static_cast<std::size_t>(bad - values.begin());
-  return std::string(what) + " " + layout.describe_element(i % layout.size()) + " is " + float_text(*bad);
-}
-
 int run_train(TrainOptions& o) {
   TrainConfig& t = o.train;
   t.model = o.model.config();
@@ -303,9 +295,7 @@ int run_train(TrainOptions& o) {
       const std::int64_t done = rt.trainer->next_step();
       if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && done % o.checkpoint_every == 0) || done == t.steps)) {
         const Checkpoint c = rt.trainer->checkpoint();
-        std::string bad = first_non_finite(c.params, layout, "parameter");
-        if (bad.empty()) bad = first_non_finite(c.optimizer_state, layout, "optimizer state of");
-        if (!bad.empty()) {
+        if (has_non_finite(c.params) || has_non_finite(c.optimizer_state)) {
           fail(non_finite_state_failure(r.step, c.params, c.optimizer_state, layout, ""), true);
           if (speaks) failure += "\nstopped without writing the checkpoint of step " + std::to_string(done);
           break;
@@ -315,7 +305,7 @@ int run_train(TrainOptions& o) {
       } else if (done == t.steps) {
         std::vector<float> last(layout.size());
         rt.engine->store_params(last);
-        if (!first_non_finite(last, layout, "parameter").empty()) fail(non_finite_state_failure(r.step, last, {}, layout, ""), true);
+        if (has_non_finite(last)) fail(non_finite_state_failure(r.step, last, {}, layout, ""), true);
       }
     }
     writer->flush();
