@@ -56,6 +56,7 @@ void gradient_average_body(const Target& target, CaseRecord& record);
 void accumulation_body(const Target& target, CaseRecord& record);
 void uneven_body(const Target& target, CaseRecord& record);
 void replicas_body(const Target& target, CaseRecord& record);
+void overflow_body(const Target& target, CaseRecord& record);
 void sampler_body(const Target& target, CaseRecord& record);
 void rank0_writes_body(const Target& target, CaseRecord& record);
 std::string rank0_writes_unavailable(const Target& target);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -193,10 +194,16 @@ LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, st
   const Batch whole = trainer.data().gather(ex.global());
   const reference::BoundOptions options = bound_options(target);
   const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
+  // With mixed precision the shards' deltas round at N times the whole batch's scale (reference/bound.hpp).
+  const reference::BoundOptions options_sharded = sharded_bound_options(options, trainer.world_size());
+  const std::optional<reference::GradientBound> own_sharded =
+      options_sharded.delta_scale == options.delta_scale
+          ? std::nullopt
+          : std::optional(reference::gradient_bound(c.model, params, whole, options_sharded));
   const ParamLayout layout(c.model);
   LiveGradientCheck out;
-  const reference::Comparison sharded =
-      reference::compare(reduced, bound, reference::sharded_roundings(ex.largest_share(), trainer.world_size(), options));
+  const reference::Comparison sharded = reference::compare(
+      reduced, own_sharded ? *own_sharded : bound, reference::sharded_roundings(ex.largest_share(), trainer.world_size(), options));
   out.ratio = sharded.max_ratio;
   reference::Comparison worst = sharded;
   const char* which = "all-reduced";
@@ -272,6 +279,7 @@ nlohmann::json BundleManifest::to_json() const {
             {"kernels", target.kernels},
             {"mutant", target.mutant},
             {"tf32", target.tf32},
+            {"precision", precision_name(target.precision)},
             {"timeout_ms", target.timeout.count()}}},
           {"checks", {{"finite", checks.finite}, {"gradient_every", checks.gradient_every}}},
           {"data", std::move(data)},
@@ -298,6 +306,8 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   m.target.kernels = text_field(t, "kernels", "target.");
   m.target.mutant = text_field(t, "mutant", "target.");
   m.target.tf32 = bool_field(t, "tf32", "target.");
+  // Bundles written before --precision have none: float32.
+  if (t.contains("precision")) m.target.precision = parse_precision(text_field(t, "precision", "target."));
   m.target.timeout = std::chrono::milliseconds(int_field(t, "timeout_ms", "target.", 1, std::int64_t{1} << 40));
   const nlohmann::json& c = field(j, "checks", "");
   m.checks.finite = bool_field(c, "finite", "checks.");
@@ -469,9 +479,12 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
           bad == cap.local.end() ? "" : layout.describe_element(static_cast<std::size_t>(bad - cap.local.begin())));
     } else {
       const Batch share = in.data->gather(want);
-      const reference::GradientBound b = reference::gradient_bound(c.model, cap.params_before, share, options);
-      // The rank's gradient enters the all-reduce weighted by its share: share * N / global.
+      // The rank's gradient enters the all-reduce weighted by its share: share * N / global; with mixed
+      // precision its deltas are rounded at that weight.
       const double weight = static_cast<double>(share.size) * in.world_size / static_cast<double>(global);
+      reference::BoundOptions local = options;
+      if (local.input_format != Precision::fp32) local.delta_scale *= weight;
+      const reference::GradientBound b = reference::gradient_bound(c.model, cap.params_before, share, local);
       const reference::Comparison cmp =
           reference::compare(cap.local, b, reference::whole_batch_roundings(share.size, options), 1.0 / weight);
       add("local gradient", cmp.max_ratio, layout.describe_element(cmp.worst));
@@ -479,7 +492,8 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
   }
   if (!cap.reduced.empty()) {
     const Batch whole = in.data->gather(ex.global());
-    const reference::GradientBound b = reference::gradient_bound(c.model, cap.params_before, whole, options);
+    const reference::GradientBound b =
+        reference::gradient_bound(c.model, cap.params_before, whole, sharded_bound_options(options, in.world_size));
     const reference::Comparison cmp =
         reference::compare(cap.reduced, b, reference::sharded_roundings(ex.largest_share(), in.world_size, options));
     add("all-reduce", cmp.max_ratio, layout.describe_element(cmp.worst));

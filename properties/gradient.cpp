@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "properties/common.hpp"
 #include "reference/bound.hpp"
@@ -37,9 +38,9 @@ std::string describe(std::string_view path, const reference::Comparison& c, cons
   return text;
 }
 
-std::vector<float> gradient_of(Engine& engine, const Batch& batch) {
+std::vector<float> gradient_of(Engine& engine, const Batch& batch, float scale = 1.0f) {
   std::vector<float> g(engine.param_count());
-  engine.forward_backward(batch, 1.0f, false);
+  engine.forward_backward(batch, scale, false);
   engine.store_grads(g);
   return g;
 }
@@ -96,6 +97,7 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
   const TrainConfig& c = run.train;
   const Dataset& data = *run.data;
   std::vector<float> averaged, params;
+  float loss_scale = 1;
   run_world(target, run.world_size, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, c, comm, data);
     if (run.params) rt.engine->load_params(*run.params);
@@ -103,39 +105,61 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
     std::vector<float> p(rt.engine->param_count());
     rt.engine->store_params(p);
     rt.trainer->compute_gradient(run.at_step);
+    // A loss scaler that finds the gradient non-finite would skip the step; the check wants one it
+    // takes, so it backs the scale off (every rank alike: the decision is agreed) and computes again.
+    for (int tries = 0; rt.trainer->found_inf() && tries < 64; ++tries) {
+      rt.trainer->scaler().update(true);
+      rt.trainer->compute_gradient(run.at_step);
+    }
     if (!records(target, comm)) return;
     averaged.resize(rt.engine->param_count());
     rt.engine->store_grads(averaged);
     params = std::move(p);
+    loss_scale = rt.trainer->scaler().scale();
   });
 
   const DistributedSampler sampler(c.sampler(run.world_size));
   const reference::StepExamples step = reference::step_examples(c, sampler, run.at_step);
   const Batch whole = data.gather(step.global());
-  const reference::BoundOptions options = bound_options(target);
+  reference::BoundOptions options = bound_options(target);
+  options.delta_scale = loss_scale;  // the backward pass ran at the scaler's scale
   reference::BoundOptions probabilistic = options;
   probabilistic.failure_probability = kProbabilisticFailure;
   const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
   const reference::GradientBound bound_p = reference::gradient_bound(c.model, params, whole, probabilistic);
+  // With mixed precision the shards' deltas are rounded at N times the whole batch's scale (bound.hpp):
+  // the same model unless N is a power of two, so the sharded path has a reference of its own.
+  const reference::BoundOptions options_sharded = sharded_bound_options(options, run.world_size);
+  std::optional<reference::GradientBound> own_sharded, own_sharded_p;
+  if (options_sharded.delta_scale != options.delta_scale) {
+    reference::BoundOptions p = options_sharded;
+    p.failure_probability = kProbabilisticFailure;
+    own_sharded = reference::gradient_bound(c.model, params, whole, options_sharded);
+    own_sharded_p = reference::gradient_bound(c.model, params, whole, p);
+  }
+  const reference::GradientBound& bound_sharded = own_sharded ? *own_sharded : bound;
+  const reference::GradientBound& bound_sharded_p = own_sharded_p ? *own_sharded_p : bound_p;
   const ParamLayout layout(c.model);
   GradientOutcome o;
   o.uncertain_units = bound.uncertain_units;
   o.parameters = layout.size();
 
   const std::int64_t m_sharded = reference::sharded_roundings(step.largest_share(), run.world_size, options);
-  const reference::Comparison sharded = reference::compare(averaged, bound, m_sharded);
+  const reference::Comparison sharded = reference::compare(averaged, bound_sharded, m_sharded);
   o.sharded_ratio = sharded.max_ratio;
 
   // The same engine on the whole batch at once.
   const std::unique_ptr<Engine> engine = make_engine(target, c.model);
   engine->load_params(params);
-  const std::vector<float> g = gradient_of(*engine, whole);
+  // At the scaler's scale, as the trainer runs it, and unscaled (exactly) in the comparison.
+  const double unscale = 1.0 / loss_scale;
+  const std::vector<float> g = gradient_of(*engine, whole, loss_scale);
   const std::int64_t m_whole = reference::whole_batch_roundings(whole.size, options);
-  const reference::Comparison whole_cmp = reference::compare(g, bound, m_whole);
+  const reference::Comparison whole_cmp = reference::compare(g, bound, m_whole, unscale);
   o.whole_ratio = whole_cmp.max_ratio;
-  o.probabilistic_ratio = std::max(reference::compare(averaged, bound_p, m_sharded).max_ratio,
-                                   reference::compare(g, bound_p, m_whole).max_ratio);
-  o.note = sharded.max_ratio >= whole_cmp.max_ratio ? describe("all-reduced", sharded, bound, layout, m_sharded)
+  o.probabilistic_ratio = std::max(reference::compare(averaged, bound_sharded_p, m_sharded).max_ratio,
+                                   reference::compare(g, bound_p, m_whole, unscale).max_ratio);
+  o.note = sharded.max_ratio >= whole_cmp.max_ratio ? describe("all-reduced", sharded, bound_sharded, layout, m_sharded)
                                                     : describe("whole-batch", whole_cmp, bound, layout, m_whole);
 
   // Each rank's share alone, through the same engine (rank 0's only, unless the caller wants them all).
@@ -144,17 +168,34 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
   std::vector<std::vector<float>> shares;
   for (std::size_t r = 0; r < (detail ? step.ranks.size() : 1); ++r)
     shares.push_back(step.ranks[r].empty() ? std::vector<float>(layout.size(), 0.0f)
-                                           : gradient_of(*engine, data.gather(step.ranks[r])));
+                                           : gradient_of(*engine, data.gather(step.ranks[r]), loss_scale));
+  for (std::vector<float>& share : shares)
+    for (float& v : share) v = static_cast<float>(v * unscale);
   if (!step.ranks[0].empty()) o.share_ratio = reference::compare(shares[0], bound, m_sharded).max_ratio;
   // The power probe: the batch without its last example. A one-class cross-entropy has a zero
-  // gradient whatever the batch, so there is nothing to tell apart.
-  if (whole.size >= 2 && !(c.model.loss == Loss::cross_entropy && c.model.out_dim() == 1))
-    o.probe_ratio = reference::compare(gradient_of(*engine, whole.slice(0, whole.size - 1)), bound, m_sharded).max_ratio;
+  // gradient whatever the batch, so there is nothing to tell apart. With mixed precision the probe
+  // keeps the whole batch's weight per example ((B - 1) / B of the mean over B - 1), so that its deltas
+  // round as the reference's do and only the missing example tells it apart.
+  if (whole.size >= 2 && !(c.model.loss == Loss::cross_entropy && c.model.out_dim() == 1)) {
+    const float probe_scale =
+        options.input_format == Precision::fp32 ? 1.0f : static_cast<float>(static_cast<double>(whole.size - 1) / static_cast<double>(whole.size));
+    o.probe_ratio =
+        reference::compare(gradient_of(*engine, whole.slice(0, whole.size - 1), probe_scale * loss_scale), bound,
+                           m_sharded, unscale)
+            .max_ratio;
+  }
 
   o.passed = sharded.passed() && whole_cmp.passed();
   if (!sharded.passed())
-    o.message = "the " + describe("all-reduced", sharded, bound, layout, m_sharded) + "; it exceeds the bound";
-  else if (!whole_cmp.passed())
+    o.message = "the " + describe("all-reduced", sharded, bound_sharded, layout, m_sharded) + "; it exceeds the bound";
+  else if (!whole_cmp.passed() && !std::isfinite(whole_cmp.worst_reference) && std::isfinite(sharded.worst_value)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "at the loss scale the scaler holds (%g), the whole batch's gradient overflows at %s",
+                  static_cast<double>(loss_scale), layout.describe_element(whole_cmp.worst).c_str());
+    o.message = std::string(buf) +
+                " (the float64 reference is not finite there either), yet the trainer's all-reduced gradient is finite: "
+                "its backward pass did not run at the scaler's scale";
+  } else if (!whole_cmp.passed())
     o.message = "the " + describe("whole-batch", whole_cmp, bound, layout, m_whole) + "; it exceeds the bound";
   if (detail) {
     for (const std::vector<std::int64_t>& share : step.ranks)
@@ -166,6 +207,7 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
     detail->whole_cmp = whole_cmp;
     detail->averaged = std::move(averaged);
     detail->whole = g;
+    for (float& v : detail->whole) v = static_cast<float>(v * unscale);
     detail->bound = bound;
   }
   return o;

@@ -4,9 +4,11 @@
 // PyTorch's formula evaluated in float64 from the same float32 inputs -- the parameters, the
 // all-reduced gradient and the state before the step -- within a derived float32 bound
 // (reference::optimizer_step_bound), and the step count must advance by one.
+#include <cstring>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "properties/common.hpp"
@@ -43,10 +45,20 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
       rt.engine->store_params(p0);
       rt.optimizer->store_state(st0);
       const std::int64_t t0 = rt.optimizer->steps();
-      rt.trainer->step();
+      const bool skipped = rt.trainer->step().skipped;
       rt.engine->store_grads(g);
       rt.engine->store_params(p1);
       rt.optimizer->store_state(st1);
+      if (skipped) {
+        // A step the loss scaler skips must leave the parameters, the state and the count as they were.
+        if (my_step_error.empty() && (std::memcmp(p0.data(), p1.data(), n * sizeof(float)) != 0 ||
+                                      std::memcmp(st0.data(), st1.data(), k * sizeof(float)) != 0 ||
+                                      rt.optimizer->steps() != t0))
+          my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) +
+                          ": the loss scaler skipped the step, but the parameters, the optimizer state or its step "
+                          "count changed";
+        continue;
+      }
       if (rt.optimizer->steps() != t0 + 1 && my_step_error.empty())
         my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) + ": the optimizer counts " +
                         std::to_string(rt.optimizer->steps()) + " steps after its step " + std::to_string(t0 + 1);

@@ -31,6 +31,10 @@ ScenarioSpace space_for(const Target& target) {
   ScenarioSpace s;
   s.world_size = target.world_size;
   s.thresholds = [target](int world) { return comm_thresholds(target, world); };
+  if (target.precision == Precision::fp16) {
+    s.loss_scaling.kind = LossScaling::dynamic;
+    s.loss_scaling.growth_interval = 2;
+  }
   return s;
 }
 
@@ -90,12 +94,16 @@ constexpr double kGradientPower = 0.9;
 // 50 cases); a bound three times looser than it is now stays below 0.12.
 constexpr double kBoundTightness = 0.12;
 
-constexpr std::array<PropertyDef, 10> kProperties{{
+constexpr std::array<PropertyDef, 11> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower},
     {"replicas_bitwise_synchronized", "after every step every replica's parameters and optimizer state are bitwise identical",
      replicas_body},
+    {"replicas_survive_overflow",
+     "with a dynamic loss scaler and examples that overflow the scaled gradient on some rank, every rank skips the "
+     "same steps: parameters, optimizer state and the scaler's state stay bitwise identical",
+     overflow_body},
     {"sampler_shards_disjoint", "the sampler's shares are disjoint, cover the data and agree on every rank", sampler_body},
     {"accumulation_matches_whole_batch",
      "gradient accumulation over micro-batches equals the whole-batch gradient within float32 rounding",

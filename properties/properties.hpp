@@ -126,9 +126,13 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
 struct ReplicaOutcome {
   bool passed = true;
   bool parameters_moved = false;
+  std::int64_t skipped_steps = 0;  // steps the loss scaler skipped (rank 0's count)
   std::string message;
 };
-ReplicaOutcome check_replica_sync(const Scenario& scenario, const Target& target);
+// With `poisoned`, the examples at those indices have inputs (and mse targets) of 1e36: a rank whose
+// share holds one finds its scaled gradient non-finite, as a corrupt or outlying example makes it.
+ReplicaOutcome check_replica_sync(const Scenario& scenario, const Target& target,
+                                  const std::vector<std::int64_t>& poisoned = {});
 
 struct ResumeOutcome {
   bool passed = true;

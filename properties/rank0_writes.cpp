@@ -149,6 +149,7 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     if (!target.mutant.empty()) argv.insert(argv.end(), {"--mutant", target.mutant});
     // A kernel plugin runs in every rank's process: one that writes a file breaks the promise too.
     if (!target.kernels.empty()) argv.insert(argv.end(), {"--kernels", target.kernels});
+    if (target.precision != Precision::fp32) argv.insert(argv.end(), {"--precision", std::string(precision_name(target.precision))});
 
     audit::AuditOptions options;
     // Open MPI refuses root and more ranks than cores without these; other launchers ignore them.

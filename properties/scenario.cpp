@@ -25,6 +25,9 @@ std::string Scenario::describe() const {
      << optimizer_name(t.optimizer.kind) << " lr " << lr_string(t.optimizer.lr) << " | " << t.steps
      << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << ", at step " << at_step << " | seed "
      << t.seed;
+  if (t.loss_scaling.enabled())
+    os << " | loss scale from " << t.loss_scaling.init_scale << ", doubled every " << t.loss_scaling.growth_interval
+       << " good steps";
   return os.str();
 }
 
@@ -38,6 +41,9 @@ std::string Scenario::train_flags() const {
      << (t.shuffle ? "" : " --no-shuffle") << " --optimizer " << optimizer_name(t.optimizer.kind) << " --lr "
      << lr_string(t.optimizer.lr) << " --steps " << t.steps << " --accumulate " << t.accumulate << " --seed "
      << t.seed;
+  if (t.loss_scaling.enabled())
+    os << " --loss-scale dynamic --loss-scale-init " << t.loss_scaling.init_scale << " --loss-scale-interval "
+       << t.loss_scaling.growth_interval;
   return os.str();
 }
 
@@ -119,6 +125,7 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     for (int& w : widths) w = *rc::gen::inRange(1, space.max_width + 1);
     t.model.dims.assign(widths.begin(), widths.begin() + layers + 1);
     if (past > 0) grow_past(t.model.dims, limits[past - 1]);
+    t.loss_scaling = space.loss_scaling;
     return s;
   });
 }

@@ -49,6 +49,9 @@ struct ScenarioSpace {
   // given size (Communicator::algorithm_thresholds); the model's parameter count is drawn on both sides
   // of each, so that every run takes every path.
   std::function<std::vector<std::size_t>(int world_size)> thresholds;
+  // Every scenario's loss scaler (none, or dynamic for fp16 targets: then with a growth interval of 2,
+  // so that a few steps both back off and grow the scale).
+  LossScalerConfig loss_scaling;
 };
 
 

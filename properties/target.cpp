@@ -10,7 +10,8 @@
 namespace dpcheck {
 
 std::string Target::describe() const {
-  return "engine " + engine + (tf32 ? " (tf32)" : "") + ", comm " + comm + (kernels.empty() ? "" : ", kernels " + kernels) +
+  const std::string format = tf32 ? " (tf32)" : precision != Precision::fp32 ? " (" + std::string(precision_name(precision)) + ")" : "";
+  return "engine " + engine + format + ", comm " + comm + (kernels.empty() ? "" : ", kernels " + kernels) +
          ", mutant " + (mutant.empty() ? "none" : mutant);
 }
 
@@ -38,10 +39,20 @@ void validate_target(const Target& target) {
   const Backend& backend = backend_of(target);
   (void)world_of_processes(backend, target.process_world);
   if (target.tf32 && target.engine != "cuda") throw UsageError("--tf32 is for the cuda engine's matrix products");
+  if (target.tf32 && target.precision != Precision::fp32)
+    throw UsageError("--tf32 and --precision " + std::string(precision_name(target.precision)) +
+                     " both set the matrix products' input format: choose one");
+  if (target.precision != Precision::fp32 && target.engine != "cpu")
+    throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on the cpu engine; the " +
+                     target.engine + " engine's low-precision products are not built yet");
   require_known_mutant(target.mutant);
   if (const MutantInfo* m = find_mutant(target.mutant); m && !m->engine.empty() && m->engine != target.engine)
     throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m->engine) + " engine: add --engine " +
                      std::string(m->engine));
+  if (const MutantInfo* m = find_mutant(target.mutant);
+      m && !m->precision.empty() && m->precision != precision_name(target.precision))
+    throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m->precision) + " path: add --precision " +
+                     std::string(m->precision));
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
   if (const EngineRow& engine = find_engine(target.engine); engine.require) engine.require();
   if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), target.engine);
@@ -62,6 +73,7 @@ std::string replay_command(const Target& target, const std::string& token) {
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
   if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
   if (target.tf32) cmd += " --tf32";
+  if (target.precision != Precision::fp32) cmd += " --precision " + std::string(precision_name(target.precision));
   if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
@@ -78,7 +90,13 @@ reference::BoundOptions bound_options(const Target& target) {
     o.unit_roundoff = 0x1p-11;  // TF32 keeps 10 explicit mantissa bits
     o.product_input_roundings = 4;
   }
+  o.input_format = target.precision;
   return o;
+}
+
+reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size) {
+  if (options.input_format != Precision::fp32) options.delta_scale *= world_size;
+  return options;
 }
 
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
@@ -98,7 +116,12 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
 }
 
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model, int rank) {
-  if (target.engine == "cpu") return make_cpu_engine(model, make_kernels(target.kernels, rank, target.timeout));
+  if (target.engine == "cpu") {
+    CpuEngineOptions options;
+    options.precision = target.precision;
+    options.accumulate_in_low_precision = target.mutant == "bf16-accumulate";
+    return make_cpu_engine(model, make_kernels(target.kernels, rank, target.timeout), options);
+  }
   if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), target.engine);
   if (target.engine == "cuda") {
     cuda::EngineOptions options;

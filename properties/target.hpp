@@ -28,11 +28,12 @@ struct Target {
   std::string kernels;         // --kernels: a kernel plugin's path; empty: the engine's own kernels
   int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
   bool tf32 = false;           // cuda engine: TF32 matrix products
+  Precision precision = Precision::fp32;  // --precision: the matrix products' input format
   std::chrono::milliseconds timeout = Communicator::default_timeout;
   // Process backends: this process's communicator over all ranks; each case runs on every process.
   Communicator* process_world = nullptr;
 
-  std::string describe() const;  // "engine cpu, comm local, mutant none"
+  std::string describe() const;  // "engine cpu, comm local, mutant none" ("engine cpu (bf16), ...")
 };
 
 // Checks that the engine, backend and mutant names are known and go together (backend_for), that a
@@ -59,6 +60,9 @@ std::string shell_word(const std::string& text);
 
 // The unit roundoff and error model of the target's float path, for the derived bound.
 reference::BoundOptions bound_options(const Target& target);
+// The same for the all-reduced gradient of world_size shards: with mixed precision its deltas are
+// rounded at world_size times the whole batch's scale (reference/bound.hpp).
+reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size);
 
 // Runs fn once for every rank of a world of world_size ranks, through the target's row: as threads of
 // this process, or on this process's rank alone when the ranks are the launcher's processes (whose

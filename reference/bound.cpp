@@ -15,6 +15,33 @@ using M = Matrix<double>;
 
 enum class Kink : unsigned char { active, inactive, uncertain };
 
+// A product input rounded to the low format (bound.hpp, "Mixed precision"): each value v of `value`,
+// with bound E of `error`, becomes R(v) with bound 0 when v - E and v + E round alike, else with bound
+// R(v + E) - R(v - E). At `scale` the rounding is R(scale v) / scale. The bound is widened by a few
+// float64 ulps of v, since the reference and this pass evaluate v in float64 in their own orders.
+struct RoundedInput {
+  Matrix<double> value, error;
+};
+
+RoundedInput round_input(const Matrix<double>& value, const Matrix<double>& error, const ProductRounding& r,
+                         double scale, std::int64_t& uncertain) {
+  if (!r.active()) return {value, error};
+  RoundedInput out{Matrix<double>(value.rows(), value.cols()), Matrix<double>(value.rows(), value.cols())};
+  for (Eigen::Index i = 0; i < value.size(); ++i) {
+    const double v = value.data()[i] * scale;
+    const double e = error.data()[i] * scale + std::abs(v) * 0x1p-48;
+    const double lo = round_to_format(v - e, r.format), hi = round_to_format(v + e, r.format);
+    out.value.data()[i] = round_to_format(v, r.format) / scale;
+    if (lo == hi) {
+      out.error.data()[i] = 0;
+    } else {
+      out.error.data()[i] = (hi - lo) / scale;
+      ++uncertain;
+    }
+  }
+  return out;
+}
+
 // Forward state of one layer for every example: value, error bound, and for a ReLU which side of the
 // kink each unit is certainly on.
 struct LayerState {
@@ -81,7 +108,8 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   const ParamLayout layout(model);
   GradientBound out;
   out.options = options;
-  out.reference = loss_and_gradient<double>(model, params, batch);
+  const ProductRounding rounding{options.input_format, options.delta_scale};
+  out.reference = loss_and_gradient<double>(model, params, batch, rounding);
   out.propagated.assign(layout.size(), 0.0);
   out.kink.assign(layout.size(), 0.0);
   out.magnitude.assign(layout.size(), 0.0);
@@ -93,16 +121,21 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   const double eta = options.underflow_unit;
 
   const int L = model.layers();
-  const std::vector<M> W = weights<double>(model, params);
+  std::vector<M> W = weights<double>(model, params);
+  for (M& w : W) w = round_input(w, M::Zero(w.rows(), w.cols()), rounding, 1, out.uncertain_roundings).value;
   const std::vector<RowVector<double>> b = biases<double>(model, params);
 
   // ---- forward: values and error bounds, layer by layer ----
   M x(B, model.in_dim());
   for (Eigen::Index k = 0; k < x.size(); ++k) x.data()[k] = static_cast<double>(batch.x[static_cast<std::size_t>(k)]);
   std::vector<LayerState> s(static_cast<std::size_t>(L));
+  // Per layer, the product's input as the engine's product sees it (rounded, with mixed precision).
+  std::vector<RoundedInput> in(static_cast<std::size_t>(L));
   for (std::size_t l = 0; l < static_cast<std::size_t>(L); ++l) {
-    const M& a_in = l == 0 ? x : s[l - 1].a;
-    const M ea_in = l == 0 ? M::Zero(x.rows(), x.cols()) : s[l - 1].ea;
+    in[l] = round_input(l == 0 ? x : s[l - 1].a, l == 0 ? M::Zero(x.rows(), x.cols()) : s[l - 1].ea, rounding, 1,
+                        out.uncertain_roundings);
+    const M& a_in = in[l].value;
+    const M& ea_in = in[l].error;
     const M absW = W[l].cwiseAbs();
     LayerState& st = s[l];
     st.z = a_in * W[l].transpose();
@@ -207,20 +240,31 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
     }
     out.loss_bound = loss_carried * inv_b + g(B) * loss_magnitude * inv_b + 2.0 * static_cast<double>(D + B + 4) * eta;
   }
+  // With mixed precision the output delta is rounded, so its error must include the scale factor's: the
+  // engine multiplies by a coefficient rounded from (loss scale, share and micro-batch weights) / n in
+  // up to two roundings, and rounds the product once.
+  if (rounding.active()) edelta += (3 * u) * delta.cwiseAbs();
   // The part of edelta that units within rounding of a ReLU kink contribute (none at the output).
   M edelta_kink = M::Zero(B, D);
 
   // ---- backward: gradient bounds, then delta for the layer below ----
   for (std::size_t l = static_cast<std::size_t>(L); l-- > 0;) {
-    const M& a_in = l == 0 ? x : s[l - 1].a;
-    const M ea_in = l == 0 ? M::Zero(x.rows(), x.cols()) : s[l - 1].ea;
-    const M va = a_in.cwiseAbs() + ea_in;       // bounds |a^|
-    const M vdelta = delta.cwiseAbs() + edelta;  // bounds |delta^|
-    const M prop_w = delta.cwiseAbs().transpose() * ea_in + edelta.transpose() * va;
-    const M mag_w = vdelta.transpose() * va;
+    const M& a_in = in[l].value;
+    const M& ea_in = in[l].error;
+    // The products take delta rounded (at the loss scale); the bias gradient sums it as it is. A
+    // rounding made certain leaves no error, but the kink share of what remains is kept as it was.
+    const RoundedInput rd = round_input(delta, edelta, rounding, options.delta_scale, out.uncertain_roundings);
+    const M& pdelta = rd.value;
+    const M& pedelta = rd.error;
+    const M pedelta_kink = rounding.active() ? pedelta.cwiseMin(edelta_kink) : edelta_kink;
+    const M va = a_in.cwiseAbs() + ea_in;         // bounds |a^|
+    const M vdelta = delta.cwiseAbs() + edelta;    // bounds |delta^|
+    const M vpdelta = pdelta.cwiseAbs() + pedelta;  // bounds |R(delta)^|
+    const M prop_w = pdelta.cwiseAbs().transpose() * ea_in + pedelta.transpose() * va;
+    const M mag_w = vpdelta.transpose() * va;
     const RowVector<double> prop_b = edelta.colwise().sum();
     const RowVector<double> mag_b = vdelta.colwise().sum();
-    const M kink_w = edelta_kink.transpose() * va;
+    const M kink_w = pedelta_kink.transpose() * va;
     const RowVector<double> kink_b = edelta_kink.colwise().sum();
     const Slice& ws = layout.weight(static_cast<int>(l));
     const Slice& bs = layout.bias(static_cast<int>(l));
@@ -238,10 +282,10 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
 
     // h = delta W, a dot product over this layer's outputs; then the activation's derivative below.
     const M absW = W[l].cwiseAbs();
-    const M h = delta * W[l];
-    M eh = edelta * absW + g(W[l].rows() + options.product_input_roundings) * (vdelta * absW);
+    const M h = pdelta * W[l];
+    M eh = pedelta * absW + g(W[l].rows() + options.product_input_roundings) * (vpdelta * absW);
     eh.array() += 2.0 * static_cast<double>(W[l].rows()) * eta;
-    const M eh_kink = edelta_kink * absW;
+    const M eh_kink = pedelta_kink * absW;
     const LayerState& below = s[l - 1];
     M next(h.rows(), h.cols()), enext(h.rows(), h.cols()), enext_kink(h.rows(), h.cols());
     for (Eigen::Index i = 0; i < h.size(); ++i) {

@@ -30,6 +30,18 @@
 // reported beside the worst-case one and is never the verdict: its model of independent errors is an
 // assumption, not a theorem about any order.
 //
+// Mixed precision (input_format bf16 or fp16; reference/mlp.hpp defines the model). The weights and
+// the inputs are float32 values known exactly, so their rounding is part of the model: the reference
+// rounds them as the engine does, and they carry no error. An activation or a delta is rounded after
+// float32 arithmetic has moved it by up to its bound E from the float64 value v: if no rounding
+// boundary of the format lies within [v - E, v + E], the engine's value rounds to the same number as
+// v, exactly, and the error is gone; if one does (the analogue of a ReLU within rounding of its kink),
+// the rounded value may be either neighbour, and its error is the width R(v + E) - R(v - E). Products
+// of two bf16 or two fp16 numbers are exact in float32, so the products' own rounding is the float32
+// accumulation's, as without mixed precision. The bound is then as tight as float32's wherever the
+// roundings are certain, which is what lets it tell a dropped example, or a product accumulated in
+// bf16, from rounding.
+//
 // Where the bound is nearly met. The kink term is the whole contribution of a unit whose ReLU input is
 // within rounding of 0, because the two float paths may take different sides of the kink; when they
 // do, the error at the elements it feeds is that contribution almost exactly, so the error ratio there
@@ -60,6 +72,12 @@ struct BoundOptions {
   // are used as they are; 4 for TF32, whose inputs lose their low mantissa bits (up to 2u each when
   // truncated rather than rounded).
   std::int64_t product_input_roundings = 0;
+  // --precision: the format every matrix product's inputs are rounded to (above), and the scale the
+  // delta is rounded at (as delta_scale * delta). That is the loss scale on the whole batch, and N times
+  // it on a path of N shards: the trainer's weights make each example's delta N / B of its loss's
+  // gradient there, where the whole batch's is 1 / B. For N a power of two the two round alike.
+  Precision input_format = Precision::fp32;
+  double delta_scale = 1;
   // Half the spacing of the smallest subnormals: below the normal range an operation's error is
   // absolute, up to this, besides its relative error u (2^-150 for float32 and TF32, 2^-134 for bf16,
   // 2^-25 for fp16). Every operation in the magnitude pass adds it.
@@ -98,6 +116,7 @@ struct GradientBound {
   std::vector<double> magnitude;   // sum over examples of |delta^| |a^| (|delta^| for a bias)
   std::vector<double> floor;       // float64 reference error and float32 underflow, per element
   std::int64_t uncertain_units = 0;  // (example, unit) pairs within rounding of a ReLU kink
+  std::int64_t uncertain_roundings = 0;  // product inputs within their bound of a rounding boundary
   BoundOptions options;
 
   // Bound on |g_float32[i] - g_exact[i]| for a path whose batch reduction takes m roundings per term.

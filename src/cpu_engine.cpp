@@ -43,9 +43,10 @@ class HostMemory final : public MemoryService {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels)
-      : model_(model), kernels_(std::move(kernels)), layout_(model), params_(layout_.size(), 0.0f), grads_(layout_.size(), 0.0f),
-        z_(static_cast<std::size_t>(model.layers())), a_(static_cast<std::size_t>(model.layers())) {}
+  CpuEngine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels, const CpuEngineOptions& options)
+      : model_(model), kernels_(std::move(kernels)), options_(options), layout_(model), params_(layout_.size(), 0.0f), grads_(layout_.size(), 0.0f),
+        z_(static_cast<std::size_t>(model.layers())), a_(static_cast<std::size_t>(model.layers())),
+        low_w_(static_cast<std::size_t>(model.layers())), low_in_(static_cast<std::size_t>(model.layers())) {}
 
   std::string_view name() const override { return "cpu"; }
   const MemoryService& memory() const override { return host_memory(); }
@@ -80,15 +81,25 @@ class CpuEngine final : public Engine {
     for (int l = 0; l < layers; ++l) {
       const auto li = static_cast<std::size_t>(l);
       const ConstMap w = weight(l);
+      // The product's inputs: as they are in float32, or rounded to the low precision (kept for the
+      // backward pass, whose products take the same rounded activations and weights).
+      const float* in = l == 0 ? x.data() : a_[li - 1].data();
+      const float* w_in = w.data();
+      if (low_precision()) {
+        round_into(low_in_[li], in, n, w.cols());
+        round_into(low_w_[li], w.data(), w.rows(), w.cols());
+        in = low_in_[li].data();
+        w_in = low_w_[li].data();
+      }
       z_[li].resize(n, w.rows());
       if (plugin(KernelOp::linear_forward)) {
-        const float* in = l == 0 ? x.data() : a_[li - 1].data();
-        kernels_->linear_forward(in, w.data(), bias(l).data(), z_[li].data(), n, w.cols(), w.rows());
+        kernels_->linear_forward(in, w_in, bias(l).data(), z_[li].data(), n, w.cols(), w.rows());
       } else {
-        if (l == 0)
-          z_[li].noalias() = x * w.transpose();
+        const ConstMap in_m(in, n, w.cols()), w_m(w_in, w.rows(), w.cols());
+        if (options_.accumulate_in_low_precision)
+          low_precision_product(in_m, w_m.transpose(), z_[li], false);
         else
-          z_[li].noalias() = a_[li - 1] * w.transpose();
+          z_[li].noalias() = in_m * w_m.transpose();
         z_[li].rowwise() += bias(l);
       }
       if (l + 1 < layers) {
@@ -107,25 +118,50 @@ class CpuEngine final : public Engine {
       const auto li = static_cast<std::size_t>(l);
       const Slice& ws = layout_.weight(l);
       Map gw(grads_.data() + ws.offset, ws.shape[0], ws.shape[1]);
+      // The products' inputs, as in the forward pass; the delta rounded too. The bias gradient sums
+      // the float32 delta.
+      const float* in = l == 0 ? x.data() : a_[li - 1].data();
+      const float* w_in = weight(l).data();
+      const float* d_in = delta_.data();
+      if (low_precision()) {
+        in = low_in_[li].data();
+        w_in = low_w_[li].data();
+        round_into(low_delta_, delta_.data(), delta_.rows(), delta_.cols());
+        d_in = low_delta_.data();
+      }
+      const ConstMap in_m(in, n, ws.shape[1]), w_m(w_in, ws.shape[0], ws.shape[1]), d_m(d_in, n, ws.shape[0]);
       if (plugin(KernelOp::linear_backward)) {
         // The grads were zeroed above unless the engine accumulates, so either flag is right; passing
         // the engine's own exercises both of the plugin's paths in training with micro-batches.
-        const float* in = l == 0 ? x.data() : a_[li - 1].data();
         RowMatrix h;
         if (l > 0) h.resize(n, ws.shape[1]);
-        kernels_->linear_backward(in, weight(l).data(), delta_.data(), l > 0 ? h.data() : nullptr, gw.data(),
-                                  grads_.data() + layout_.bias(l).offset, n, ws.shape[1], ws.shape[0], accumulate);
+        if (low_precision()) {
+          // The plugin's linear_backward takes one delta for both: it sums the bias gradient from the
+          // rounded delta, so the float32 bias gradient is put back afterwards.
+          Eigen::Map<Eigen::RowVectorXf> gb(grads_.data() + layout_.bias(l).offset, ws.shape[0]);
+          const Eigen::RowVectorXf before = gb;
+          kernels_->linear_backward(in, w_in, d_in, l > 0 ? h.data() : nullptr, gw.data(), gb.data(), n, ws.shape[1],
+                                    ws.shape[0], accumulate);
+          gb = (accumulate ? before : Eigen::RowVectorXf::Zero(ws.shape[0])) + delta_.colwise().sum();
+        } else {
+          kernels_->linear_backward(in, w_in, d_in, l > 0 ? h.data() : nullptr, gw.data(),
+                                    grads_.data() + layout_.bias(l).offset, n, ws.shape[1], ws.shape[0], accumulate);
+        }
         if (l > 0) backward_through_activation(h, li - 1);
         continue;
       }
-      if (l == 0)
-        gw.noalias() += delta_.transpose() * x;
+      if (options_.accumulate_in_low_precision)
+        low_precision_product(d_m.transpose(), in_m, gw, true);
       else
-        gw.noalias() += delta_.transpose() * a_[li - 1];
+        gw.noalias() += d_m.transpose() * in_m;
       Eigen::Map<Eigen::RowVectorXf> gb(grads_.data() + layout_.bias(l).offset, ws.shape[0]);
       gb += delta_.colwise().sum();
       if (l > 0) {
-        RowMatrix h = delta_ * weight(l);
+        RowMatrix h;
+        if (options_.accumulate_in_low_precision)
+          low_precision_product(d_m, w_m, h, false);
+        else
+          h = d_m * w_m;
         backward_through_activation(h, li - 1);
       }
     }
@@ -133,6 +169,30 @@ class CpuEngine final : public Engine {
   }
 
  private:
+  bool low_precision() const { return options_.precision != Precision::fp32; }
+
+  // dst = the rows x cols floats at src, each rounded to the engine's precision.
+  void round_into(RowMatrix& dst, const float* src, Eigen::Index rows, Eigen::Index cols) const {
+    dst.resize(rows, cols);
+    const Precision p = options_.precision;
+    for (Eigen::Index i = 0; i < dst.size(); ++i) dst.data()[i] = round_to_precision(src[i], p);
+  }
+
+  // The mutant bf16-accumulate: dst (+)= a * b with every partial sum rounded to the low precision,
+  // as a kernel whose accumulator is a 16-bit register would.
+  template <class A, class B, class D>
+  void low_precision_product(const A& a, const B& b, D& dst, bool add) const {
+    const Precision p = options_.precision == Precision::fp32 ? Precision::bf16 : options_.precision;
+    const RowMatrix ea = a, eb = b;
+    if (!add) dst.resize(ea.rows(), eb.cols());
+    for (Eigen::Index i = 0; i < ea.rows(); ++i)
+      for (Eigen::Index j = 0; j < eb.cols(); ++j) {
+        float acc = add ? dst(i, j) : 0.0f;
+        for (Eigen::Index k = 0; k < ea.cols(); ++k) acc = round_to_precision(acc + ea(i, k) * eb(k, j), p);
+        dst(i, j) = acc;
+      }
+  }
+
   // Whether the plugin runs `op` (an activation op only for an activation it has: not identity).
   bool plugin(KernelOp op) const { return kernels_ && kernels_->provides(op); }
   bool plugin_activation(KernelOp op) const { return model_.activation != Activation::identity && plugin(op); }
@@ -215,16 +275,21 @@ class CpuEngine final : public Engine {
 
   ModelConfig model_;
   std::shared_ptr<const Kernels> kernels_;  // null: the engine's own kernels throughout
+  CpuEngineOptions options_;
   ParamLayout layout_;
   std::vector<float> params_, grads_;
   std::vector<RowMatrix> z_, a_;  // per layer: pre-activations, activations (a_ unused for the last)
   RowMatrix delta_;
+  // With a low precision: per layer, the product's rounded weights and input; the rounded delta.
+  std::vector<RowMatrix> low_w_, low_in_;
+  RowMatrix low_delta_;
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels) {
-  return std::make_unique<CpuEngine>(model, std::move(kernels));
+std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels,
+                                        const CpuEngineOptions& options) {
+  return std::make_unique<CpuEngine>(model, std::move(kernels), options);
 }
 
 const MemoryService& host_memory() {

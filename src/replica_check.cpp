@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <sstream>
 
 #include "src/error.hpp"
@@ -102,7 +103,8 @@ std::size_t first_differing_element(Communicator& comm, Engine& engine, Optimize
 
 }  // namespace
 
-ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step) {
+ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step,
+                             const LossScalerState* scaler) {
   Communicator& host = comm.host();
   // The optimizer's state is hashed, compared and copied with the engine's service: it must live beside
   // the parameters.
@@ -119,6 +121,38 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
   report.optimizer_steps = host.allgather_value<std::int64_t>(optimizer.steps());
   for (std::uint64_t other : report.hashes) report.synchronized &= other == report.hashes.front();
   for (std::int64_t s : report.optimizer_steps) report.synchronized &= s == report.optimizer_steps.front();
+  if (scaler) {
+    const std::vector<float> scales = host.allgather_value<float>(scaler->scale);
+    const std::vector<std::int64_t> trackers = host.allgather_value<std::int64_t>(scaler->growth_tracker);
+    const std::vector<std::int64_t> skipped = host.allgather_value<std::int64_t>(scaler->skipped);
+    bool same = true;
+    for (std::size_t r = 0; r < scales.size(); ++r)
+      same &= std::bit_cast<std::uint32_t>(scales[r]) == std::bit_cast<std::uint32_t>(scales[0]) &&
+              trackers[r] == trackers[0] && skipped[r] == skipped[0];
+    if (!same) {
+      // The scaler is reported first: a rank that skipped alone also differs everywhere else.
+      report.synchronized = false;
+      report.buffer = "loss scaler";
+      std::string text;
+      for (std::size_t r = 0; r < scales.size(); ++r)
+        text += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " scale " + float_text(scales[r]) +
+                " after " + std::to_string(skipped[r]) + " skipped steps";
+      report.element = text;
+      report.values = scales;
+      // The minority: ranks whose (scale, counter, skipped) differs from the most common one.
+      const auto key = [&](std::size_t r) {
+        return std::tuple(std::bit_cast<std::uint32_t>(scales[r]), trackers[r], skipped[r]);
+      };
+      std::map<std::tuple<std::uint32_t, std::int64_t, std::int64_t>, int> votes;
+      for (std::size_t r = 0; r < scales.size(); ++r) ++votes[key(r)];
+      std::size_t majority = 0;
+      for (std::size_t r = 0; r < scales.size(); ++r)
+        if (votes[key(r)] > votes[key(majority)]) majority = r;
+      for (std::size_t r = 0; r < scales.size(); ++r)
+        if (key(r) != key(majority)) report.minority.push_back(static_cast<int>(r));
+      return report;
+    }
+  }
   if (report.synchronized) return report;
 
   // Locate the first element whose bits differ on any rank, then fetch just that element everywhere.

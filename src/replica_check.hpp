@@ -11,6 +11,7 @@
 
 #include "src/comm.hpp"
 #include "src/engine.hpp"
+#include "src/loss_scaler.hpp"
 #include "src/optimizer.hpp"
 
 namespace dpcheck {
@@ -34,8 +35,11 @@ struct ReplicaReport {
   std::string describe() const;
 };
 
-// A collective: every rank must call it at the same step. Every rank receives the same report.
-ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step);
+// A collective: every rank must call it at the same step. Every rank receives the same report. With
+// `scaler` (a run that scales its loss), the loss scaler's scale, counter and skipped steps must agree
+// too: a rank that skipped a step the others took has left them for good.
+ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& optimizer, std::int64_t step,
+                             const LossScalerState* scaler = nullptr);
 
 // Distance in units in the last place between two floats (0 for +0 and -0; NaNs compare by bits).
 std::uint64_t ulp_distance(float a, float b);

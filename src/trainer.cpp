@@ -1,6 +1,7 @@
 #include "src/trainer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "src/error.hpp"
@@ -45,6 +46,7 @@ void TrainConfig::validate(int world_size) const {
   optimizer.validate();
   if (steps < 1) throw UsageError("steps must be at least 1");
   if (accumulate < 1) throw UsageError("accumulate must be at least 1");
+  loss_scaling.validate();
   if (policy == Policy::drop_last && data_size() < world_size)
     throw UsageError("with drop-last, the data set (" + std::to_string(data_size()) +
                      " examples) must hold at least one example per rank (world size " + std::to_string(world_size) +
@@ -53,7 +55,8 @@ void TrainConfig::validate(int world_size) const {
 
 Trainer::Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
                  const DistributedSampler& sampler, const Dataset& data)
-    : config_(config), comm_(comm), engine_(engine), optimizer_(optimizer), sampler_(sampler), data_(data) {
+    : config_(config), comm_(comm), engine_(engine), optimizer_(optimizer), sampler_(sampler), data_(data),
+      scaler_(config.loss_scaling) {
   const int world = comm.size();
   config_.validate(world);
   DPCHECK_ASSERT(sampler.config().world_size == world);
@@ -126,6 +129,7 @@ double Trainer::compute_gradient(std::int64_t step) {
   if (global == 0) throw Error("step " + std::to_string(step) + " has an empty global batch");
   const Batch batch = local_batch(step);
   const double weight = share_weight(share, global, comm_.size());
+  const float loss_scale = scaler_.enabled() ? applied_loss_scale() : 1.0f;
 
   // Each micro-batch's mean gradient enters with weight n_j / b_r within the rank, so one scale
   // factor per micro-batch carries both the accumulation and the rank's share.
@@ -134,7 +138,7 @@ double Trainer::compute_gradient(std::int64_t step) {
   bool first = true;
   for (std::int64_t n : split_sizes(batch.size, config_.accumulate)) {
     if (n == 0) continue;
-    const auto scale = static_cast<float>(weight * micro_batch_weight(n, batch.size));
+    const auto scale = static_cast<float>(weight * micro_batch_weight(n, batch.size) * loss_scale);
     loss_sum += static_cast<double>(n) * engine_.forward_backward(batch.slice(offset, offset + n), scale, !first);
     offset += n;
     first = false;
@@ -142,10 +146,55 @@ double Trainer::compute_gradient(std::int64_t step) {
   if (first) engine_.zero_grads();  // nothing to train on: contribute zeros, but still take part
 
   local_gradient_ready(step);
+  const bool local_inf = scaler_.enabled() && gradient_non_finite();
   if (observer_) observer_->local_gradient(*this, step, loss_sum, share);
   comm_.allreduce(engine_.grads(), engine_.param_count(), DType::f32, ReduceOp::avg);
+  found_inf_ = false;
+  if (scaler_.enabled()) {
+    found_inf_ = agree_found_inf(local_inf, gradient_non_finite());
+    if (!found_inf_) scale_gradient(1.0f / loss_scale);
+  }
   if (observer_) observer_->reduced_gradient(*this, step);
   return global_mean_loss(loss_sum, share, global);
+}
+
+bool Trainer::agree_found_inf(bool local_inf, bool reduced_inf) {
+  std::int64_t found = local_inf || reduced_inf ? 1 : 0;
+  comm_.host().allreduce(&found, 1, DType::i64, ReduceOp::max);
+  return found != 0;
+}
+
+namespace {
+
+bool any_non_finite(const float* v, std::size_t n) {
+  bool bad = false;
+  for (std::size_t i = 0; i < n; ++i) bad |= !std::isfinite(v[i]);
+  return bad;
+}
+
+}  // namespace
+
+bool Trainer::gradient_non_finite() {
+  const std::size_t n = engine_.param_count();
+  engine_.synchronize();
+  if (engine_.memory_space() == MemorySpace::host) return any_non_finite(engine_.grads(), n);
+  host_copy_.resize(n);
+  engine_.store_grads(host_copy_);
+  return any_non_finite(host_copy_.data(), n);
+}
+
+void Trainer::scale_gradient(float factor) {
+  const std::size_t n = engine_.param_count();
+  engine_.synchronize();
+  if (engine_.memory_space() == MemorySpace::host) {
+    float* g = engine_.grads();
+    for (std::size_t i = 0; i < n; ++i) g[i] *= factor;
+    return;
+  }
+  host_copy_.resize(n);
+  engine_.store_grads(host_copy_);
+  for (float& v : host_copy_) v *= factor;
+  engine_.memory().copy_from_host(host_copy_.data(), engine_.grads(), n);
 }
 
 double Trainer::global_mean_loss(double local_loss_sum, std::int64_t, std::int64_t global) {
@@ -154,7 +203,7 @@ double Trainer::global_mean_loss(double local_loss_sum, std::int64_t, std::int64
 }
 
 nlohmann::json TrainConfig::to_json(int world_size) const {
-  return {{"model", dims_string(model.dims)},
+  nlohmann::json j = {{"model", dims_string(model.dims)},
           {"activation", activation_name(model.activation)},
           {"loss", loss_name(model.loss)},
           {"batch", batch},
@@ -172,6 +221,14 @@ nlohmann::json TrainConfig::to_json(int world_size) const {
           {"policy", policy_name(policy)},
           {"seed", seed},
           {"world_size", world_size}};
+  // Only a run that scales its loss records the scaler, so that checkpoints written before there was
+  // one still resume a run without one.
+  if (loss_scaling.enabled()) {
+    j["loss_scale"] = std::string(loss_scaling_name(loss_scaling.kind));
+    j["loss_scale_init"] = loss_scaling.init_scale;
+    j["loss_scale_interval"] = loss_scaling.growth_interval;
+  }
+  return j;
 }
 
 std::string TrainConfig::resume_mismatch(const nlohmann::json& saved, int world_size) const {
@@ -201,6 +258,7 @@ void Trainer::checkpoint_into(Checkpoint& c) const {
   optimizer_.store_state(c.optimizer_state);
   c.optimizer_steps = optimizer_.steps();
   c.config = config_.to_json(comm_.size());
+  c.loss_scaler = scaler_.enabled() ? std::optional(scaler_.state()) : std::nullopt;
 }
 
 void Trainer::restore(const Checkpoint& c) {
@@ -209,8 +267,12 @@ void Trainer::restore(const Checkpoint& c) {
                      std::to_string(engine_.param_count()));
   if (c.state_names != optimizer_.state_names())
     throw UsageError("the checkpoint's optimizer state does not fit " + std::string(optimizer_name(optimizer_.config().kind)));
+  if (scaler_.enabled() != c.loss_scaler.has_value())
+    throw UsageError(scaler_.enabled() ? "the checkpoint has no loss scaler state, and this run scales the loss"
+                                       : "the checkpoint holds a loss scaler's state, and this run has none");
   engine_.load_params(c.params);
   optimizer_.load_state(c.optimizer_state, c.optimizer_steps);
+  if (c.loss_scaler) scaler_.restore(*c.loss_scaler);
   next_step_ = c.step;
 }
 
@@ -219,9 +281,13 @@ StepResult Trainer::step() {
   r.step = next_step_;
   r.global_batch = global_batch(r.step);
   r.loss = compute_gradient(r.step);
-  optimizer_.step(engine_.params(), engine_.grads());
+  // A skipped step leaves the parameters, the optimizer state and its step count as they were.
+  r.skipped = found_inf_;
+  if (!found_inf_) optimizer_.step(engine_.params(), engine_.grads());
+  scaler_.update(found_inf_);
+  r.loss_scale = scaler_.scale();
   if (observer_) observer_->updated(*this, r.step);
-  r.replicas = check_replicas(comm_, engine_, optimizer_, r.step);
+  r.replicas = check_replicas(comm_, engine_, optimizer_, r.step, scaler_.enabled() ? &scaler_.state() : nullptr);
   ++next_step_;
   return r;
 }

@@ -12,6 +12,12 @@
 // Steps and epochs: each rank walks its share of the epoch in slices of ceil(batch / N) examples; an
 // epoch has ceil(largest share / slice) steps. By default the data set is exactly one global batch,
 // so every step is a fresh epoch (a new shuffle) over the same examples.
+//
+// With a loss scaler (src/loss_scaler.hpp), each rank's backward pass runs at the scale, the gradient
+// is all-reduced scaled, and every rank reports whether its local gradient or the all-reduced one
+// holds a non-finite value; the max over ranks decides, on every rank alike, whether the step is
+// skipped. A taken step unscales the gradient (exactly: the scale is a power of two) before the
+// optimizer sees it.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +26,7 @@
 #include "src/comm.hpp"
 #include "src/data.hpp"
 #include "src/engine.hpp"
+#include "src/loss_scaler.hpp"
 #include "src/optimizer.hpp"
 #include "src/replica_check.hpp"
 #include "src/sampler.hpp"
@@ -39,6 +46,7 @@ struct TrainConfig {
   Split split = Split::strided;
   Policy policy = Policy::pad;
   std::uint64_t seed = 0;          // parameters, synthetic data and shuffle
+  LossScalerConfig loss_scaling;   // --loss-scale: none, or dynamic (GradScaler's semantics)
 
   std::int64_t data_size() const { return dataset_size > 0 ? dataset_size : batch; }
   SamplerConfig sampler(int world_size) const;
@@ -77,6 +85,8 @@ struct StepResult {
   std::int64_t step = 0;
   double loss = 0;              // mean loss over the global batch (before the update)
   std::int64_t global_batch = 0;
+  bool skipped = false;         // the loss scaler found a non-finite gradient: no update was taken
+  float loss_scale = 1;         // the scaler's scale after the step (1 without one)
   ReplicaReport replicas;
 };
 
@@ -103,7 +113,12 @@ class Trainer {
   std::int64_t largest_micro_batch(std::int64_t step) const;
 
   // Leaves the all-reduced gradient of step's global batch in engine.grads(); returns the mean loss.
+  // With a loss scaler the gradient is unscaled, unless some rank found a non-finite value: then
+  // found_inf() is true on every rank and the gradient is left as the all-reduce made it.
   double compute_gradient(std::int64_t step);
+  bool found_inf() const { return found_inf_; }
+  const LossScaler& scaler() const { return scaler_; }
+  LossScaler& scaler() { return scaler_; }
 
   // compute_gradient, the optimizer update and the replica check; advances the step counter.
   StepResult step();
@@ -143,6 +158,15 @@ class Trainer {
   virtual void local_gradient_ready(std::int64_t /*step*/) {}
   // The mean loss over the global batch from this rank's sum of per-example losses (a collective).
   virtual double global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t global);
+  // The scale this rank's backward pass runs at and its gradient is unscaled by: the scaler's.
+  virtual float applied_loss_scale() const { return scaler_.scale(); }
+  // Whether the step is skipped, from this rank's view (its local gradient, the all-reduced one): every
+  // rank's view reduced with a max, so that all decide alike (a collective).
+  virtual bool agree_found_inf(bool local_inf, bool reduced_inf);
+  // Whether the engine's gradient holds an infinity or a NaN.
+  bool gradient_non_finite();
+  // Multiplies the engine's gradient by factor (a power of two: exact).
+  void scale_gradient(float factor);
 
  private:
   TrainConfig config_;
@@ -155,6 +179,9 @@ class Trainer {
   std::int64_t steps_per_epoch_ = 1;
   std::int64_t next_step_ = 0;
   StepObserver* observer_ = nullptr;
+  LossScaler scaler_;
+  bool found_inf_ = false;
+  std::vector<float> host_copy_;  // a device engine's gradient, for the scaler's checks
 };
 
 // array_split: n into `parts` sizes differing by at most one, larger first.

@@ -196,6 +196,8 @@ class Fields {
     }
   }
 
+  bool has(const std::string& key) const { return object_.contains(key); }
+
   void done() const {
     for (const auto& [key, value] : object_.items())
       if (used_.count(key) == 0) refuse(in_quotes(name(key)) + " is not a field of a dpcheck checkpoint manifest");
@@ -257,6 +259,11 @@ std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
   c.policy = f.choice("policy", parse_policy);
   c.seed = f.unsigned_integer("seed");
   const int world = static_cast<int>(f.integer("world_size", 1, kMaxInt));
+  if (f.has("loss_scale")) {
+    c.loss_scaling.kind = f.choice("loss_scale", parse_loss_scaling);
+    c.loss_scaling.init_scale = f.number("loss_scale_init");
+    c.loss_scaling.growth_interval = f.integer("loss_scale_interval", 1, kMaxCount);
+  }
   f.done();
   // A model too large to address is refused before any layout is built from it.
   std::uint64_t count = 0;
@@ -304,9 +311,28 @@ Manifest parse_manifest(std::string_view text) {
            " do not agree with \"step\" " + std::to_string(m.step) + ", which is step " +
            std::to_string(m.step % m.steps_per_epoch) + " of epoch " + std::to_string(m.step / m.steps_per_epoch) + per_epoch);
 
-  if (m.optimizer_steps != m.step)
+  if (config.loss_scaling.enabled() != f.has("loss_scaler"))
+    refuse(config.loss_scaling.enabled() ? "\"loss_scaler\" is missing, and the configuration scales its loss"
+                                         : "\"loss_scaler\" is there, and the configuration does not scale its loss");
+  std::int64_t skipped = 0;
+  if (f.has("loss_scaler")) {
+    Fields s(f.at("loss_scaler"), "loss_scaler");
+    LossScalerState st;
+    const double scale = s.number("scale");
+    st.scale = static_cast<float>(scale);
+    int e = 0;
+    if (!(scale >= 0x1p-24 && scale <= 0x1p64) || std::frexp(scale, &e) != 0.5)
+      refuse("\"loss_scaler.scale\" is " + shown(s.at("scale")) + ", not a power of two from 2^-24 to 2^64");
+    st.growth_tracker = s.integer("growth_tracker", 0, config.loss_scaling.growth_interval);
+    st.skipped = s.integer("skipped", 0, m.step + 1);
+    s.done();
+    skipped = st.skipped;
+    m.loss_scaler = st;
+  }
+  if (m.optimizer_steps + skipped != m.step)
     refuse("\"optimizer.steps\" is " + std::to_string(m.optimizer_steps) + " after " + std::to_string(m.step) +
-           " steps: every step takes one optimizer step");
+           " steps" + (skipped ? " of which " + std::to_string(skipped) + " were skipped" : std::string()) +
+           ": every step that is not skipped takes one optimizer step");
   const nlohmann::json& state = optimizer.at("state");
   const std::vector<std::string> want = make_cpu_optimizer(config.optimizer, 0)->state_names();
   if (state != nlohmann::json(want))
@@ -395,7 +421,7 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, boo
                std::span<const float>(c.optimizer_state).subspan(k * c.params.size(), c.params.size()));
 
     // The manifest is the commit marker: written last, it vouches for every file above.
-    const nlohmann::json manifest{{"format", kFormat},
+    nlohmann::json manifest{{"format", kFormat},
                                   {"version", kVersion},
                                   {"step", c.step},
                                   {"epoch", c.epoch},
@@ -403,6 +429,10 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, boo
                                   {"optimizer", {{"steps", c.optimizer_steps}, {"state", c.state_names}}},
                                   {"config", c.config},
                                   {"files", files}};
+    if (c.loss_scaler)
+      manifest["loss_scaler"] = {{"scale", c.loss_scaler->scale},
+                                    {"growth_tracker", c.loss_scaler->growth_tracker},
+                                    {"skipped", c.loss_scaler->skipped}};
     const std::string text = manifest.dump(2) + "\n";
     // The writer never writes what its reader would refuse: fields that disagree (a step that is not
     // the epoch's, optimizer steps that are not the step) are a bug in the caller, reported now rather
@@ -608,6 +638,7 @@ std::optional<Checkpoint> read_checkpoint(const fs::path& step_dir, const ModelC
     c.epoch = m.epoch;
     c.step_in_epoch = m.step_in_epoch;
     c.optimizer_steps = m.optimizer_steps;
+    c.loss_scaler = m.loss_scaler;
     c.state_names = m.state_names;
     c.config = m.config;
     c.params.resize(layout.size());

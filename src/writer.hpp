@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/loss_scaler.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include "src/comm.hpp"
@@ -44,8 +46,9 @@ struct Checkpoint {
   std::vector<float> params;
   std::vector<std::string> state_names;  // optimizer state blocks, each params.size() long
   std::vector<float> optimizer_state;
-  std::int64_t optimizer_steps = 0;
+  std::int64_t optimizer_steps = 0;  // the step count less the steps a loss scaler skipped
   nlohmann::json config;             // the run's configuration (TrainConfig and world size)
+  std::optional<LossScalerState> loss_scaler;  // a run that scales its loss: the scaler's state
 };
 
 class RankZeroWriter {
@@ -108,6 +111,7 @@ struct Manifest {
   std::int64_t step = 0, epoch = 0, step_in_epoch = 0;
   std::int64_t steps_per_epoch = 1;  // follows from the recorded configuration
   std::int64_t optimizer_steps = 0;
+  std::optional<LossScalerState> loss_scaler;  // present exactly when the configuration scales its loss
   std::vector<std::string> state_names;
   nlohmann::json config;             // as recorded (TrainConfig::to_json)
   ModelConfig model;                 // the recorded model

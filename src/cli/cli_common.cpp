@@ -127,6 +127,34 @@ void TimeoutOption::add_to(CLI::App& sub) {
                  "Seconds a collective may wait for a peer (default 60, at most " + float_text(max_timeout_s) + ")");
 }
 
+void PrecisionOption::add_to(CLI::App& sub) {
+  sub.add_option("--precision", name,
+                 "fp32 (default), bf16 or fp16: autocast's mixed precision on the cpu engine. Each matrix product's "
+                 "inputs are rounded to the format (nearest even) and accumulate in float32; activations, losses, "
+                 "master weights and optimizer state stay float32; the bound adds the format's unit roundoff "
+                 "(2^-8, 2^-11) per rounded input");
+}
+
+void LossScaleOptions::add_to(CLI::App& sub) {
+  sub.add_option("--loss-scale", kind,
+                 "none or dynamic (PyTorch GradScaler's semantics: the backward pass runs at a power-of-two scale, "
+                 "a step whose gradient is non-finite on any rank is skipped on every rank and the scale halves, and "
+                 "it doubles after --loss-scale-interval good steps). Default: dynamic with --precision fp16, else none");
+  sub.add_option("--loss-scale-init", init, "The scaler's first scale, a power of two (default 65536)");
+  sub.add_option("--loss-scale-interval", interval, "Good steps before the scale doubles (default 2000)");
+}
+
+LossScalerConfig LossScaleOptions::config(Precision precision) const {
+  LossScalerConfig c;
+  c.kind = kind.empty() ? (precision == Precision::fp16 ? LossScaling::dynamic : LossScaling::none) : parse_loss_scaling(kind);
+  c.init_scale = init;
+  c.growth_interval = interval;
+  if (!c.enabled() && (init != 65536 || interval != 2000))
+    throw UsageError("--loss-scale-init and --loss-scale-interval are for --loss-scale dynamic");
+  c.validate();
+  return c;
+}
+
 void add_kernels_option(CLI::App& sub, std::string& path) {
   sub.add_option("--kernels", path,
                  "A kernel plugin (a shared object exporting dpcheck_kernel_plugin, include/dpcheck/plugin.h): "

@@ -72,6 +72,23 @@ struct TimeoutOption {
   std::chrono::milliseconds value() const { return parse_timeout(seconds); }
 };
 
+// --precision fp32|bf16|fp16 (verify, train, grad): the format the matrix products' inputs are rounded to.
+struct PrecisionOption {
+  std::string name = "fp32";
+  void add_to(CLI::App& sub);
+  Precision value() const { return parse_precision(name); }
+};
+
+// --loss-scale none|dynamic, --loss-scale-init S, --loss-scale-interval N (train, grad): the loss
+// scaler (src/loss_scaler.hpp); by default dynamic with fp16, none otherwise.
+struct LossScaleOptions {
+  std::string kind;  // empty: the precision's default
+  double init = 65536;
+  std::int64_t interval = 2000;
+  void add_to(CLI::App& sub);
+  LossScalerConfig config(Precision precision) const;  // UsageError on bad values
+};
+
 // --kernels PATH (verify, train, grad): a kernel plugin (include/dpcheck/plugin.h) whose ops replace the
 // engine's own; validate_target loads and checks it.
 void add_kernels_option(CLI::App& sub, std::string& path);

@@ -47,6 +47,16 @@ nlohmann::json trace_target(const std::string& path, const char* option) {
       throw UsageError(std::string(option) + " " + path + ": \"target." + key + "\" is missing or not a string");
   if (!t.contains("tf32") || !t["tf32"].is_boolean())
     throw UsageError(std::string(option) + " " + path + ": \"target.tf32\" is missing or not true or false");
+  // Traces written before --precision have none: float32.
+  if (t.contains("precision")) {
+    if (!t["precision"].is_string())
+      throw UsageError(std::string(option) + " " + path + ": \"target.precision\" is not a string");
+    try {
+      (void)parse_precision(t["precision"].get<std::string>());
+    } catch (const UsageError& e) {
+      throw UsageError(std::string(option) + " " + path + ": target." + e.what());
+    }
+  }
   return t;
 }
 
@@ -74,6 +84,7 @@ int run_drift(DriftOptions& o) {
       t.kernels = target.at("kernels").get<std::string>();
       t.mutant = target.at("mutant").get<std::string>();
       t.tf32 = target.at("tf32").get<bool>();
+      if (target.contains("precision")) t.precision = parse_precision(target.at("precision").get<std::string>());
     }
     t.world_size = runs[k].world_size;
     validate_target(t);
@@ -115,6 +126,7 @@ int run_drift(DriftOptions& o) {
     if (!t.kernels.empty()) cmd += " --kernels " + shell_word(t.kernels);
     if (!t.mutant.empty()) cmd += " --mutant " + t.mutant;
     if (t.tf32) cmd += " --tf32";
+    if (t.precision != Precision::fp32) cmd += " --precision " + std::string(precision_name(t.precision));
     if (!o.x.empty()) cmd += " --x " + shell_word(o.x) + " --y " + shell_word(o.y);
     std::printf("\nbug: step %lld of %s leaves the bound from its own parameters (%s); replay it with: %s\n",
                 static_cast<long long>(r.bug_step), name[r.bug_run], r.bug_where.c_str(), cmd.c_str());

@@ -30,6 +30,8 @@ struct GradOptions {
   int world_size = 1;
   int accumulate = 1;
   bool json = false;
+  PrecisionOption precision;
+  LossScaleOptions loss_scale;
 };
 
 // The properties whose mutants break something grad runs: the averaged gradient. A mutant aimed at
@@ -71,6 +73,7 @@ int run_grad(const GradOptions& o) {
   Target target;
   target.mutant = o.mutant;
   target.kernels = o.kernels;
+  target.precision = o.precision.value();
   if (!o.comm.empty()) target.comm = o.comm;
   validate_target(target);
 
@@ -98,6 +101,7 @@ int run_grad(const GradOptions& o) {
   tc.policy = Policy::uneven;
   tc.seed = seed;
   tc.accumulate = o.accumulate;
+  tc.loss_scaling = o.loss_scale.config(target.precision);
 
   // The check the gradient properties run (properties/gradient.cpp): the averaged gradient through the
   // trainer and the communicator, as data-parallel training computes it, and the same engine's
@@ -214,6 +218,8 @@ Runner add_grad(CLI::App& app) {
   sub->add_option("--split", o->split, "contiguous (default; x.chunk(N)) or strided (x[r::N])");
   sub->add_option("--mutant", o->mutant, "Run with a deliberately broken part of the averaged gradient");
   add_kernels_option(*sub, o->kernels);
+  o->precision.add_to(*sub);
+  o->loss_scale.add_to(*sub);
   sub->add_option("--comm", o->comm,
                   "The communicator that averages the shares: local (default), or a communicator plugin's path "
                   "(its ranks as threads)");

@@ -29,6 +29,7 @@ struct ReplayOptions {
   std::int64_t step = -1;
   std::string engine, comm, kernels, mutant, x, y;
   bool tf32 = false;
+  PrecisionOption precision;
   int world_size = 0;
   LiveCheckOptions checks;
   TimeoutOption timeout;
@@ -102,6 +103,7 @@ int run_replay(ReplayOptions& o) {
   if (o.given("--kernels")) target.kernels = o.kernels;
   if (o.given("--mutant")) target.mutant = o.mutant == "none" ? "" : o.mutant;
   if (o.given("--tf32")) target.tf32 = o.tf32;
+  if (o.given("--precision")) target.precision = o.precision.value();
   if (o.given("--timeout")) target.timeout = o.timeout.value();
   if (o.given("--check-finite")) in.checks.finite = true;
   if (o.given("--check-gradient-every")) {
@@ -116,7 +118,7 @@ int run_replay(ReplayOptions& o) {
   validate_target(target);
   const bool retargeted = target.engine != recorded_target.engine || target.comm != recorded_target.comm ||
                           target.kernels != recorded_target.kernels || target.mutant != recorded_target.mutant ||
-                          target.tf32 != recorded_target.tf32;
+                          target.tf32 != recorded_target.tf32 || target.precision != recorded_target.precision;
 
   std::unique_ptr<Dataset> data;
   if (!data_x.empty()) {
@@ -200,6 +202,7 @@ Runner add_replay(CLI::App& app) {
   add_kernels_option(*sub, o->kernels);
   sub->add_option("--mutant", o->mutant, "Replay with this mutant (none: without the recorded one)");
   sub->add_flag("--tf32", o->tf32, "cuda engine: TF32 matrix products");
+  o->precision.add_to(*sub);
   sub->add_option("--x", o->x, "Inputs .npy, when the run's data file has moved");
   sub->add_option("--y", o->y, "Targets .npy, with --x");
   sub->add_flag("--check-finite", o->checks.finite, "Also check the loss and local gradients for NaN and infinity");

@@ -46,6 +46,8 @@ struct TrainOptions {
   bool world_size_given = false;
   SeedOption seed;
   TimeoutOption timeout;
+  PrecisionOption precision;
+  LossScaleOptions loss_scale;
   // Fault injection for the dead-rank tests: "kill" (SIGKILL) or "stall" (stop answering) at a step.
   std::string fault;
   int fault_rank = 1;
@@ -78,6 +80,8 @@ int run_train(TrainOptions& o) {
   target.tf32 = o.tf32;
   target.kernels = o.kernels;
   target.timeout = o.timeout.value();
+  target.precision = o.precision.value();
+  t.loss_scaling = o.loss_scale.config(target.precision);
   const int world = resolve_world(target, o.world_size, o.world_size_given);
   target.world_size = world;
   validate_target(target);
@@ -135,7 +139,8 @@ int run_train(TrainOptions& o) {
   std::atomic<bool> timeout_reported{false};
   const ParamLayout layout(t.model);
   const nlohmann::json target_json = {{"engine", target.engine}, {"comm", target.comm}, {"kernels", target.kernels},
-                                      {"mutant", target.mutant}, {"tf32", target.tf32}};
+                                      {"mutant", target.mutant}, {"tf32", target.tf32},
+                                      {"precision", precision_name(target.precision)}};
   const std::vector<std::string> state_names = make_cpu_optimizer(t.optimizer, 0)->state_names();
   run_world(target, world, [&](Communicator& world_comm) {
     // With --trace, the trainer talks through the recorder's wrapper, which sees its data collectives.
@@ -270,6 +275,8 @@ int run_train(TrainOptions& o) {
                     float_text(r.loss).c_str(), static_cast<long long>(r.global_batch), r.replicas.describe().c_str());
         if (checks.last().contains("gradient_ratio"))
           std::printf("  gradient error ratio %.3g", checks.last()["gradient_ratio"].get<double>());
+        if (t.loss_scaling.enabled())
+          std::printf("  loss scale %s%s", float_text(r.loss_scale).c_str(), r.skipped ? " (step skipped: non-finite gradient)" : "");
         std::printf("\n");
         std::fflush(stdout);
       }
@@ -279,6 +286,10 @@ int run_train(TrainOptions& o) {
                                {"replicas_identical", r.replicas.synchronized},
                                {"hash", r.replicas.hashes.empty() ? 0 : r.replicas.hashes[0]}};
       if (checks.last().contains("gradient_ratio")) record["gradient_ratio"] = checks.last()["gradient_ratio"];
+      if (t.loss_scaling.enabled()) {
+        record["loss_scale"] = r.loss_scale;
+        record["skipped"] = r.skipped;
+      }
       writer->log(record);
       if (!r.replicas.synchronized) {
         if (trace_writer) trace_writer->flush();
@@ -360,6 +371,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--comm", o->comm, comm_option_help());
   sub->add_flag("--tf32", o->tf32, "cuda engine: TF32 matrix products");
   add_kernels_option(*sub, o->kernels);
+  o->precision.add_to(*sub);
+  o->loss_scale.add_to(*sub);
   o->timeout.add_to(*sub);
   sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");
   sub->add_option("--fault-rank", o->fault_rank, "")->group("");
