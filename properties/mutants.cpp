@@ -21,7 +21,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 26> kMutants{{
+constexpr std::array<MutantInfo, 31> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -71,6 +71,21 @@ constexpr std::array<MutantInfo, 26> kMutants{{
      "one) before the all-reduce spreads it to every replica"},
     {"allreduce-corrupt-one", "replicas_bitwise_synchronized",
      "the second gradient all-reduce leaves one element (the last) of rank 0's result at rank 0's own input, unreduced"},
+    {"bf16-accumulate", "gradient_average_matches_whole_batch",
+     "the matrix products round every partial sum to bf16, as a kernel with a 16-bit accumulator does, where "
+     "autocast accumulates in float32", "cpu", false, "bf16"},
+    {"allreduce-bf16-silently", "gradient_average_matches_whole_batch",
+     "the gradient all-reduce rounds its result to bf16, as a backend that halves its traffic unasked does, while "
+     "the bound assumes float32", {}, false, "bf16"},
+    {"fp16-no-scaling", "gradient_average_matches_whole_batch",
+     "the backward pass ignores the loss scaler and runs at scale 1, so fp16 deltas below 2^-14 lose their bits "
+     "(and the smallest underflow to zero) where the scaled ones keep them", {}, false, "fp16"},
+    {"unscale-after-allreduce", "gradient_average_matches_whole_batch",
+     "each rank scales its loss by a scale of its own (rank r: the scaler's times 2^r, as scalers restored from "
+     "different checkpoints have) and unscales after the all-reduce by its own", {}, false, "fp16"},
+    {"scaler-local-skip", "replicas_survive_overflow",
+     "each rank decides from its own local gradient whether to skip a step, without agreeing: the rank that "
+     "overflowed skips, the others step with the non-finite average", {}, false, "fp16"},
     {"bound-without-kink-term", "bound_holds_for_any_summation_order",
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",
@@ -384,7 +399,22 @@ void require_known_mutant(std::string_view name) {
   throw UsageError("unknown mutant '" + std::string(name) + "' (known: " + names + ")");
 }
 
+// The float32 all-reduce, then its result rounded to bf16.
+class SilentBf16Communicator final : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    inner_.allreduce(buf, count, dtype, op);
+    if (dtype != DType::f32) return;
+    std::vector<float> host(count);
+    to_host(buf, host.data(), count * sizeof(float));
+    for (float& v : host) v = round_to_precision(v, Precision::bf16);
+    from_host(host.data(), buf, count * sizeof(float));
+  }
+};
+
 std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner) {
+  if (mutant == "allreduce-bf16-silently") return std::make_unique<SilentBf16Communicator>(inner);
   if (mutant == "allreduce-sum-no-average") return std::make_unique<SumNoAverage>(inner);
   if (mutant == "allreduce-rank-order") return std::make_unique<RankOrderSum>(inner);
   if (mutant == "allreduce-large-message-tail") return std::make_unique<LargeMessageTailCommunicator>(inner);
@@ -485,7 +515,35 @@ std::unique_ptr<Trainer> trainer_of(const TrainConfig& config, Communicator& com
 }
 
 // The mutants that break the trainer, and the trainer each makes.
+// Loss-scaler mutants (the precision fp16, where the scaler is on by default).
+class ScalerLocalSkipTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  bool agree_found_inf(bool local_inf, bool) override { return local_inf; }
+};
+
+class PerRankScaleTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  float applied_loss_scale() const override { return std::ldexp(scaler().scale(), rank()); }
+};
+
+class NoScalingTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  float applied_loss_scale() const override { return 1.0f; }
+};
+
 constexpr std::pair<std::string_view, decltype(&trainer_of<Trainer>)> kTrainerMutants[] = {
+    {"scaler-local-skip", trainer_of<ScalerLocalSkipTrainer>},
+    {"unscale-after-allreduce", trainer_of<PerRankScaleTrainer>},
+    {"fp16-no-scaling", trainer_of<NoScalingTrainer>},
     {"mean-of-means", trainer_of<MeanOfMeansTrainer>},
     {"drop-one-sample", trainer_of<DropOneSampleTrainer>},
     {"accumulate-sum-of-means", trainer_of<SumOfMeansTrainer>},

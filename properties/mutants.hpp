@@ -26,6 +26,9 @@ struct MutantInfo {
   // The bug shows only in a wide model -- beyond a communicator's algorithm thresholds, or with enough
   // elements that a one-ulp difference reaches a bit -- so its minimal case keeps the width it needs.
   bool wide_minimal_case = false;
+  // The precision whose path it breaks, when it needs one ("bf16", "fp16"): verify runs it with
+  // --precision that.
+  std::string_view precision = {};
 };
 
 std::span<const MutantInfo> mutants();

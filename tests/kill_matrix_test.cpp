@@ -71,6 +71,7 @@ TEST_P(KillMatrix, MutantIsCaughtByItsPropertyAndShrunk) {
   if (!m.engine.empty() && m.engine != "cpu") GTEST_SKIP() << m.name << " breaks the " << m.engine << " engine";
   Target target;
   target.mutant = std::string(m.name);
+  if (!m.precision.empty()) target.precision = parse_precision(m.precision);
   std::string row = std::string(m.name) + ":";
   bool caught_by_aimed = false;
   for (const PropertyDef& p : properties()) {
