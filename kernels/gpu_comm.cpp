@@ -187,6 +187,8 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   }
 };
 
+// bfloat16 and float16 sums: NCCL rounds to the format at every hop of its ring, not once at the end
+// as the host backends and cuda-local do (src/comm.hpp).
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
     case DType::f32: return ncclFloat32;
@@ -195,8 +197,10 @@ ncclDataType_t nccl_type(DType t) {
     case DType::i64: return ncclInt64;
     case DType::u64: return ncclUint64;
     case DType::u8: return ncclUint8;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
   }
-  return ncclFloat32;
+  throw Error("nccl: no NCCL type for dtype " + std::to_string(static_cast<int>(t)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {

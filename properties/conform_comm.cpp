@@ -1,9 +1,10 @@
 // The communicator half of dpcheck conform (properties/conform.hpp).
 //
 // The collectives are checked on inputs whose results are exact in any order of addition (small
-// multiples of 1/4; in float64 and int64 also a high part float32 or a double could not carry), so
-// that a correct backend's results are known bit for bit whatever its algorithm, and compared bitwise
-// on every rank. Each buffer sits at an element offset inside a larger allocation whose guard elements
+// multiples of 1/4; in float64 and int64 also a high part float32 or a double could not carry; in
+// bfloat16 and float16 small integers, exact even when rounded at every hop), so that a correct
+// backend's results are known bit for bit whatever its algorithm, and compared bitwise on every rank.
+// A plugin of ABI 1 has no 16-bit dtypes: their rows are skipped, saying so. Each buffer sits at an element offset inside a larger allocation whose guard elements
 // must come back untouched, and one allocation per rank serves every case of a check, so that a
 // backend caching something by address meets reuse. Counts run from 0 through N-1, N, N+1, primes,
 // powers of two and their neighbours up to the largest buffer; the first failing case, in that
@@ -12,6 +13,7 @@
 // gives them again.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -25,9 +27,12 @@
 #include "properties/common.hpp"
 #include "properties/conform.hpp"
 #include "properties/properties.hpp"
+#include "src/comm/plugin_comm.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/error.hpp"
 #include "src/hash.hpp"
+#include "src/low_precision.hpp"
+#include "src/plugin/plugin_loader.hpp"
 #include "src/process.hpp"
 #include "src/rng.hpp"
 
@@ -117,16 +122,44 @@ std::vector<CommCase> cases_of(const std::vector<std::size_t>& counts) {
 
 // ---- values whose reductions are exact ------------------------------------------------------------
 
+// bfloat16 and float16 elements (src/dtype.hpp), and their conversions (src/low_precision.hpp).
+template <class T> constexpr bool is_16bit_v = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
+template <class T> constexpr bool is_float_like_v = std::is_floating_point_v<T> || is_16bit_v<T>;
+template <class H> float widen16(H h) {
+  if constexpr (std::is_same_v<H, Bf16>) return bf16_bits_to_float(h.bits);
+  else return fp16_bits_to_float(h.bits);
+}
+template <class H> H narrow16(float f) {
+  if constexpr (std::is_same_v<H, Bf16>) return H{float_to_bf16_bits(f)};
+  else return H{float_to_fp16_bits(f)};
+}
+
 // Small multiples of 1/4: any sum of up to 64 of them is exact in float32.
 double small_value(int rank, std::size_t i) {
   return static_cast<double>(static_cast<long long>((i * 7 + static_cast<std::size_t>(rank) * 13) % 61) - 30) * 0.25;
+}
+
+// A 16-bit input, as the float32 value it holds. Sums: integers in [-k, k], with N k no more than the
+// integers the format holds exactly (2^8 in bfloat16, 2^11 in float16), so that every partial sum in
+// any order is exact, even one rounded to the format at every hop. min and max: small_value's
+// quarters, exact in both. Either times a power of two per element (2^-6, 1, 2^4): a plugin that adds
+// the patterns as integers, or drops the exponent, gets these wrong.
+template <class H> float value16(int rank, std::size_t i, ReduceOp op, int n) {
+  const float scale = i % 3 == 0 ? 0x1p-6f : i % 3 == 1 ? 1.0f : 0x1p4f;
+  if (op == ReduceOp::min || op == ReduceOp::max) return static_cast<float>(small_value(rank, i)) * scale;
+  const std::size_t k = (std::is_same_v<H, Bf16> ? 256u : 2048u) / static_cast<std::size_t>(std::max(n, 1));
+  const auto v = static_cast<long long>((i * 7 + static_cast<std::size_t>(rank) * 13) % (2 * k + 1)) -
+                 static_cast<long long>(k);
+  return static_cast<float>(v) * scale;
 }
 
 // The value rank r contributes at element i; for avg a multiple of the world size, so that the mean is
 // exact too. float64 adds a high part beyond float32's precision, int64 one beyond a double's.
 template <class T> T input_value(int rank, std::size_t i, ReduceOp op, int n) {
   const double scale = op == ReduceOp::avg ? n : 1;
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (is_16bit_v<T>) {
+    return narrow16<T>(value16<T>(rank, i, op, n));  // avg is checked within rounding: no multiple of n
+  } else if constexpr (std::is_same_v<T, float>) {
     return static_cast<float>(small_value(rank, i) * scale);
   } else if constexpr (std::is_same_v<T, double>) {
     return (std::ldexp(static_cast<double>((i + static_cast<std::size_t>(rank)) % 5), 30) + small_value(rank, i)) * scale;
@@ -138,28 +171,45 @@ template <class T> T input_value(int rank, std::size_t i, ReduceOp op, int n) {
 }
 
 template <class T> T expected_value(std::size_t i, ReduceOp op, int n) {
-  T acc = input_value<T>(0, i, op, n);
-  for (int r = 1; r < n; ++r) {
-    const T v = input_value<T>(r, i, op, n);
-    if (op == ReduceOp::min) acc = std::min(acc, v);
-    else if (op == ReduceOp::max) acc = std::max(acc, v);
-    else acc = acc + v;  // exact by construction
+  if constexpr (is_16bit_v<T>) {
+    float acc = value16<T>(0, i, op, n);  // the float32 value of the input
+    for (int r = 1; r < n; ++r) {
+      const float v = value16<T>(r, i, op, n);
+      acc = op == ReduceOp::min ? std::min(acc, v) : op == ReduceOp::max ? std::max(acc, v) : acc + v;  // exact
+    }
+    return narrow16<T>(acc);  // exact too: min and max give back an input's bits
+  } else {
+    T acc = input_value<T>(0, i, op, n);
+    for (int r = 1; r < n; ++r) {
+      const T v = input_value<T>(r, i, op, n);
+      if (op == ReduceOp::min) acc = std::min(acc, v);
+      else if (op == ReduceOp::max) acc = std::max(acc, v);
+      else acc = acc + v;  // exact by construction
+    }
+    if (op == ReduceOp::avg) acc = static_cast<T>(acc / static_cast<T>(n));
+    return acc;
   }
-  if (op == ReduceOp::avg) acc = static_cast<T>(acc / static_cast<T>(n));
-  return acc;
 }
 
 template <class T> std::string value_text(T v) {
   std::ostringstream s;
-  s.precision(std::numeric_limits<T>::max_digits10);
-  s << v;
+  if constexpr (is_16bit_v<T>) {
+    s.precision(std::numeric_limits<float>::max_digits10);
+    char bits[16];
+    std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(v.bits));
+    s << widen16(v) << " (bits " << bits << ")";
+  } else {
+    s.precision(std::numeric_limits<T>::max_digits10);
+    s << v;
+  }
   return s.str();
 }
 
-// What a rank fills what it does not expect to be written with: a NaN payload for floats, a pattern
-// for integers.
+// What a rank fills what it does not expect to be written with: a NaN payload for floats (in both
+// 16-bit formats 0xfe5a is one), a pattern for integers.
 template <class T> T poison() {
-  if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::quiet_NaN();
+  if constexpr (is_16bit_v<T>) return T{0xfe5a};
+  else if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::quiet_NaN();
   else return static_cast<T>(0x5a5a5a5a5a5a5a5aLL);
 }
 
@@ -307,22 +357,37 @@ std::string covered_text(const std::vector<CommCase>& cases, std::size_t element
 
 // ---- the checks ---------------------------------------------------------------------------------------
 
+template <class T> long double as_long_double(T v) {
+  if constexpr (is_16bit_v<T>) return widen16(v);
+  else return v;
+}
+
+// The unit roundoff of T's format: 2^-24 for float32, 2^-53 for float64, 2^-8 for bfloat16, 2^-11 for
+// float16.
+template <class T> long double unit_roundoff() {
+  if constexpr (std::is_same_v<T, Bf16>) return 0x1p-8L;
+  else if constexpr (std::is_same_v<T, Fp16>) return 0x1p-11L;
+  else return std::numeric_limits<T>::epsilon() / 2;
+}
+
 // avg of floats: the exact sum divided by N, or multiplied by a rounded 1/N, before or after the sum
-// (NCCL's ncclAvg multiplies each input by 1/N): within N + 2 roundings of the exact mean, |x| summed.
-// Exact for N a power of two, where every way is exact.
+// (NCCL's ncclAvg multiplies each input by 1/N), and for the 16-bit formats rounded to the format once
+// or at every hop: within N + 2 roundings of the exact mean, |x| summed (gamma_{N+2}, Higham 3.1).
+// Exact for N a power of two in float32 and float64, where every way is exact.
 template <class T> std::string mean_within_rounding(const T* buf, std::size_t count, int n) {
-  const long double u = std::numeric_limits<T>::epsilon() / 2;
+  const long double nu = (n + 2) * unit_roundoff<T>();
+  const long double gamma = nu < 1 ? nu / (1 - nu) : std::numeric_limits<long double>::infinity();
   for (std::size_t i = 0; i < count; ++i) {
     long double sum = 0, magnitude = 0;
     for (int r = 0; r < n; ++r) {
-      const long double v = input_value<T>(r, i, ReduceOp::avg, n);
+      const long double v = as_long_double(input_value<T>(r, i, ReduceOp::avg, n));
       sum += v;
       magnitude += std::fabs(v);
     }
-    const long double mean = sum / n, allowed = (n + 2) * u * magnitude / n;
-    if (!(std::fabs(static_cast<long double>(buf[i]) - mean) <= allowed))
+    const long double mean = sum / n, allowed = gamma * magnitude / n;
+    if (!(std::fabs(as_long_double(buf[i]) - mean) <= allowed))
       return "result element " + std::to_string(i) + " is " + value_text(buf[i]) + ", the mean is " +
-             value_text(static_cast<T>(mean)) + " (allowed " + value_text(static_cast<double>(allowed)) + ")";
+             value_text(static_cast<double>(mean)) + " (allowed " + value_text(static_cast<double>(allowed)) + ")";
   }
   return {};
 }
@@ -331,12 +396,13 @@ template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vect
   CommCheck c;
   c.section = "collectives";
   c.name = "allreduce " + std::string(dtype_name(dtype_of<T>())) + " " + std::string(reduce_op_name(op));
-  c.promise = op == ReduceOp::avg && std::is_floating_point_v<T>
+  c.promise = op == ReduceOp::avg && is_float_like_v<T>
                   ? "every rank holds the mean: the exact sum over N, within the N + 2 roundings that dividing or "
                     "multiplying by 1/N before or after the sum may take, and nothing outside the buffer changes"
                   : "every rank holds the exact " + std::string(reduce_op_name(op)) + " (inputs whose " +
-                        std::string(reduce_op_name(op)) +
-                        " is exact in any order), bit for bit, and nothing outside the buffer changes";
+                        std::string(reduce_op_name(op)) + " is exact in any order" +
+                        (is_16bit_v<T> ? ", even rounded to the format at every hop" : "") +
+                        "), bit for bit, and nothing outside the buffer changes";
   c.cases = cases;
   c.covered = covered_text(cases, sizeof(T));
   c.make = [op, n] {
@@ -346,7 +412,7 @@ template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vect
       for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<T>(comm.rank(), i, op, n);
       comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
       arena->fetch(comm);
-      std::string bad = op == ReduceOp::avg && std::is_floating_point_v<T>
+      std::string bad = op == ReduceOp::avg && is_float_like_v<T>
                             ? mean_within_rounding(buf, k.count, n)
                             : compare(buf, k.count, [&](std::size_t i) { return expected_value<T>(i, op, n); }, "result");
       return bad.empty() ? arena->guards(k, k.count) : bad;
@@ -767,12 +833,13 @@ int conform_absent_rank_probe(const Target& target, int n) {
 }
 
 std::vector<std::string> conform_comm_checks() {
+  constexpr const char* dtypes[] = {"float32", "float64", "int64", "bfloat16", "float16"};
   std::vector<std::string> names;
-  for (const char* d : {"float32", "float64", "int64"})
+  for (const char* d : dtypes)
     for (const char* op : {"sum", "avg", "min", "max"}) names.push_back(std::string("allreduce ") + d + " " + op);
   names.push_back("allreduce buffer reused");
-  for (const char* d : {"float32", "float64", "int64"}) names.push_back(std::string("broadcast ") + d);
-  for (const char* d : {"float32", "float64", "int64"}) names.push_back(std::string("allgather ") + d);
+  for (const char* d : dtypes) names.push_back(std::string("broadcast ") + d);
+  for (const char* d : dtypes) names.push_back(std::string("allgather ") + d);
   names.push_back("barrier");
   names.push_back("calls in a row");
   for (const char* d : {"float32", "float64"})
@@ -819,15 +886,21 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
     if (name == "allreduce float32" + suffix) return allreduce_check<float>(op, n, cases(4, limit, false));
     if (name == "allreduce float64" + suffix) return allreduce_check<double>(op, n, cases(8, limit, false));
     if (name == "allreduce int64" + suffix) return allreduce_check<std::int64_t>(op, n, cases(8, limit, false));
+    if (name == "allreduce bfloat16" + suffix) return allreduce_check<Bf16>(op, n, cases(2, limit, false));
+    if (name == "allreduce float16" + suffix) return allreduce_check<Fp16>(op, n, cases(2, limit, false));
   }
   if (name == "allreduce buffer reused") return reuse_check(n, cases(4, kSmall, false));
   // Broadcast from every root multiplies the cases by n; a case given with --case keeps its root.
   if (name == "broadcast float32") return broadcast_check<float>(n, cases(4, kSmall, true));
   if (name == "broadcast float64") return broadcast_check<double>(n, cases(8, kSmall, true));
   if (name == "broadcast int64") return broadcast_check<std::int64_t>(n, cases(8, kSmall, true));
+  if (name == "broadcast bfloat16") return broadcast_check<Bf16>(n, cases(2, kSmall, true));
+  if (name == "broadcast float16") return broadcast_check<Fp16>(n, cases(2, kSmall, true));
   if (name == "allgather float32") return allgather_check<float>(n, cases(4 * un, kAll, false));
   if (name == "allgather float64") return allgather_check<double>(n, cases(8 * un, kAll, false));
   if (name == "allgather int64") return allgather_check<std::int64_t>(n, cases(8 * un, kAll, false));
+  if (name == "allgather bfloat16") return allgather_check<Bf16>(n, cases(2 * un, kAll, false));
+  if (name == "allgather float16") return allgather_check<Fp16>(n, cases(2 * un, kAll, false));
   if (name == "barrier") return barrier_check();
   if (name == "calls in a row") {
     if (!o.case_text.empty()) return calls_in_a_row_check(n, {parse_case(o.case_text, false, name)});
@@ -875,6 +948,26 @@ ConformRow run_over_worlds(const Target& target, int main_world, const std::stri
   return passed;
 }
 
+// The 16-bit dtype a check's name ends in ("allreduce bfloat16 sum", "broadcast float16"), if any.
+std::optional<DType> sixteen_bit_dtype(const std::string& name) {
+  if (name.find(" bfloat16") != std::string::npos) return DType::bf16;
+  if (name.find(" float16") != std::string::npos) return DType::f16;
+  return std::nullopt;
+}
+
+// A check of a dtype newer than the plugin's ABI: skipped, saying why (a 16-bit collective on such a
+// plugin is a UsageError, src/comm/plugin_comm.hpp).
+ConformRow unsupported_dtype_row(const std::string& name, const dpcheck_comm_plugin_t& plugin, DType dtype) {
+  ConformRow row;
+  row.section = "collectives";
+  row.check = name;
+  row.verdict = ConformVerdict::skip;
+  row.detail = "plugin ABI " + std::to_string(plugin.abi) + " has no " + std::string(dtype_name(dtype)) +
+               ", which ABI 2 added: rebuild the plugin against this dpcheck's plugin.h (ABI " +
+               std::to_string(DPCHECK_PLUGIN_ABI) + ")";
+  return row;
+}
+
 }  // namespace
 
 std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformOptions& o) {
@@ -885,8 +978,13 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     rows.push_back(std::move(row));
   };
   const auto wanted = [&](const std::string& name) { return o.check.empty() || o.check == name; };
+  const dpcheck_comm_plugin_t* plugin = looks_like_plugin_path(target.comm) ? &load_comm_plugin(target.comm) : nullptr;
   for (const std::string& name : conform_comm_checks()) {
     if (!wanted(name) || !make_check(name, n, kSmall, ConformOptions{})) continue;
+    if (const std::optional<DType> dtype = sixteen_bit_dtype(name); plugin && dtype && !comm_plugin_has_dtype(*plugin, *dtype)) {
+      emit(unsupported_dtype_row(name, *plugin, *dtype));
+      continue;
+    }
     // A replayed case runs on the world it failed on (the command line's) alone.
     if (!o.case_text.empty()) {
       emit(run_check(target, n, *make_check(name, n, kAll, o), o));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/error.hpp"
+#include "src/low_precision.hpp"
 
 namespace dpcheck {
 
@@ -100,14 +101,39 @@ class SumNoAverage final : public ForwardingCommunicator {
   }
 };
 
+// Sums count elements of `all` (rank k's block at k * count) in `order`, into out, in T. bfloat16 and
+// float16 are rounded to the format after every addition, as a ring that starts where it likes does
+// (src/comm.hpp): summed in float32 and rounded once, another order would almost never change the
+// result, and the mutant would break nothing.
+template <class T>
+void sum_in_order(const T* all, std::size_t count, const std::vector<std::size_t>& order, ReduceOp op, DType dtype,
+                  T* out) {
+  const auto n = order.size();
+  for (std::size_t i = 0; i < count; ++i) {
+    if constexpr (std::is_same_v<T, std::uint16_t>) {
+      const auto widen = [&](std::uint16_t h) { return dtype == DType::bf16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h); };
+      const auto narrow = [&](float f) { return dtype == DType::bf16 ? float_to_bf16_bits(f) : float_to_fp16_bits(f); };
+      std::uint16_t acc = all[order[0] * count + i];
+      for (std::size_t k = 1; k < n; ++k) acc = narrow(widen(acc) + widen(all[order[k] * count + i]));
+      out[i] = op == ReduceOp::avg ? narrow(widen(acc) / static_cast<float>(n)) : acc;
+    } else {
+      T acc = all[order[0] * count + i];
+      for (std::size_t k = 1; k < n; ++k) acc += all[order[k] * count + i];
+      out[i] = op == ReduceOp::avg ? acc / static_cast<T>(n) : acc;
+    }
+  }
+}
+
 class RankOrderSum final : public ForwardingCommunicator {
  public:
   using ForwardingCommunicator::ForwardingCommunicator;
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     if (dtype == DType::f32 && (op == ReduceOp::sum || op == ReduceOp::avg))
-      reduce_from_own_rank(static_cast<float*>(buf), count, op);
+      reduce_from_own_rank(static_cast<float*>(buf), count, op, dtype);
     else if (dtype == DType::f64 && (op == ReduceOp::sum || op == ReduceOp::avg))
-      reduce_from_own_rank(static_cast<double*>(buf), count, op);
+      reduce_from_own_rank(static_cast<double*>(buf), count, op, dtype);
+    else if (is_16bit_float(dtype) && (op == ReduceOp::sum || op == ReduceOp::avg))
+      reduce_from_own_rank(static_cast<std::uint16_t*>(buf), count, op, dtype);
     else
       inner_.allreduce(buf, count, dtype, op);
   }
@@ -116,16 +142,14 @@ class RankOrderSum final : public ForwardingCommunicator {
   // Works on host copies (staged from and back to the device for GPU backends), gathered through the
   // host communicator.
   template <class T>
-  void reduce_from_own_rank(T* buf, std::size_t count, ReduceOp op) {
+  void reduce_from_own_rank(T* buf, std::size_t count, ReduceOp op, DType dtype) {
     const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
     std::vector<T> mine(count), all(count * n);
     inner_.to_host(buf, mine.data(), count * sizeof(T));
-    inner_.host().allgather(mine.data(), all.data(), count, dtype_of<T>());
-    for (std::size_t i = 0; i < count; ++i) {
-      T acc = all[me * count + i];
-      for (std::size_t k = 1; k < n; ++k) acc += all[((me + k) % n) * count + i];
-      mine[i] = op == ReduceOp::avg ? acc / static_cast<T>(n) : acc;
-    }
+    inner_.host().allgather(mine.data(), all.data(), count, dtype);
+    std::vector<std::size_t> order(n);
+    for (std::size_t k = 0; k < n; ++k) order[k] = (me + k) % n;
+    sum_in_order(all.data(), count, order, op, dtype, mine.data());
     inner_.from_host(mine.data(), buf, count * sizeof(T));
   }
 };
@@ -321,13 +345,13 @@ class LargeMessageTailCommunicator final : public ForwardingCommunicator {
   }
 };
 
-// Sums float32 all-reduces in the order the ranks arrive (after a little jitter, as real arrival
-// times have): every rank receives the same bits, but two runs of the same training differ.
+// Sums float32 and 16-bit all-reduces in the order the ranks arrive (after a little jitter, as real
+// arrival times have): every rank receives the same bits, but two runs of the same training differ.
 class ArrivalOrderCommunicator final : public ForwardingCommunicator {
  public:
   using ForwardingCommunicator::ForwardingCommunicator;
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    if (dtype != DType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size() < 3)
+    if ((dtype != DType::f32 && !is_16bit_float(dtype)) || (op != ReduceOp::sum && op != ReduceOp::avg) || size() < 3)
       return inner_.allreduce(buf, count, dtype, op);
     static thread_local std::mt19937 jitter{std::random_device{}()};
     std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 300));
@@ -338,16 +362,21 @@ class ArrivalOrderCommunicator final : public ForwardingCommunicator {
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       return stamps[a] != stamps[b] ? stamps[a] < stamps[b] : a < b;
     });
+    if (dtype == DType::f32)
+      reduce_in(order, static_cast<float*>(buf), count, op, dtype);
+    else
+      reduce_in(order, static_cast<std::uint16_t*>(buf), count, op, dtype);
+  }
+
+ private:
+  template <class T>
+  void reduce_in(const std::vector<std::size_t>& order, T* buf, std::size_t count, ReduceOp op, DType dtype) {
     const auto n = static_cast<std::size_t>(size());
-    std::vector<float> mine(count), all(count * n);
-    inner_.to_host(buf, mine.data(), count * sizeof(float));
-    inner_.host().allgather(mine.data(), all.data(), count, DType::f32);
-    for (std::size_t i = 0; i < count; ++i) {
-      float acc = all[order[0] * count + i];
-      for (std::size_t k = 1; k < n; ++k) acc += all[order[k] * count + i];
-      mine[i] = op == ReduceOp::avg ? acc / static_cast<float>(n) : acc;
-    }
-    inner_.from_host(mine.data(), buf, count * sizeof(float));
+    std::vector<T> mine(count), all(count * n);
+    inner_.to_host(buf, mine.data(), count * sizeof(T));
+    inner_.host().allgather(mine.data(), all.data(), count, dtype);
+    sum_in_order(all.data(), count, order, op, dtype, mine.data());
+    inner_.from_host(mine.data(), buf, count * sizeof(T));
   }
 };
 

@@ -33,7 +33,20 @@ class Communicator {
   virtual MemorySpace memory_space() const { return MemorySpace::host; }
 
   // buf holds count elements on every rank; afterwards every rank holds the same, bitwise identical,
-  // reduction. avg is the sum divided by size(). min and max are for integer verdicts and counts.
+  // reduction. avg is the sum divided by size(), for the floating dtypes only. min and max are for
+  // integer verdicts and counts.
+  //
+  // bfloat16 and float16 (16-bit patterns, src/dtype.hpp): each element's reduction converts every
+  // input to float32 (exactly), accumulates in float32 in the backend's order, and rounds to the
+  // 16-bit format once, at the end (round to nearest, ties to even; src/low_precision.hpp); avg
+  // divides the float32 sum by size() before that one rounding, and min and max return one of the
+  // inputs. So a sum is the 16-bit rounding of the float32 sum: local, mpi and cuda-local give the
+  // same bits for the same inputs. Two backends cannot keep the sum in float32 between ranks, and
+  // round more often: nccl (and a plugin around NCCL) rounds to the 16-bit format at every hop of its
+  // ring, N - 1 roundings, with avg as that sum divided by N and rounded again; mpi-native (MPI's own
+  // MPI_Allreduce with a user-defined operation over the 16-bit patterns) rounds at every combination
+  // in MPI's tree. That is why the error bound of a 16-bit all-reduce allows N + 1 roundings in the
+  // format's unit roundoff (2^-8 for bfloat16, 2^-11 for float16), not one.
   virtual void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) = 0;
   // Copies root's count elements into buf on every other rank.
   virtual void broadcast(void* buf, std::size_t count, DType dtype, int root) = 0;

@@ -99,8 +99,9 @@ struct Plugin {
 // Engine's hashes, comparisons and copies moved to its MemoryService (src/memory_service.hpp), which
 // changed the Engine's virtual functions. Raised with every change to the types above.
 // 4: device_alloc and device_free, for conform's buffers. 5: a device kernel plugin in EngineOptions
-// and make_optimizer.
-inline constexpr int kPluginAbi = 5;
+// and make_optimizer. 6: DType's bf16 and f16, which the plugin's communicators must reduce (an older
+// plugin would take them for another type).
+inline constexpr int kPluginAbi = 6;
 
 }  // namespace dpcheck::cuda
 

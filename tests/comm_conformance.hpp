@@ -3,7 +3,9 @@
 // N = 1..8 ranks as threads, tests/mpi_comm_test.cpp on the world mpirun started.
 //
 // Expected values are closed forms (rank i contributes a known function of i and the element index),
-// checked exactly on every rank. A check never returns early between collectives, even after a
+// checked exactly on every rank. bfloat16 and float16 sums are of small integers, which the formats
+// hold exactly in any order of addition, compared bit for bit; one check shows the single rounding at
+// the end that src/comm.hpp promises. A check never returns early between collectives, even after a
 // failure: under MPI a rank that skipped a call would leave its peers waiting for it, so failures are
 // counted and reported once per buffer instead of stopping at the first (no ASSERT_* here).
 #pragma once
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -25,6 +28,7 @@
 
 #include "src/comm.hpp"
 #include "src/error.hpp"
+#include "src/low_precision.hpp"
 
 namespace dpcheck::conformance {
 
@@ -50,6 +54,18 @@ inline std::vector<int> ranks_except(int n, int skip) {
   for (int i = 0; i < n; ++i)
     if (i != skip) r.push_back(i);
   return r;
+}
+
+template <class T> constexpr bool is_16bit_v = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
+
+// The 16-bit formats' conversions (src/low_precision.hpp), by element type.
+template <class H> float widen(H h) {
+  if constexpr (std::is_same_v<H, Bf16>) return bf16_bits_to_float(h.bits);
+  else return fp16_bits_to_float(h.bits);
+}
+template <class H> H narrow(float f) {
+  if constexpr (std::is_same_v<H, Bf16>) return H{float_to_bf16_bits(f)};
+  else return H{float_to_fp16_bits(f)};
 }
 
 // Lengths that hit every corner of the slicing: empty, shorter than N, odd, not divisible by N,
@@ -131,13 +147,19 @@ template <class T> void check_avg(Communicator& c, std::size_t len) {
 }
 
 // Random floats over many binades, so that the order of additions changes the rounded result. A pure
-// function of (rank, len): any rank can compute every rank's input.
+// function of (rank, len): any rank can compute every rank's input. For the 16-bit formats, rounded to
+// the format, over binades it holds (float16's up to 2^10, so that sums of 8 stay finite).
 template <class T> std::vector<T> awkward_values(int rank, std::size_t len) {
   std::mt19937_64 gen(1234 + static_cast<std::uint64_t>(rank));
   std::uniform_real_distribution<double> mant(-1.0, 1.0);
-  std::uniform_int_distribution<int> expo(-30, 30);
+  const int range = std::is_same_v<T, Fp16> ? 10 : 30;
+  std::uniform_int_distribution<int> expo(-range, range);
   std::vector<T> v(len);
-  for (T& x : v) x = static_cast<T>(std::ldexp(mant(gen), expo(gen)));
+  for (T& x : v) {
+    const double d = std::ldexp(mant(gen), expo(gen));
+    if constexpr (is_16bit_v<T>) x = narrow<T>(static_cast<float>(d));
+    else x = static_cast<T>(d);
+  }
   return v;
 }
 
@@ -174,6 +196,160 @@ template <class T> void check_bitwise_fixed_order(Communicator& c, std::size_t l
     const std::vector<T> want = fixed_order_sum<T>(n, len, false);
     EXPECT_NE(std::memcmp(reversed.data(), want.data(), len * sizeof(T)), 0) << where(c);
   }
+}
+
+// ---- bfloat16 and float16 -------------------------------------------------------------------------
+
+// The largest integer below which every integer is exact: 2^8 in bfloat16, 2^11 in float16.
+template <class H> constexpr int exact_integers() { return std::is_same_v<H, Bf16> ? 256 : 2048; }
+
+template <class H> void expect_bits(std::span<const H> got, const std::function<H(std::size_t)>& want,
+                                     const std::string& what) {
+  std::size_t wrong = 0, first = 0;
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    if (got[j] == want(j)) continue;
+    if (wrong++ == 0) first = j;
+  }
+  if (wrong > 0)
+    ADD_FAILURE() << what << ": " << wrong << " of " << got.size() << " elements wrong, the first at " << first
+                  << ": got " << widen(got[first]) << " (bits 0x" << std::hex << got[first].bits << "), want "
+                  << std::dec << widen(want(first)) << " (bits 0x" << std::hex << want(first).bits << ")" << std::dec;
+}
+
+// The power of two that scales element j on every rank, so that the checks meet large and small
+// exponents (a backend that adds the patterns as integers, or drops the exponent, fails).
+inline float scale16(std::size_t j) { return j % 3 == 0 ? 0x1p-6f : j % 3 == 1 ? 1.0f : 0x1p4f; }
+
+// Rank i's element j for the sums: an integer in [-k, k], k = exact_integers / N, times scale16(j), so
+// that every partial sum in any order, and the sum, are exact in the format (|partial| <= N k).
+template <class H> float contribution16(int rank, int n, std::size_t j) {
+  const int k = exact_integers<H>() / n;
+  const auto v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + j * 3) % static_cast<std::size_t>(2 * k + 1)) - k;
+  return static_cast<float>(v) * scale16(j);
+}
+
+// The exact sum of every rank's contribution16 at j (float32 holds it: fewer than 2^24).
+template <class H> float exact_sum16(int n, std::size_t j) {
+  float sum = 0;
+  for (int r = 0; r < n; ++r) sum += contribution16<H>(r, n, j);
+  return sum;
+}
+
+template <class H> void check_16bit_exact(Communicator& c, std::size_t len) {
+  const int n = c.size(), r = c.rank();
+  const std::string what = where(c) + " " + std::string(dtype_name(dtype_of<H>())) + " len " + std::to_string(len);
+  std::vector<H> buf(len);
+  for (std::size_t j = 0; j < len; ++j) buf[j] = narrow<H>(contribution16<H>(r, n, j));
+  c.allreduce(std::span<H>(buf), ReduceOp::sum);
+  expect_bits<H>(buf, [&](std::size_t j) { return narrow<H>(exact_sum16<H>(n, j)); }, what + " sum");
+
+  // avg: the exact float32 sum divided by N in float32, then rounded once.
+  for (std::size_t j = 0; j < len; ++j) buf[j] = narrow<H>(contribution16<H>(r, n, j));
+  c.allreduce(std::span<H>(buf), ReduceOp::avg);
+  expect_bits<H>(buf, [&](std::size_t j) { return narrow<H>(exact_sum16<H>(n, j) / static_cast<float>(n)); },
+                 what + " avg");
+
+  // min and max over minmax_value's small integers (either sign), scaled: exact, and one of the inputs.
+  const auto mm = [&](int rank, std::size_t j) {
+    return narrow<H>(static_cast<float>(minmax_value<std::int32_t>(rank, n, j) % 64) * scale16(j));
+  };
+  for (const ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+    for (std::size_t j = 0; j < len; ++j) buf[j] = mm(r, j);
+    c.allreduce(std::span<H>(buf), op);
+    expect_bits<H>(buf, [&](std::size_t j) {
+      H best = mm(0, j);
+      for (int q = 1; q < n; ++q) {
+        const H v = mm(q, j);
+        if (op == ReduceOp::min ? widen(v) < widen(best) : widen(v) > widen(best)) best = v;
+      }
+      return best;
+    }, what + " " + std::string(reduce_op_name(op)));
+  }
+}
+
+inline void allreduce_16bit_sums_are_exact_on_small_integers(Communicator& c) {
+  std::vector<std::size_t> lengths = lengths_for(c.size());
+  lengths.push_back(100'003);  // slices of several chunks and a tail
+  for (std::size_t len : lengths) {
+    check_16bit_exact<Bf16>(c, len);
+    check_16bit_exact<Fp16>(c, len);
+  }
+}
+
+// Rank 0 holds 2^8 + 2(j mod 8) in bfloat16 (2^11 + 2(j mod 8) in float16), where the format's spacing
+// is 2, and every other rank holds 1: the float32 sum 2^8 + 2(j mod 8) + N - 1 rounds to the format
+// once, to nearest, ties to even (N = 2: 257 gives 256, 259 gives 260). Rounding after every addition
+// in rank order would lose every 1 (257 rounds back to 256 each time), which rank 0 shows for N >= 3.
+template <class H> float rounding_input(int rank, std::size_t j) {
+  return rank == 0 ? static_cast<float>(exact_integers<H>() + 2 * static_cast<int>(j % 8)) : 1.0f;
+}
+
+template <class H> void check_16bit_rounds_once(Communicator& c) {
+  const int n = c.size();
+  constexpr std::size_t len = 40;
+  const std::string what = where(c) + " " + std::string(dtype_name(dtype_of<H>()));
+  const auto float_sum = [&](std::size_t j) {
+    float sum = 0;
+    for (int r = 0; r < n; ++r) sum += rounding_input<H>(r, j);
+    return sum;  // exact: a small integer
+  };
+  for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+    std::vector<H> buf(len);
+    for (std::size_t j = 0; j < len; ++j) buf[j] = narrow<H>(rounding_input<H>(c.rank(), j));
+    c.allreduce(std::span<H>(buf), op);
+    expect_bits<H>(buf, [&](std::size_t j) {
+      return narrow<H>(op == ReduceOp::avg ? float_sum(j) / static_cast<float>(n) : float_sum(j));
+    }, what + " " + std::string(reduce_op_name(op)) + ": not the float32 sum rounded once");
+  }
+  // The example of round to nearest, ties to even, that the comment above gives.
+  EXPECT_EQ(narrow<H>(static_cast<float>(exact_integers<H>() + 1)).bits, narrow<H>(static_cast<float>(exact_integers<H>())).bits);
+  EXPECT_EQ(narrow<H>(static_cast<float>(exact_integers<H>() + 3)).bits, narrow<H>(static_cast<float>(exact_integers<H>() + 4)).bits);
+  // Shows the check could fail: rounding after every addition gives other bits.
+  if (n >= 3 && c.rank() == 0) {
+    std::size_t differ = 0;
+    for (std::size_t j = 0; j < len; ++j) {
+      H acc = narrow<H>(rounding_input<H>(0, j));
+      for (int r = 1; r < n; ++r) acc = narrow<H>(widen(acc) + rounding_input<H>(r, j));
+      differ += !(acc == narrow<H>(float_sum(j)));
+    }
+    EXPECT_GT(differ, 0u) << what;
+  }
+}
+
+inline void allreduce_16bit_sum_is_rounded_once_at_the_end(Communicator& c) {
+  check_16bit_rounds_once<Bf16>(c);
+  check_16bit_rounds_once<Fp16>(c);
+}
+
+// Broadcast and allgather move 16-bit patterns untouched, whatever they mean: NaNs with payloads,
+// negative zero, subnormals, infinities (a backend that converts on the way changes some).
+template <class H> H pattern16(int rank, std::size_t j) {
+  return H{static_cast<std::uint16_t>(static_cast<std::size_t>(rank) * 40503u + j * 2654435761u)};
+}
+
+template <class H> void check_16bit_moves(Communicator& c) {
+  const int n = c.size();
+  const auto un = static_cast<std::size_t>(n);
+  const std::string type(dtype_name(dtype_of<H>()));
+  for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{33}, std::size_t{9000}}) {
+    for (int root = 0; root < n; ++root) {
+      std::vector<H> buf(len);
+      for (std::size_t j = 0; j < len; ++j) buf[j] = pattern16<H>(c.rank(), j);
+      c.broadcast(std::span<H>(buf), root);
+      expect_bits<H>(buf, [&](std::size_t j) { return pattern16<H>(root, j); },
+                     where(c) + " " + type + " broadcast root " + std::to_string(root) + " len " + std::to_string(len));
+    }
+    std::vector<H> send(len), recv(un * len, H{0xFFFF});
+    for (std::size_t j = 0; j < len; ++j) send[j] = pattern16<H>(c.rank(), j);
+    c.allgather(std::span<const H>(send), std::span<H>(recv));
+    expect_bits<H>(recv, [&](std::size_t i) { return pattern16<H>(static_cast<int>(i / len), i % len); },
+                   where(c) + " " + type + " allgather len " + std::to_string(len));
+  }
+}
+
+inline void broadcast_and_allgather_move_16bit_patterns(Communicator& c) {
+  check_16bit_moves<Bf16>(c);
+  check_16bit_moves<Fp16>(c);
 }
 
 // ---- the checks -----------------------------------------------------------------------------------
@@ -389,6 +565,20 @@ inline void different_collectives_or_roots_are_a_mismatch(Communicator& c) {
     const std::string m = e.what();
     EXPECT_NE(m.find("rank 0 called allreduce(count 4, float64, min)"), std::string::npos) << m;
   }
+  try {  // bfloat16 against float16: the same count and element size
+    std::vector<Bf16> b(4, narrow<Bf16>(1.0f));
+    std::vector<Fp16> h(4, narrow<Fp16>(1.0f));
+    if (c.rank() == 0)
+      c.allreduce(std::span<Fp16>(h), ReduceOp::sum);
+    else
+      c.allreduce(std::span<Bf16>(b), ReduceOp::sum);
+    ADD_FAILURE() << where(c) << ": bfloat16 against float16 did not throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank 0 called allreduce(count 4, float16, sum)"), std::string::npos) << m;
+    EXPECT_NE(m.find(rank_list(ranks_except(n, 0)) + " called allreduce(count 4, bfloat16, sum)"), std::string::npos)
+        << m;
+  }
   try {  // the same count and element size, another dtype
     std::vector<std::int64_t> ints(4, 1);
     if (c.rank() == n - 1)
@@ -420,6 +610,9 @@ inline const std::vector<ConformanceCheck>& conformance_checks() {
       {"AllreduceOfManyChunksPerSlice", allreduce_of_many_chunks},
       {"SignedIntegerSumWraps", signed_integer_sum_wraps},
       {"FloatSumIsBitwiseTheFixedOrderSum", float_sum_is_bitwise_the_fixed_order_sum},
+      {"SixteenBitSumsAreExactOnSmallIntegers", allreduce_16bit_sums_are_exact_on_small_integers},
+      {"SixteenBitSumIsRoundedOnceAtTheEnd", allreduce_16bit_sum_is_rounded_once_at_the_end},
+      {"SixteenBitBroadcastAndAllgatherMoveThePatterns", broadcast_and_allgather_move_16bit_patterns},
       {"BroadcastFromEveryRoot", broadcast_from_every_root},
       {"AllgatherPlacesRankBlocksInRankOrder", allgather_places_rank_blocks_in_rank_order},
       {"AllgatherInPlaceFromOwnBlock", allgather_in_place_from_own_block},

@@ -1,9 +1,9 @@
 // dpcheck conform against communicator plugins: the ring example and a correct plugin keep every
 // promise; each plugin of tests/plugins/comm/broken_comm.c breaks one, and conform must fail it at the
 // check that promise belongs to, with a minimal case whose replay command fails again on its own (the
-// kill matrix of the plugin checks). Also: the ring passes verify as threads and under mpirun, and a
-// plugin that crashes or never returns ends the run (exit 3) with a message naming the call, leaving
-// no report behind.
+// kill matrix of the plugin checks). A plugin of ABI 1 passes with its 16-bit rows skipped. Also: the
+// ring passes verify as threads and under mpirun, and a plugin that crashes or never returns ends the
+// run (exit 3) with a message naming the call, leaving no report behind.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -50,6 +50,7 @@ const Broken kBroken[] = {
     {"run-to-run", "run-to-run float32 sum", ""},
     {"hang", "a rank that never arrives", ""},
     {"sequence-wrap", "calls in a row", "count=1 "},
+    {"half-as-bfloat16", "allreduce float16 sum", "count=1 "},
 };
 
 class ConformComm : public ::testing::TestWithParam<Broken> {};
@@ -96,6 +97,35 @@ TEST(ConformComm, CorrectPluginsKeepEveryPromise) {
     EXPECT_EQ(junit.find("<failure"), std::string::npos);
     EXPECT_NE(junit.find("a rank that never arrives"), std::string::npos);
   }
+}
+
+// A plugin of ABI 1 still loads and keeps its promises; its bfloat16 and float16 rows are skipped,
+// naming both ABIs, since dpcheck never passes it those dtypes.
+TEST(ConformComm, AnAbiOnePluginSkipsTheSixteenBitChecksSayingWhy) {
+  Scratch s;
+  const fs::path report = s.dir / "r.json";
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("abi-1") + kQuick + " --report " +
+                                          report.string(),
+                                      300);
+  EXPECT_EQ(r.status, 0) << r.output;
+  const nlohmann::json j = read_json(report);
+  int skipped = 0, passed = 0;
+  for (const auto& c : j["checks"]) {
+    const std::string name = c["check"];
+    const bool sixteen = name.find("bfloat16") != std::string::npos || name.find("float16") != std::string::npos;
+    if (!sixteen) {
+      passed += c["verdict"] != "skip";
+      continue;
+    }
+    ++skipped;
+    EXPECT_EQ(c["verdict"], "skip") << name;
+    const std::string detail = c["detail"];
+    EXPECT_NE(detail.find("plugin ABI 1 has no " + std::string(name.find("bfloat16") != std::string::npos ? "bfloat16" : "float16")),
+              std::string::npos) << detail;
+    EXPECT_NE(detail.find("ABI 2"), std::string::npos) << detail;
+  }
+  EXPECT_EQ(skipped, 12);  // allreduce (4 ops), broadcast and allgather, in each format
+  EXPECT_GT(passed, 20);
 }
 
 // Without --world-size the collectives also run on 1, 2, 3, 5 and 8 ranks: an algorithm written for

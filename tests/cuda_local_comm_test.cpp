@@ -59,7 +59,8 @@ TEST(CudaLocalCommGpu, ReportsItselfAsADeviceBackendSharingOneAddressSpace) {
 }
 
 // The same inputs through cuda-local and through the local backend give the same bits, on every rank,
-// for every world size: a model trained on either agrees with the other to the last bit.
+// for every world size and every floating dtype: a model trained on either agrees with the other to the
+// last bit.
 TEST(CudaLocalCommGpu, FloatSumsAndAveragesHaveTheLocalBackendsBits) {
   DPCHECK_REQUIRE_GPU();
   constexpr std::size_t len = 100'003;
@@ -93,6 +94,8 @@ TEST(CudaLocalCommGpu, FloatSumsAndAveragesHaveTheLocalBackendsBits) {
       };
       check(0.0f, "float32");
       check(0.0, "float64");
+      check(Bf16{}, "bfloat16");  // widened, summed in float in rank order, rounded once: on both sides
+      check(Fp16{}, "float16");
     }
   }
 }

@@ -3,8 +3,9 @@
 // (tests/comm_conformance.hpp) through a staging wrapper that moves each call's host buffers to device
 // buffers and back. NCCL refuses two ranks on one GPU, so a one-GPU machine runs N = 1 only.
 //
-// One check is NCCL's to fail, not a bug: from three ranks on, NCCL sums in its ring's order, not
-// ((b0 + b1) + b2) + ..., so the float sum is not the serial fixed-order sum bit for bit. NCCL still
+// Two checks are NCCL's to fail, not bugs: from three ranks on, NCCL sums in its ring's order, not
+// ((b0 + b1) + b2) + ..., so the float sum is not the serial fixed-order sum bit for bit; and it rounds
+// a bfloat16 or float16 sum to the format at every hop, not once at the end (src/comm.hpp). NCCL still
 // gives every rank the same bits; that is what runs instead for N >= 3.
 #include <gtest/gtest.h>
 
@@ -25,8 +26,17 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Every rank ends with the same bits as rank 0, for float and double sums of awkward values (what
-// NCCL promises in place of the serial order; see the top).
+template <class H> void same_16bit_bits_on_every_rank(Communicator& c, std::size_t len, ReduceOp op) {
+  std::vector<H> v = conformance::awkward_values<H>(c.rank(), len);
+  c.allreduce(std::span<H>(v), op);
+  std::vector<H> v0 = v;
+  c.broadcast(std::span<H>(v0), 0);
+  EXPECT_EQ(std::memcmp(v.data(), v0.data(), len * sizeof(H)), 0) << conformance::where(c) << " "
+                                                                  << dtype_name(dtype_of<H>());
+}
+
+// Every rank ends with the same bits as rank 0, for float, double and 16-bit sums of awkward values
+// (what NCCL promises in place of the serial order and the single rounding; see the top).
 void float_sum_is_bitwise_identical_on_every_rank(Communicator& c) {
   for (std::size_t len : {std::size_t{37}, std::size_t{5000}}) {
     for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
@@ -40,6 +50,8 @@ void float_sum_is_bitwise_identical_on_every_rank(Communicator& c) {
       c.broadcast(std::span<double>(d0), 0);
       EXPECT_EQ(std::memcmp(f.data(), f0.data(), len * sizeof(float)), 0) << conformance::where(c) << " float32";
       EXPECT_EQ(std::memcmp(d.data(), d0.data(), len * sizeof(double)), 0) << conformance::where(c) << " float64";
+      same_16bit_bits_on_every_rank<Bf16>(c, len, op);
+      same_16bit_bits_on_every_rank<Fp16>(c, len, op);
     }
   }
 }
@@ -50,7 +62,9 @@ TEST_P(Conformance, OnOneRankPerDevice) {
   DPCHECK_REQUIRE_GPU();
   const int devices = cuda::device_count();
   for (int n = 1; n <= devices; ++n) {
-    const bool ring_order = n >= 3 && std::string(GetParam().name) == "FloatSumIsBitwiseTheFixedOrderSum";
+    const std::string name = GetParam().name;
+    const bool ring_order =
+        n >= 3 && (name == "FloatSumIsBitwiseTheFixedOrderSum" || name == "SixteenBitSumIsRoundedOnceAtTheEnd");
     cuda::run_nccl_threads(n, [&](Communicator& c) {
       Staged staged(c);
       if (ring_order)

@@ -66,11 +66,15 @@ static int wait_for(nccl_plugin_t* p, const char* call, ncclResult_t enqueued, c
   }
 }
 
+/* The 16-bit formats (plugin ABI 2) are NCCL's own; its ring rounds their sums to the format at every
+   hop, which dpcheck's checks allow. */
 static int to_nccl_type(dpcheck_dtype_t t, ncclDataType_t* out) {
   switch (t) {
     case DPCHECK_FLOAT32: *out = ncclFloat32; return 0;
     case DPCHECK_FLOAT64: *out = ncclFloat64; return 0;
     case DPCHECK_INT64: *out = ncclInt64; return 0;
+    case DPCHECK_BFLOAT16: *out = ncclBfloat16; return 0;
+    case DPCHECK_FLOAT16: *out = ncclFloat16; return 0;
   }
   return 1;
 }
@@ -127,7 +131,10 @@ static int p_allreduce(void* h, void* buf, size_t count, dpcheck_dtype_t t, dpch
 static int p_broadcast(void* h, void* buf, size_t count, dpcheck_dtype_t t, int root, void* stream) {
   nccl_plugin_t* p = (nccl_plugin_t*)h;
   ncclDataType_t type;
-  if (to_nccl_type(t, &type)) return 1;
+  if (to_nccl_type(t, &type)) {
+    snprintf(p->error, sizeof p->error, "broadcast: unknown dtype %d", (int)t);
+    return 1;
+  }
   return wait_for(p, "ncclBroadcast", ncclBroadcast(buf, buf, count, type, root, p->comm, (cudaStream_t)stream),
                   (cudaStream_t)stream);
 }
@@ -135,7 +142,10 @@ static int p_broadcast(void* h, void* buf, size_t count, dpcheck_dtype_t t, int 
 static int p_allgather(void* h, const void* send, void* recv, size_t count, dpcheck_dtype_t t, void* stream) {
   nccl_plugin_t* p = (nccl_plugin_t*)h;
   ncclDataType_t type;
-  if (to_nccl_type(t, &type)) return 1;
+  if (to_nccl_type(t, &type)) {
+    snprintf(p->error, sizeof p->error, "allgather: unknown dtype %d", (int)t);
+    return 1;
+  }
   return wait_for(p, "ncclAllGather", ncclAllGather(send, recv, count, type, p->comm, (cudaStream_t)stream),
                   (cudaStream_t)stream);
 }

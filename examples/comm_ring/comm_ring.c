@@ -13,7 +13,11 @@
  * rest.
  *
  * Every rank ends with the same bits: each chunk is summed once, in one order, by the ranks around the
- * ring, and the finished chunk is copied, not recomputed. */
+ * ring, and the finished chunk is copied, not recomputed.
+ *
+ * bfloat16 and float16 (plugin ABI 2) travel as their 16-bit patterns; each hop widens both operands
+ * to float, adds them there and rounds the sum back to the format (to nearest, ties to even), as
+ * NCCL's ring does. */
 #include <dpcheck/plugin.h>
 
 #include <stdint.h>
@@ -81,11 +85,85 @@ static int pass_left_to_right(ring_t* r, const void* send, size_t send_bytes, vo
   return rc != 0 ? fail(r, "chunk swap", step) : 0;
 }
 
-static size_t dtype_bytes(dpcheck_dtype_t t) { return t == DPCHECK_FLOAT32 ? 4 : 8; }
+static size_t dtype_bytes(dpcheck_dtype_t t) {
+  switch (t) {
+    case DPCHECK_FLOAT32: return 4;
+    case DPCHECK_BFLOAT16:
+    case DPCHECK_FLOAT16: return 2;
+    case DPCHECK_FLOAT64:
+    case DPCHECK_INT64: break;
+  }
+  return 8;
+}
+
+/* ---- the 16-bit formats: to float exactly, back rounded to nearest, ties to even ---------------- */
+
+static float float_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static uint32_t bits_of_float(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static float bf16_to_float(uint16_t h) { return float_of_bits((uint32_t)h << 16); }
+
+static uint16_t float_to_bf16(float f) {
+  const uint32_t x = bits_of_float(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x0040u); /* a NaN stays a quiet NaN */
+  /* Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even; a carry steps the exponent. */
+  return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+static float fp16_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0) { /* zero or subnormal: m * 2^-24, exact */
+    const float v = (float)m * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  if (e == 31) return float_of_bits(sign | 0x7F800000u | (m << 13)); /* infinity or NaN */
+  return float_of_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+static uint16_t float_to_fp16(float f) {
+  const uint32_t x = bits_of_float(f), ax = x & 0x7FFFFFFFu;
+  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  if (ax > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((ax >> 13) & 0x3FFu)); /* NaN */
+  if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7C00u);                        /* 65536 and up: infinity */
+  if (ax < 0x38800000u) { /* below 2^-14: a multiple of 2^-24, rounded to an integer, ties to even */
+    const float scaled = float_of_bits(ax) * 0x1p24f;
+    uint32_t m = (uint32_t)scaled;
+    const float rest = scaled - (float)m;
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return (uint16_t)(sign | m);
+  }
+  {
+    const uint32_t r = ax - 0x38000000u; /* rebias the exponent; a carry past 65504 gives infinity */
+    return (uint16_t)(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+  }
+}
+
+static float widen(dpcheck_dtype_t t, uint16_t h) { return t == DPCHECK_BFLOAT16 ? bf16_to_float(h) : fp16_to_float(h); }
+static uint16_t narrow(dpcheck_dtype_t t, float f) { return t == DPCHECK_BFLOAT16 ? float_to_bf16(f) : float_to_fp16(f); }
 
 /* acc[i] = acc[i] (op) in[i] */
 static void combine(void* acc, const void* in, size_t n, dpcheck_dtype_t t, dpcheck_op_t op) {
   size_t i;
+  if (t == DPCHECK_BFLOAT16 || t == DPCHECK_FLOAT16) {
+    uint16_t* a = (uint16_t*)acc;
+    const uint16_t* b = (const uint16_t*)in;
+    for (i = 0; i < n; ++i) {
+      const float x = widen(t, a[i]), y = widen(t, b[i]);
+      if (op == DPCHECK_MIN) a[i] = y < x ? b[i] : a[i]; /* one of the inputs, bit for bit */
+      else if (op == DPCHECK_MAX) a[i] = y > x ? b[i] : a[i];
+      else a[i] = narrow(t, x + y);
+    }
+    return;
+  }
 #define COMBINE(T)                                                              \
   {                                                                             \
     T* a = (T*)acc;                                                             \
@@ -104,7 +182,9 @@ static void combine(void* acc, const void* in, size_t n, dpcheck_dtype_t t, dpch
 
 static void divide(void* buf, size_t n, dpcheck_dtype_t t, int size) {
   size_t i;
-  if (t == DPCHECK_FLOAT32)
+  if (t == DPCHECK_BFLOAT16 || t == DPCHECK_FLOAT16)
+    for (i = 0; i < n; ++i) ((uint16_t*)buf)[i] = narrow(t, widen(t, ((uint16_t*)buf)[i]) / (float)size);
+  else if (t == DPCHECK_FLOAT32)
     for (i = 0; i < n; ++i) ((float*)buf)[i] /= (float)size;
   else if (t == DPCHECK_FLOAT64)
     for (i = 0; i < n; ++i) ((double*)buf)[i] /= (double)size;

@@ -10,6 +10,11 @@
  * Versioning: `abi` is DPCHECK_PLUGIN_ABI of the header the plugin was built with. dpcheck refuses a
  * table whose abi it does not know and says both numbers. The shape of a table never changes within
  * one abi; a change raises DPCHECK_PLUGIN_ABI.
+ *   1  the tables below; dtypes float32, float64, int64.
+ *   2  adds the 16-bit floating dtypes DPCHECK_BFLOAT16 and DPCHECK_FLOAT16 (mixed-precision gradient
+ *      all-reduces). The tables' shape is unchanged, and dpcheck still loads abi-1 tables: an abi-1
+ *      communicator is never passed the new dtypes (dpcheck refuses a 16-bit collective on it, naming
+ *      the plugin, and `conform` skips its 16-bit checks).
  *
  * Errors: every entry point that returns int returns 0 on success; after a non-zero return, dpcheck
  * reports the plugin's name, the call, the rank and last_error()'s text, and ends the run.
@@ -41,9 +46,17 @@ extern "C" {
 #pragma GCC diagnostic ignored "-Wshadow"
 #endif
 
-#define DPCHECK_PLUGIN_ABI 1
+#define DPCHECK_PLUGIN_ABI 2
 
-typedef enum { DPCHECK_FLOAT32 = 0, DPCHECK_FLOAT64 = 1, DPCHECK_INT64 = 2 } dpcheck_dtype_t;
+/* DPCHECK_BFLOAT16 (8 significant bits, float32's exponent range) and DPCHECK_FLOAT16 (IEEE binary16)
+   buffers hold the formats' 16-bit patterns, a uint16_t per element; abi 2 and later. */
+typedef enum {
+  DPCHECK_FLOAT32 = 0,
+  DPCHECK_FLOAT64 = 1,
+  DPCHECK_INT64 = 2,
+  DPCHECK_BFLOAT16 = 3,
+  DPCHECK_FLOAT16 = 4
+} dpcheck_dtype_t;
 typedef enum { DPCHECK_SUM = 0, DPCHECK_AVG = 1, DPCHECK_MIN = 2, DPCHECK_MAX = 3 } dpcheck_op_t;
 typedef enum { DPCHECK_HOST = 0, DPCHECK_CUDA = 1 } dpcheck_memory_t;
 
@@ -61,7 +74,10 @@ typedef struct dpcheck_bootstrap {
 } dpcheck_bootstrap_t;
 
 /* The collectives work in place or into the caller's buffer, counts in elements, and must leave every
-   rank with the same bits. DPCHECK_AVG is the sum divided by the world size. For DPCHECK_CUDA plugins
+   rank with the same bits. DPCHECK_AVG is the sum divided by the world size. A 16-bit all-reduce may
+   round to the format once, after summing in float32 (as dpcheck's own backends do), or at every hop
+   (as NCCL's ring does): `conform` checks its sums on inputs that are exact either way, bit for bit,
+   and its averages within rounding; min and max must return one of the inputs. For DPCHECK_CUDA plugins
    the buffers are device pointers and `stream` is the engine's cudaStream_t, on which the work must be
    ordered (after what is queued there already); for DPCHECK_HOST plugins `stream` is NULL. The
    bootstrap handed to init stays valid until finalize. */

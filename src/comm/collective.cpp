@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "src/error.hpp"
+#include "src/low_precision.hpp"
 
 namespace dpcheck {
 
@@ -56,8 +57,9 @@ std::string check_calls(std::span<const CallDesc> descs, std::span<const std::ui
   }
   if (d0.kind == CallKind::allreduce) {
     if (d0.dtype == DType::u8) return "allreduce does not support uint8";
-    if (d0.op == ReduceOp::avg && d0.dtype != DType::f32 && d0.dtype != DType::f64)
-      return "avg is for float32 and float64, not " + std::string(dtype_name(d0.dtype));
+    if (d0.op == ReduceOp::avg && !is_floating(d0.dtype))
+      return "avg is for the floating dtypes (float32, float64, bfloat16, float16), not " +
+             std::string(dtype_name(d0.dtype));
   }
   if (d0.kind == CallKind::broadcast && (d0.root < 0 || d0.root >= size))
     return "broadcast root " + std::to_string(d0.root) + " is not a rank of a world of size " +
@@ -180,6 +182,69 @@ void reduce_typed(const void* const* in, int n, void* const* out, int m, std::si
   DPCHECK_ASSERT(false);
 }
 
+// ---- bfloat16 and float16: in float32, rounded once --------------------------------------------------
+
+// The 16-bit formats as the reduction sees them: a pattern to float32 (exact) and back (rounded to
+// nearest, ties to even; src/low_precision.hpp).
+struct Bf16Format {
+  static float widen(std::uint16_t h) { return bf16_bits_to_float(h); }
+  static std::uint16_t narrow(float f) { return float_to_bf16_bits(f); }
+};
+struct Fp16Format {
+  static float widen(std::uint16_t h) { return fp16_bits_to_float(h); }
+  static std::uint16_t narrow(float f) { return float_to_fp16_bits(f); }
+};
+
+// As reduce_chunk, with the accumulator in float32: every input element is widened, combined in rank
+// order in float32 (divided by n there for avg), and the result rounded to the format once, when it
+// is written out. The chunk is as many 16-bit elements as chunk_bytes holds, so that
+// host_reduction_thresholds says where the work changes shape for these dtypes too.
+template <class Format, class Op>
+inline void reduce_chunk_16(const void* const* in, int n, void* const* out, int m, std::size_t base, std::size_t len,
+                            float* acc, Op op, bool divide) {
+  {
+    const std::uint16_t* __restrict first = static_cast<const std::uint16_t*>(in[0]) + base;
+    for (std::size_t k = 0; k < len; ++k) acc[k] = Format::widen(first[k]);
+  }
+  for (int j = 1; j < n; ++j) {
+    const std::uint16_t* __restrict b = static_cast<const std::uint16_t*>(in[j]) + base;
+    for (std::size_t k = 0; k < len; ++k) acc[k] = op(acc[k], Format::widen(b[k]));
+  }
+  if (divide) {
+    const auto d = static_cast<float>(n);
+    for (std::size_t k = 0; k < len; ++k) acc[k] = acc[k] / d;
+  }
+  // Outputs may be inputs: narrowed once into the first output, then copied, after every input's
+  // chunk has been read.
+  std::uint16_t* __restrict o0 = static_cast<std::uint16_t*>(out[0]) + base;
+  for (std::size_t k = 0; k < len; ++k) o0[k] = Format::narrow(acc[k]);
+  for (int j = 1; j < m; ++j) {
+    std::uint16_t* __restrict o = static_cast<std::uint16_t*>(out[j]) + base;
+    for (std::size_t k = 0; k < len; ++k) o[k] = o0[k];
+  }
+}
+
+template <class Format, class Op>
+void reduce_range_16(const void* const* in, int n, void* const* out, int m, std::size_t lo, std::size_t hi, Op op,
+                     bool divide) {
+  constexpr std::size_t chunk = chunk_bytes / sizeof(std::uint16_t);
+  alignas(64) float acc[chunk];
+  std::size_t base = lo;
+  for (; base + chunk <= hi; base += chunk) reduce_chunk_16<Format>(in, n, out, m, base, chunk, acc, op, divide);
+  if (base < hi) reduce_chunk_16<Format>(in, n, out, m, base, hi - base, acc, op, divide);
+}
+
+template <class Format>
+void reduce_16(const void* const* in, int n, void* const* out, int m, std::size_t lo, std::size_t hi, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return reduce_range_16<Format>(in, n, out, m, lo, hi, Sum<float>{}, false);
+    case ReduceOp::avg: return reduce_range_16<Format>(in, n, out, m, lo, hi, Sum<float>{}, true);
+    case ReduceOp::min: return reduce_range_16<Format>(in, n, out, m, lo, hi, Min<float>{}, false);
+    case ReduceOp::max: return reduce_range_16<Format>(in, n, out, m, lo, hi, Max<float>{}, false);
+  }
+  DPCHECK_ASSERT(false);
+}
+
 }  // namespace
 
 std::vector<std::size_t> host_reduction_thresholds(int n, DType dtype) {
@@ -195,6 +260,8 @@ void reduce_in_rank_order(const void* const* in, int n, void* const* out, int m,
     case DType::i32: return reduce_typed<std::int32_t>(in, n, out, m, lo, hi, op);
     case DType::i64: return reduce_typed<std::int64_t>(in, n, out, m, lo, hi, op);
     case DType::u64: return reduce_typed<std::uint64_t>(in, n, out, m, lo, hi, op);
+    case DType::bf16: return reduce_16<Bf16Format>(in, n, out, m, lo, hi, op);
+    case DType::f16: return reduce_16<Fp16Format>(in, n, out, m, lo, hi, op);
     case DType::u8: break;  // refused by check_calls
   }
   DPCHECK_ASSERT(false);

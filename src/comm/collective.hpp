@@ -66,6 +66,8 @@ std::vector<std::size_t> host_reduction_thresholds(int n, DType dtype);
 
 // Reduces elements [lo, hi) of in[0], ..., in[n-1] in rank order, ((in[0] + in[1]) + in[2]) + ...
 // element by element (then divided by n for avg), and writes the result into out[0], ..., out[m-1].
+// bfloat16 and float16 elements are widened to float32, reduced (and divided) in float32 in that
+// order, and rounded to their format once, at the end (src/comm.hpp).
 // Every pointer points at element 0 of its buffer. An output may be one of the inputs: the local
 // backend reduces its slice of all N buffers into all N in place, the mpi backend its slice of the
 // received copies into its own buffer. Integer sums wrap; u8 and avg over integers are refused by

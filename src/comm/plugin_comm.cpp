@@ -33,9 +33,17 @@ bool abi_dtype(DType t, dpcheck_dtype_t* out) {
     case DType::f32: *out = DPCHECK_FLOAT32; return true;
     case DType::f64: *out = DPCHECK_FLOAT64; return true;
     case DType::i64: *out = DPCHECK_INT64; return true;
-    default: return false;
+    case DType::bf16: *out = DPCHECK_BFLOAT16; return true;
+    case DType::f16: *out = DPCHECK_FLOAT16; return true;
+    case DType::i32:
+    case DType::u64:
+    case DType::u8: return false;
   }
+  return false;
 }
+
+// The first ABI with each of the ABI's dtypes.
+unsigned abi_of_dtype(DType t) { return is_16bit_float(t) ? 2 : 1; }
 
 class PluginCommunicator final : public Communicator {
  public:
@@ -78,19 +86,19 @@ class PluginCommunicator final : public Communicator {
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     dpcheck_dtype_t t;
-    if (!abi_dtype(dtype, &t)) return base_.host().allreduce(buf, count, dtype, op);
+    if (!plugin_dtype(dtype, &t)) return base_.host().allreduce(buf, count, dtype, op);
     guarded("allreduce", [&] { return plugin_.allreduce(comm_, buf, count, t, abi_op(op), stream_); });
   }
 
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     dpcheck_dtype_t t;
-    if (!abi_dtype(dtype, &t)) return base_.host().broadcast(buf, count, dtype, root);
+    if (!plugin_dtype(dtype, &t)) return base_.host().broadcast(buf, count, dtype, root);
     guarded("broadcast", [&] { return plugin_.broadcast(comm_, buf, count, t, root, stream_); });
   }
 
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     dpcheck_dtype_t t;
-    if (!abi_dtype(dtype, &t)) return base_.host().allgather(send, recv, count, dtype);
+    if (!plugin_dtype(dtype, &t)) return base_.host().allgather(send, recv, count, dtype);
     guarded("allgather", [&] { return plugin_.allgather(comm_, send, recv, count, t, stream_); });
   }
 
@@ -99,6 +107,15 @@ class PluginCommunicator final : public Communicator {
   }
 
  private:
+  // The plugin's dtype for a collective of `dtype`; false for dpcheck's own control messages, which go
+  // over host(). A dtype newer than the plugin's ABI is refused on every rank alike, before any rank
+  // calls the plugin (which would read it as a dtype it does not know).
+  bool plugin_dtype(DType dtype, dpcheck_dtype_t* out) const {
+    if (!abi_dtype(dtype, out)) return false;
+    if (!comm_plugin_has_dtype(plugin_, dtype)) throw UsageError(comm_plugin_lacks_dtype(plugin_, backend_, dtype));
+    return true;
+  }
+
   // The bootstrap's transport: a communicator of its own under a launcher (a timeout there must not
   // break the world dpcheck's checks talk over), the rank's host communicator among threads.
   Communicator& transport() { return transport_ ? *transport_ : base_.host(); }
@@ -199,6 +216,19 @@ const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::stri
   require_entry(reinterpret_cast<const void*>(table->finalize), "finalize", what, kind);
   loaded.emplace(path, table);
   return *table;
+}
+
+bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype) {
+  dpcheck_dtype_t t;
+  return abi_dtype(dtype, &t) && plugin.abi >= abi_of_dtype(dtype);
+}
+
+std::string comm_plugin_lacks_dtype(const dpcheck_comm_plugin_t& plugin, const std::string& path, DType dtype) {
+  const std::string name(dtype_name(dtype));
+  return "plugin '" + std::string(plugin.name) + "' (" + path + ") is of plugin ABI " + std::to_string(plugin.abi) +
+         ", which has no " + name + ": " + name + " collectives need ABI " + std::to_string(abi_of_dtype(dtype)) +
+         " (rebuild the plugin against this dpcheck's plugin.h, whose ABI is " + std::to_string(DPCHECK_PLUGIN_ABI) +
+         ", and handle DPCHECK_BFLOAT16 and DPCHECK_FLOAT16)";
 }
 
 std::unique_ptr<Communicator> make_plugin_communicator(const dpcheck_comm_plugin_t& plugin, std::string backend,

@@ -7,7 +7,8 @@
 // hashes, verdicts, counts) go through host(), dpcheck's own transport, so that a broken plugin cannot
 // corrupt the evidence against it. Every call into the plugin is guarded (src/plugin/plugin_call.hpp):
 // a non-zero return is an Error naming the plugin, the call, the rank and the plugin's last_error; a
-// call that outlives the timeout ends the run.
+// call that outlives the timeout ends the run. A bfloat16 or float16 collective on a plugin of ABI 1,
+// which predates those dtypes, is a UsageError before the plugin is called.
 #pragma once
 
 #include <memory>
@@ -28,6 +29,15 @@ const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::stri
 // cuda for a DPCHECK_CUDA one (ranks as threads on the GPU, a thread each). UsageError for a plugin
 // that cannot be loaded.
 const Backend& register_comm_plugin(const std::string& path);
+
+// Whether the plugin's ABI has `dtype` as a dtype of its collectives: float32, float64 and int64
+// from ABI 1, bfloat16 and float16 from ABI 2. dpcheck's own control messages (uint8, int32, uint64)
+// never go to a plugin.
+bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype);
+
+// Why a plugin of ABI 1 takes no 16-bit collective, naming the plugin (`path` as given), the dtype and
+// both ABIs: the text of the UsageError that refuses one, and of conform's skipped rows.
+std::string comm_plugin_lacks_dtype(const dpcheck_comm_plugin_t& plugin, const std::string& path, DType dtype);
 
 // A communicator of the plugin over the ranks of `base` (bootstrap, control messages and copies to
 // and from the host go through base). Calls init; finalize on destruction. `backend` is the row name.

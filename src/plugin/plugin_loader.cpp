@@ -44,11 +44,18 @@ void* plugin_symbol(const std::string& path, const char* symbol, std::string_vie
   return address;
 }
 
+std::string known_plugin_abis() {
+  constexpr unsigned newest = DPCHECK_PLUGIN_ABI;
+  if (newest == kOldestPluginAbi) return "ABI " + std::to_string(newest);
+  return "ABI " + std::to_string(kOldestPluginAbi) + (newest == kOldestPluginAbi + 1 ? " and " : " to ") +
+         std::to_string(newest);
+}
+
 void check_plugin_table(const void* table, unsigned abi, const char* name, const std::string& what) {
   if (!table) throw UsageError(what + ": its plugin function returned no table (NULL)");
-  if (abi != DPCHECK_PLUGIN_ABI)
-    throw UsageError(what + ": plugin ABI " + std::to_string(abi) + ", but this dpcheck knows ABI " +
-                     std::to_string(DPCHECK_PLUGIN_ABI) + " (rebuild the plugin against this dpcheck's plugin.h)");
+  if (abi < kOldestPluginAbi || abi > DPCHECK_PLUGIN_ABI)
+    throw UsageError(what + ": plugin ABI " + std::to_string(abi) + ", but this dpcheck knows " + known_plugin_abis() +
+                     " (rebuild the plugin against this dpcheck's plugin.h)");
   if (!name || !*name) throw UsageError(what + ": its table has no name");
 }
 

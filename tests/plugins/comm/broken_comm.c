@@ -19,6 +19,8 @@
  *                     out of the sum (right for N = 1, 2, 4, 8; wrong for 3, 5, ...)
  *  14 sequence-wrap   an 8-bit call counter picks a slot; when it wraps, call 257 finds the slot of
  *                     call 1 still marked done and returns without reducing
+ *  15 half-as-bfloat16  float16 buffers are widened and narrowed as bfloat16 (a kernel written for
+ *                     bfloat16 reused): the patterns survive a copy, but their sums are wrong
  *
  * And one that is correct in another way than BREAK 0:
  *  13 avg-by-reciprocal  avg multiplies every input by a rounded 1/N before the sum, as NCCL's ncclAvg
@@ -27,6 +29,10 @@
  * And two that fault rather than compute wrong, for the run's own ending (cli tests):
  *  10 crash           dereferences NULL in allreduce
  *  11 stall           rank 1 never returns from an allreduce of more than one element
+ *
+ * bfloat16 and float16 are summed in float and rounded to the format once, as dpcheck's own backends
+ * do. Built with -DPLUGIN_ABI=1 (BREAK 0), the table declares ABI 1, the ABI before those dtypes: the
+ * plugin dpcheck must never pass a 16-bit collective, which fails saying so if it arrives.
  */
 #include <dpcheck/plugin.h>
 
@@ -39,6 +45,9 @@
 #ifndef BREAK
 #define BREAK 0
 #endif
+#ifndef PLUGIN_ABI
+#define PLUGIN_ABI DPCHECK_PLUGIN_ABI
+#endif
 
 typedef struct comm {
   const dpcheck_bootstrap_t* boot;
@@ -48,7 +57,55 @@ typedef struct comm {
   char error[256];
 } comm_t;
 
-static size_t dtype_bytes(dpcheck_dtype_t t) { return t == DPCHECK_FLOAT32 ? 4 : 8; }
+static size_t dtype_bytes(dpcheck_dtype_t t) {
+  return t == DPCHECK_FLOAT32 ? 4 : t == DPCHECK_BFLOAT16 || t == DPCHECK_FLOAT16 ? 2 : 8;
+}
+
+static int is_16bit(dpcheck_dtype_t t) { return t == DPCHECK_BFLOAT16 || t == DPCHECK_FLOAT16; }
+
+/* The 16-bit formats (as examples/comm_ring/comm_ring.c): to float exactly, back rounded to nearest,
+   ties to even. */
+static float float_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static uint32_t bits_of_float(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static float widen(dpcheck_dtype_t t, uint16_t h) {
+  uint32_t sign, e, m;
+  if (t == DPCHECK_BFLOAT16 || BREAK == 15) return float_of_bits((uint32_t)h << 16);
+  sign = (uint32_t)(h & 0x8000u) << 16;
+  e = (h >> 10) & 0x1Fu;
+  m = h & 0x3FFu;
+  if (e == 0) return sign ? -((float)m * 0x1p-24f) : (float)m * 0x1p-24f;
+  if (e == 31) return float_of_bits(sign | 0x7F800000u | (m << 13));
+  return float_of_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+static uint16_t narrow(dpcheck_dtype_t t, float f) {
+  const uint32_t x = bits_of_float(f), ax = x & 0x7FFFFFFFu;
+  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  if (t == DPCHECK_BFLOAT16 || BREAK == 15) {
+    if (ax > 0x7F800000u) return (uint16_t)((x >> 16) | 0x0040u);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+  }
+  if (ax > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((ax >> 13) & 0x3FFu));
+  if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7C00u);
+  if (ax < 0x38800000u) {
+    const float scaled = float_of_bits(ax) * 0x1p24f;
+    uint32_t m = (uint32_t)scaled;
+    const float rest = scaled - (float)m;
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return (uint16_t)(sign | m);
+  }
+  return (uint16_t)(sign | ((ax - 0x38000000u + 0xFFFu + (((ax - 0x38000000u) >> 13) & 1u)) >> 13));
+}
 
 static int fail(comm_t* c, const char* what) {
   snprintf(c->error, sizeof c->error, "%s: the bootstrap failed on rank %d", what, c->rank);
@@ -75,6 +132,7 @@ static int gather_all(comm_t* c, const void* send, size_t bytes, char** all) {
 
 static double get(const char* p, dpcheck_dtype_t t, size_t i) {
   if (t == DPCHECK_FLOAT32) return ((const float*)p)[i];
+  if (is_16bit(t)) return widen(t, ((const uint16_t*)p)[i]);
   return ((const double*)p)[i];
 }
 
@@ -95,6 +153,31 @@ static void reduce_element(comm_t* c, const char* all, size_t bytes, size_t i, v
     if (op == DPCHECK_AVG) acc /= c->size;
 #endif
     ((int64_t*)out)[i] = acc;
+  } else if (is_16bit(t)) {
+    /* In float, rounded to the format once; min and max keep the winning input's bits. */
+    const uint16_t* first_buf = (const uint16_t*)(all + (size_t)first * bytes);
+    uint16_t best = first_buf[i];
+    float acc = widen(t, best);
+#if BREAK == 13
+    if (op == DPCHECK_AVG) {
+      const float inv = 1.0f / (float)c->size;
+      acc = acc * inv;
+      for (k = 1; k < c->size; ++k) acc += (float)get(all + (size_t)((first + k) % c->size) * bytes, t, i) * inv;
+      ((uint16_t*)out)[i] = narrow(t, acc);
+      return;
+    }
+#endif
+    for (k = 1; k < ranks; ++k) {
+      const uint16_t h = ((const uint16_t*)(all + (size_t)((first + k) % c->size) * bytes))[i];
+      const float v = widen(t, h);
+      if (op == DPCHECK_MIN || op == DPCHECK_MAX) {
+        if (op == DPCHECK_MIN ? v < widen(t, best) : v > widen(t, best)) best = h;
+      } else {
+        acc += v;
+      }
+    }
+    if (op == DPCHECK_AVG) acc /= (float)c->size;
+    ((uint16_t*)out)[i] = op == DPCHECK_MIN || op == DPCHECK_MAX ? best : narrow(t, acc);
   } else if (t == DPCHECK_FLOAT32 || BREAK == 2) {
     float acc = (float)get(all + (size_t)first * bytes, t, i);
 #if BREAK == 13
@@ -144,6 +227,14 @@ static int c_init(const dpcheck_bootstrap_t* boot, void** out) {
   return 0;
 }
 
+/* An ABI-1 table is never passed a dtype of ABI 2: if it were, the call fails saying so. */
+static int newer_dtype(comm_t* c, const char* call, dpcheck_dtype_t t) {
+  if (PLUGIN_ABI >= 2 || !is_16bit(t)) return 0;
+  snprintf(c->error, sizeof c->error, "%s: dtype %d is of plugin ABI 2, but this table declares ABI %d", call, (int)t,
+           PLUGIN_ABI);
+  return 1;
+}
+
 static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t, dpcheck_op_t op, void* stream) {
   comm_t* c = (comm_t*)handle;
   const size_t bytes = count * dtype_bytes(t);
@@ -151,6 +242,7 @@ static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t,
   int first = 0;
   char* all;
   (void)stream;
+  if (newer_dtype(c, "allreduce", t)) return 1;
 #if BREAK == 10
   if (count > 0) *(volatile int*)stream = 1;
 #elif BREAK == 11
@@ -187,6 +279,7 @@ static int c_broadcast(void* handle, void* buf, size_t count, dpcheck_dtype_t t,
   const size_t bytes = count * dtype_bytes(t);
   char* all;
   (void)stream;
+  if (newer_dtype(c, "broadcast", t)) return 1;
 #if BREAK == 5
   root = 0;
 #endif
@@ -202,6 +295,7 @@ static int c_allgather(void* handle, const void* send, void* recv, size_t count,
   char* all;
   int r;
   (void)stream;
+  if (newer_dtype(c, "allgather", t)) return 1;
   if (gather_all(c, send, bytes, &all)) return 1;
   for (r = 0; r < c->size; ++r) {
     const int to = BREAK == 4 ? (r + 1) % c->size : r;
@@ -220,7 +314,7 @@ static const char* c_last_error(void* handle) { return handle ? ((comm_t*)handle
 static void c_finalize(void* handle) { free(handle); }
 
 static const dpcheck_comm_plugin_t plugin = {
-    DPCHECK_PLUGIN_ABI, "broken", DPCHECK_HOST, c_init, c_allreduce, c_broadcast, c_allgather,
+    PLUGIN_ABI, "broken", DPCHECK_HOST, c_init, c_allreduce, c_broadcast, c_allgather,
     c_barrier, c_last_error, c_finalize,
 };
 

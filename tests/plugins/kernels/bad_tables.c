@@ -7,7 +7,7 @@
 #if defined(BAD_ABI) || defined(NO_NAME) || defined(DEVICE_MEMORY)
 static const dpcheck_kernel_plugin_t table = {
 #ifdef BAD_ABI
-    DPCHECK_PLUGIN_ABI + 98, "from-the-future", DPCHECK_HOST,
+    99, "from-the-future", DPCHECK_HOST,
 #elif defined(NO_NAME)
     DPCHECK_PLUGIN_ABI, NULL, DPCHECK_HOST,
 #else
