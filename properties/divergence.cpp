@@ -138,7 +138,9 @@ StepFailure non_finite_state_failure(std::int64_t step, std::span<const float> p
 LiveChecks::LiveChecks(const Target& target, LiveCheckOptions options) : target_(target), options_(options) {}
 
 void LiveChecks::local_gradient(Trainer& trainer, std::int64_t step, double loss_sum, std::int64_t) {
-  if (!options_.finite) return;
+  // With a loss scaler a non-finite local gradient is the scaler's to handle: every rank skips the step
+  // (the replica check and the parameters' own finite check see whether they did).
+  if (!options_.finite || trainer.scaler().enabled()) return;
   // The gradient where it lies on the host; a copy from a device.
   Engine& e = trainer.engine();
   std::vector<float> copy;
@@ -192,12 +194,14 @@ LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, st
   const DistributedSampler sampler(c.sampler(trainer.world_size()));
   const reference::StepExamples ex = reference::step_examples(c, sampler, step);
   const Batch whole = trainer.data().gather(ex.global());
-  const reference::BoundOptions options = bound_options(target);
+  reference::BoundOptions options = bound_options(target);
+  options.allreduce_format = c.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
+  options.delta_scale = trainer.scaler().scale();
   const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
   // With mixed precision the shards' deltas round at N times the whole batch's scale (reference/bound.hpp).
   const reference::BoundOptions options_sharded = sharded_bound_options(options, trainer.world_size());
   const std::optional<reference::GradientBound> own_sharded =
-      options_sharded.delta_scale == options.delta_scale
+      options_sharded.delta_scale == options.delta_scale && options_sharded.allreduce_roundings == 0
           ? std::nullopt
           : std::optional(reference::gradient_bound(c.model, params, whole, options_sharded));
   const ParamLayout layout(c.model);
@@ -209,10 +213,12 @@ LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, st
   const char* which = "all-reduced";
   if (whole_engine) {
     whole_engine->load_params(params);
-    whole_engine->forward_backward(whole, 1.0f, false);
+    // At the loss scaler's scale, as the trainer ran it, unscaled in the comparison.
+    whole_engine->forward_backward(whole, static_cast<float>(options.delta_scale), false);
     std::vector<float> g(layout.size());
     whole_engine->store_grads(g);
-    const reference::Comparison w = reference::compare(g, bound, reference::whole_batch_roundings(whole.size, options));
+    const reference::Comparison w =
+        reference::compare(g, bound, reference::whole_batch_roundings(whole.size, options), 1.0 / options.delta_scale);
     out.whole_batch_ratio = w.max_ratio;
     if (w.max_ratio > worst.max_ratio) {
       worst = w;
@@ -231,6 +237,12 @@ LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, st
 
 void LiveChecks::reduced_gradient(Trainer& trainer, std::int64_t step) {
   if (options_.gradient_every <= 0 || step % options_.gradient_every != 0) return;
+  // A step the loss scaler skips has no gradient to hold against the reference. Whether it was skipped
+  // is agreed here, so that every rank runs the same collectives even when the ranks' own decisions
+  // differ (the replica check then says so).
+  std::int64_t skipped = trainer.found_inf() ? 1 : 0;
+  trainer.comm().host().allreduce(&skipped, 1, DType::i64, ReduceOp::max);
+  if (skipped) return;
   std::string mine;
   if (trainer.rank() == 0) {
     Engine& e = trainer.engine();
@@ -433,6 +445,7 @@ class Capture final : public StepObserver {
     state_before.resize(t.optimizer().state_size());
     t.optimizer().store_state(state_before);
     steps_before = t.optimizer().steps();
+    loss_scale = t.scaler().scale();
   }
   void reduced_gradient(Trainer& t, std::int64_t) override {
     reduced.resize(t.engine().param_count());
@@ -446,6 +459,7 @@ class Capture final : public StepObserver {
   }
   std::vector<float> local, reduced, params, state;
   std::vector<float> params_before, state_before;
+  float loss_scale = 1;  // the scaler's scale at the step: the local gradient is scaled by it
   std::int64_t steps_before = 0;
 };
 
@@ -457,7 +471,9 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
                               int rank) {
   const TrainConfig& c = in.config;
   const ParamLayout layout(c.model);
-  const reference::BoundOptions options = bound_options(target);
+  reference::BoundOptions options = bound_options(target);
+  options.allreduce_format = c.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
+  options.delta_scale = cap.loss_scale;
   const auto r = static_cast<std::size_t>(rank);
   nlohmann::json row = nlohmann::json::array();
   const auto add = [&](const char* phase, double ratio, const std::string& element) {
@@ -485,8 +501,8 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
       reference::BoundOptions local = options;
       if (local.input_format != Precision::fp32) local.delta_scale *= weight;
       const reference::GradientBound b = reference::gradient_bound(c.model, cap.params_before, share, local);
-      const reference::Comparison cmp =
-          reference::compare(cap.local, b, reference::whole_batch_roundings(share.size, options), 1.0 / weight);
+      const reference::Comparison cmp = reference::compare(
+          cap.local, b, reference::whole_batch_roundings(share.size, options), 1.0 / (weight * cap.loss_scale));
       add("local gradient", cmp.max_ratio, layout.describe_element(cmp.worst));
     }
   }
@@ -499,8 +515,10 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
     add("all-reduce", cmp.max_ratio, layout.describe_element(cmp.worst));
   }
   if (!cap.params.empty()) {
-    const reference::OptimizerStepBound want_step = reference::optimizer_step_bound(
-        c.optimizer_for(in.world_size), cap.params_before, cap.reduced, cap.state_before, cap.steps_before);
+    OptimizerConfig oc = c.optimizer_for(in.world_size);
+    oc.lr = c.lr_at(in.step, in.world_size);  // the warm-up's rate at this step
+    const reference::OptimizerStepBound want_step =
+        reference::optimizer_step_bound(oc, cap.params_before, cap.reduced, cap.state_before, cap.steps_before);
     WorstElement worst;
     worst_against_formula(cap.params, want_step.params, want_step.params_bound, "parameter",
                           [&](std::size_t i) { return layout.describe_element(i); }, worst);

@@ -61,6 +61,7 @@ void gradient_body(const Target& target, CaseRecord& record, const ScenarioSpace
                 "gradient beyond every algorithm threshold of the communicator");
   }
   RC_CLASSIFY(s.at_step > 0, "checked after training steps");
+  RC_CLASSIFY(o.overflowed, "the checked step overflowed: every rank passed it over");
   if (!agree(target, o.passed))
     fail_case(o.message.empty() ? "another rank found the gradient outside the bound" : o.message);
 }
@@ -98,6 +99,7 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
   const Dataset& data = *run.data;
   std::vector<float> averaged, params;
   float loss_scale = 1;
+  bool overflowed = false;
   run_world(target, run.world_size, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, c, comm, data);
     if (run.params) rt.engine->load_params(*run.params);
@@ -105,24 +107,28 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
     std::vector<float> p(rt.engine->param_count());
     rt.engine->store_params(p);
     rt.trainer->compute_gradient(run.at_step);
-    // A loss scaler that finds the gradient non-finite would skip the step; the check wants one it
-    // takes, so it backs the scale off (every rank alike: the decision is agreed) and computes again.
-    for (int tries = 0; rt.trainer->found_inf() && tries < 64; ++tries) {
-      rt.trainer->scaler().update(true);
-      rt.trainer->compute_gradient(run.at_step);
-    }
     if (!records(target, comm)) return;
+    overflowed = rt.trainer->found_inf();
     averaged.resize(rt.engine->param_count());
     rt.engine->store_grads(averaged);
     params = std::move(p);
     loss_scale = rt.trainer->scaler().scale();
   });
 
+  // A step the loss scaler passes over has no gradient to check: the skip itself is what the replica
+  // and optimizer properties hold to account (replicas_survive_overflow, optimizer_update_matches_formula).
+  if (overflowed) {
+    GradientOutcome o;
+    o.overflowed = true;
+    o.parameters = ParamLayout(c.model).size();
+    return o;
+  }
   const DistributedSampler sampler(c.sampler(run.world_size));
   const reference::StepExamples step = reference::step_examples(c, sampler, run.at_step);
   const Batch whole = data.gather(step.global());
   reference::BoundOptions options = bound_options(target);
   options.delta_scale = loss_scale;  // the backward pass ran at the scaler's scale
+  options.allreduce_format = c.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
   reference::BoundOptions probabilistic = options;
   probabilistic.failure_probability = kProbabilisticFailure;
   const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
@@ -136,6 +142,12 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
     p.failure_probability = kProbabilisticFailure;
     own_sharded = reference::gradient_bound(c.model, params, whole, options_sharded);
     own_sharded_p = reference::gradient_bound(c.model, params, whole, p);
+  } else if (options_sharded.allreduce_roundings != 0) {
+    // The same reference, with the all-reduce's own roundings added to its bound.
+    own_sharded = bound;
+    own_sharded->options.allreduce_roundings = options_sharded.allreduce_roundings;
+    own_sharded_p = bound_p;
+    own_sharded_p->options.allreduce_roundings = options_sharded.allreduce_roundings;
   }
   const reference::GradientBound& bound_sharded = own_sharded ? *own_sharded : bound;
   const reference::GradientBound& bound_sharded_p = own_sharded_p ? *own_sharded_p : bound_p;

@@ -80,7 +80,7 @@ constexpr std::array<MutantInfo, 31> kMutants{{
      "the bound assumes float32", {}, false, "bf16"},
     {"fp16-no-scaling", "gradient_average_matches_whole_batch",
      "the backward pass ignores the loss scaler and runs at scale 1, so fp16 deltas below 2^-14 lose their bits "
-     "(and the smallest underflow to zero) where the scaled ones keep them", {}, false, "fp16"},
+     "(and the smallest underflow to zero) where the scaled ones keep them", {}, true, "fp16", true},
     {"unscale-after-allreduce", "gradient_average_matches_whole_batch",
      "each rank scales its loss by a scale of its own (rank r: the scaler's times 2^r, as scalers restored from "
      "different checkpoints have) and unscales after the all-reduce by its own", {}, false, "fp16"},
@@ -299,6 +299,10 @@ class FormulaMutantOptimizer final : public Optimizer {
   FormulaMutantOptimizer(std::string_view mutant, std::unique_ptr<Optimizer> inner)
       : Optimizer(inner->config(), inner->size()), mutant_(mutant), inner_(std::move(inner)) {}
   MemorySpace memory_space() const override { return inner_->memory_space(); }
+  void set_lr(double lr) override {
+    Optimizer::set_lr(lr);
+    inner_->set_lr(lr);
+  }
   float* state() override { return inner_->state(); }
   void store_state(std::span<float> host) const override { inner_->store_state(host); }
   void load_state(std::span<const float> host, std::int64_t steps) override {

@@ -29,6 +29,9 @@ struct MutantInfo {
   // The precision whose path it breaks, when it needs one ("bf16", "fp16"): verify runs it with
   // --precision that.
   std::string_view precision = {};
+  // The bug shows only where a value falls below a format's normal range (an fp16 delta under 2^-14),
+  // which takes many examples, outputs or layers: its minimal case keeps them (and the width).
+  bool large_minimal_case = false;
 };
 
 std::span<const MutantInfo> mutants();

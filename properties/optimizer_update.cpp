@@ -62,7 +62,9 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
       if (rt.optimizer->steps() != t0 + 1 && my_step_error.empty())
         my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) + ": the optimizer counts " +
                         std::to_string(rt.optimizer->steps()) + " steps after its step " + std::to_string(t0 + 1);
-      const reference::OptimizerStepBound want = reference::optimizer_step_bound(config, p0, g, st0, t0);
+      OptimizerConfig at_step = config;
+      at_step.lr = c.lr_at(step, s.world_size);  // a warm-up's rate at this step
+      const reference::OptimizerStepBound want = reference::optimizer_step_bound(at_step, p0, g, st0, t0);
       const std::string at = "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(step) + ": ";
       worst_against_formula(p1, want.params, want.params_bound, at + "parameter", [&](std::size_t i) { return layout.describe_element(i); },
               mine);

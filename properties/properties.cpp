@@ -31,6 +31,7 @@ ScenarioSpace space_for(const Target& target) {
   ScenarioSpace s;
   s.world_size = target.world_size;
   s.thresholds = [target](int world) { return comm_thresholds(target, world); };
+  s.allreduce_dtype = target.allreduce_dtype;
   if (target.precision == Precision::fp16) {
     s.loss_scaling.kind = LossScaling::dynamic;
     s.loss_scaling.growth_interval = 2;

@@ -98,6 +98,7 @@ struct GradientOutcome {
   double probe_ratio = -1;    // the whole batch without its last example (power); -1: not probed
   std::int64_t uncertain_units = 0;
   std::size_t parameters = 0;
+  bool overflowed = false;    // the loss scaler found the step's gradient non-finite: every rank passed it over
   std::string message;        // why it failed
   std::string note;           // where the ratio was largest, and the bound's terms there
 };

@@ -52,7 +52,7 @@ void overflow_body(const Target& target, CaseRecord& record) {
   std::vector<std::int64_t> poisoned{*rc::gen::inRange<std::int64_t>(0, s.train.data_size())};
   if (*rc::gen::inRange(0, 2) == 1) poisoned.push_back(*rc::gen::inRange<std::int64_t>(0, s.train.data_size()));
   const ReplicaOutcome o = check_replica_sync(s, target, poisoned);
-  RC_CLASSIFY(o.skipped_steps > 0, "some step overflowed and was skipped");
+  RC_CLASSIFY(o.skipped_steps > 0, "some step overflowed and every rank passed it over");
   RC_CLASSIFY(o.skipped_steps == 0, "no step overflowed (the poisoned example's gradient stayed finite)");
   if (!agree(target, o.passed)) fail_case(o.message.empty() ? "another rank found the replicas out of sync" : o.message);
 }

@@ -25,6 +25,7 @@ std::string Scenario::describe() const {
      << optimizer_name(t.optimizer.kind) << " lr " << lr_string(t.optimizer.lr) << " | " << t.steps
      << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << ", at step " << at_step << " | seed "
      << t.seed;
+  if (t.allreduce_dtype != DType::f32) os << " | all-reduce in " << allreduce_dtype_name(t.allreduce_dtype);
   if (t.loss_scaling.enabled())
     os << " | loss scale from " << t.loss_scaling.init_scale << ", doubled every " << t.loss_scaling.growth_interval
        << " good steps";
@@ -41,6 +42,7 @@ std::string Scenario::train_flags() const {
      << (t.shuffle ? "" : " --no-shuffle") << " --optimizer " << optimizer_name(t.optimizer.kind) << " --lr "
      << lr_string(t.optimizer.lr) << " --steps " << t.steps << " --accumulate " << t.accumulate << " --seed "
      << t.seed;
+  if (t.allreduce_dtype != DType::f32) os << " --allreduce-dtype " << allreduce_dtype_name(t.allreduce_dtype);
   if (t.loss_scaling.enabled())
     os << " --loss-scale dynamic --loss-scale-init " << t.loss_scaling.init_scale << " --loss-scale-interval "
        << t.loss_scaling.growth_interval;
@@ -113,6 +115,10 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     const int accumulate = *rc::gen::inRange(2, 5);
     t.accumulate = space.accumulate ? accumulate : 1;
     t.seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
+    t.loss_scaling = space.loss_scaling;
+    // A scaler's first scale: GradScaler's 2^16 (which small cases overflow at first), 2^8 or 1. Drawn
+    // only when the space scales its loss, so every case of a run still makes the same draws.
+    if (space.loss_scaling.enabled()) t.loss_scaling.init_scale = *rc::gen::element(65536.0, 256.0, 1.0);
     // Which side of the communicator's thresholds the gradient falls on: the first choice (shrinking
     // towards it) keeps the drawn widths; choice i > 0 grows the model past threshold i.
     std::vector<std::size_t> limits;
@@ -125,7 +131,7 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     for (int& w : widths) w = *rc::gen::inRange(1, space.max_width + 1);
     t.model.dims.assign(widths.begin(), widths.begin() + layers + 1);
     if (past > 0) grow_past(t.model.dims, limits[past - 1]);
-    t.loss_scaling = space.loss_scaling;
+    t.allreduce_dtype = space.allreduce_dtype;
     return s;
   });
 }

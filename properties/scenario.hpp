@@ -52,6 +52,7 @@ struct ScenarioSpace {
   // Every scenario's loss scaler (none, or dynamic for fp16 targets: then with a growth interval of 2,
   // so that a few steps both back off and grow the scale).
   LossScalerConfig loss_scaling;
+  DType allreduce_dtype = DType::f32;  // the gradient all-reduce's (--allreduce-dtype)
 };
 
 

@@ -42,6 +42,9 @@ void validate_target(const Target& target) {
   if (target.tf32 && target.precision != Precision::fp32)
     throw UsageError("--tf32 and --precision " + std::string(precision_name(target.precision)) +
                      " both set the matrix products' input format: choose one");
+  if (target.allreduce_dtype != DType::f32 && target.engine != "cpu")
+    throw UsageError("--allreduce-dtype bf16 runs on the cpu engine; the " + target.engine +
+                     " engine's bf16 gradient all-reduce is not built yet");
   if (target.precision != Precision::fp32 && target.engine != "cpu")
     throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on the cpu engine; the " +
                      target.engine + " engine's low-precision products are not built yet");
@@ -74,6 +77,7 @@ std::string replay_command(const Target& target, const std::string& token) {
   if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
   if (target.tf32) cmd += " --tf32";
   if (target.precision != Precision::fp32) cmd += " --precision " + std::string(precision_name(target.precision));
+  if (target.allreduce_dtype != DType::f32) cmd += " --allreduce-dtype " + std::string(allreduce_dtype_name(target.allreduce_dtype));
   if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
@@ -91,11 +95,15 @@ reference::BoundOptions bound_options(const Target& target) {
     o.product_input_roundings = 4;
   }
   o.input_format = target.precision;
+  o.allreduce_format = target.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
   return o;
 }
 
 reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size) {
   if (options.input_format != Precision::fp32) options.delta_scale *= world_size;
+  if (options.allreduce_format != Precision::fp32)
+    options.allreduce_roundings =
+        (world_size + 1) * static_cast<std::int64_t>(precision_unit_roundoff(options.allreduce_format) / options.unit_roundoff);
   return options;
 }
 

@@ -29,6 +29,7 @@ struct Target {
   int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
   bool tf32 = false;           // cuda engine: TF32 matrix products
   Precision precision = Precision::fp32;  // --precision: the matrix products' input format
+  DType allreduce_dtype = DType::f32;      // --allreduce-dtype: the gradient all-reduce's (verify's scenarios)
   std::chrono::milliseconds timeout = Communicator::default_timeout;
   // Process backends: this process's communicator over all ranks; each case runs on every process.
   Communicator* process_world = nullptr;
@@ -61,7 +62,8 @@ std::string shell_word(const std::string& text);
 // The unit roundoff and error model of the target's float path, for the derived bound.
 reference::BoundOptions bound_options(const Target& target);
 // The same for the all-reduced gradient of world_size shards: with mixed precision its deltas are
-// rounded at world_size times the whole batch's scale (reference/bound.hpp).
+// rounded at world_size times the whole batch's scale, and a bf16 all-reduce adds its roundings
+// (reference/bound.hpp).
 reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size);
 
 // Runs fn once for every rank of a world of world_size ranks, through the target's row: as threads of

@@ -97,8 +97,10 @@ double GradientBound::bound(std::size_t i, std::int64_t m) const { return terms(
 BoundTerms GradientBound::terms(std::size_t i, std::int64_t m) const {
   // Each of the m roundings may also underflow.
   const double k = options.looseness;
+  const double g = gamma_for(m, options);
+  const double low = gamma(options.allreduce_roundings, options.unit_roundoff);
   return {k * propagated[i], k * kink[i],
-          k * (gamma_for(m, options) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit),
+          k * ((g + low * (1 + g)) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit),
           k * floor[i]};
 }
 

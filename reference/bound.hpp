@@ -78,6 +78,14 @@ struct BoundOptions {
   // gradient there, where the whole batch's is 1 / B. For N a power of two the two round alike.
   Precision input_format = Precision::fp32;
   double delta_scale = 1;
+  // --allreduce-dtype bf16: the all-reduce rounds each rank's gradient to bf16 and may round each of
+  // its N - 1 additions and its average there too (NCCL rounds at every hop of its ring), so a path
+  // through it takes N + 1 roundings of bf16's unit roundoff besides its own. allreduce_roundings counts
+  // them in units of u (2^16 each; set for the all-reduced path by sharded_bound_options); they enter
+  // the bound in the worst case even in the probabilistic variant, as one rounding each is no sum of
+  // many small ones.
+  Precision allreduce_format = Precision::fp32;
+  std::int64_t allreduce_roundings = 0;
   // Half the spacing of the smallest subnormals: below the normal range an operation's error is
   // absolute, up to this, besides its relative error u (2^-150 for float32 and TF32, 2^-134 for bf16,
   // 2^-25 for fp16). Every operation in the magnitude pass adds it.
@@ -135,7 +143,8 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
 // Roundings per term of the batch reduction (see above): a sum of n terms in any association rounds
 // each term at most n - 1 times, and its product once. Whole batch: B; sharded: the largest share (its
 // micro-batches summed apart and added, or accumulated in place: either way a sum of its terms) and
-// N - 1 in the all-reduce, plus one. Both add slack_roundings for the scale factors.
+// N - 1 in the all-reduce, plus one. Both add slack_roundings for the scale factors. (A bf16
+// all-reduce's roundings are BoundOptions::allreduce_roundings.)
 std::int64_t whole_batch_roundings(std::int64_t batch, const BoundOptions& options = {});
 std::int64_t sharded_roundings(std::int64_t largest_share, int world_size, const BoundOptions& options = {});
 

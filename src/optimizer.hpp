@@ -40,6 +40,8 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual MemorySpace memory_space() const = 0;
   const OptimizerConfig& config() const { return config_; }
+  // The learning rate of the steps from now on (a schedule: --warmup-steps).
+  virtual void set_lr(double lr) { config_.lr = lr; }
 
   // params -= update(grads); both hold size() elements in memory_space().
   virtual void step(float* params, const float* grads) = 0;

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "src/choice.hpp"
 #include "src/error.hpp"
+#include "src/low_precision.hpp"
 
 namespace dpcheck {
 
@@ -13,6 +15,12 @@ std::vector<std::int64_t> split_sizes(std::int64_t n, std::int64_t parts) {
   std::vector<std::int64_t> sizes(static_cast<std::size_t>(parts), n / parts);
   for (std::int64_t i = 0; i < n % parts; ++i) ++sizes[static_cast<std::size_t>(i)];
   return sizes;
+}
+
+std::string_view allreduce_dtype_name(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp32"; }
+
+DType parse_allreduce_dtype(std::string_view name) {
+  return parse_choice(name, {DType::f32, DType::bf16}, allreduce_dtype_name, "--allreduce-dtype");
 }
 
 SamplerConfig TrainConfig::sampler(int world_size) const {
@@ -38,6 +46,12 @@ OptimizerConfig TrainConfig::optimizer_for(int world_size) const {
   return o;
 }
 
+double TrainConfig::lr_at(std::int64_t step, int world_size) const {
+  const double target = optimizer_for(world_size).lr;
+  if (step >= warmup_steps) return target;
+  return optimizer.lr + (target - optimizer.lr) * static_cast<double>(step) / static_cast<double>(warmup_steps);
+}
+
 void TrainConfig::validate(int world_size) const {
   model.validate();
   if (world_size < 1) throw UsageError("world size must be at least 1");
@@ -47,6 +61,12 @@ void TrainConfig::validate(int world_size) const {
   if (steps < 1) throw UsageError("steps must be at least 1");
   if (accumulate < 1) throw UsageError("accumulate must be at least 1");
   loss_scaling.validate();
+  if (warmup_steps < 0) throw UsageError("--warmup-steps must be at least 0");
+  if (warmup_steps > 0 && !linear_scaling)
+    throw UsageError("--warmup-steps ramps the learning rate from --lr up to the linearly scaled one (Goyal et al.): "
+                     "it needs --linear-scaling");
+  if (allreduce_dtype != DType::f32 && allreduce_dtype != DType::bf16)
+    throw UsageError("the gradient all-reduce runs in float32 or bfloat16");
   if (policy == Policy::drop_last && data_size() < world_size)
     throw UsageError("with drop-last, the data set (" + std::to_string(data_size()) +
                      " examples) must hold at least one example per rank (world size " + std::to_string(world_size) +
@@ -64,6 +84,10 @@ Trainer::Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, 
   DPCHECK_ASSERT(engine.param_count() == optimizer.size());
   slice_ = (config_.batch + world - 1) / world;
   steps_per_epoch_ = config_.steps_per_epoch(world);
+  if (config_.allreduce_dtype != DType::f32 &&
+      (engine.memory_space() != MemorySpace::host || comm.memory_space() != MemorySpace::host))
+    throw UsageError("--allreduce-dtype bf16 runs with the cpu engine and a host communicator; the " +
+                     std::string(engine.name()) + " engine's gradient lives on the device");
 }
 
 Trainer::Slot Trainer::slot(int rank, std::int64_t step) const {
@@ -148,7 +172,7 @@ double Trainer::compute_gradient(std::int64_t step) {
   local_gradient_ready(step);
   const bool local_inf = scaler_.enabled() && gradient_non_finite();
   if (observer_) observer_->local_gradient(*this, step, loss_sum, share);
-  comm_.allreduce(engine_.grads(), engine_.param_count(), DType::f32, ReduceOp::avg);
+  allreduce_gradient();
   found_inf_ = false;
   if (scaler_.enabled()) {
     found_inf_ = agree_found_inf(local_inf, gradient_non_finite());
@@ -156,6 +180,19 @@ double Trainer::compute_gradient(std::int64_t step) {
   }
   if (observer_) observer_->reduced_gradient(*this, step);
   return global_mean_loss(loss_sum, share, global);
+}
+
+void Trainer::allreduce_gradient() {
+  const std::size_t n = engine_.param_count();
+  if (config_.allreduce_dtype == DType::f32) {
+    comm_.allreduce(engine_.grads(), n, DType::f32, ReduceOp::avg);
+    return;
+  }
+  low_grads_.resize(n);
+  float* g = engine_.grads();
+  for (std::size_t i = 0; i < n; ++i) low_grads_[i].bits = float_to_bf16_bits(g[i]);
+  comm_.allreduce(low_grads_.data(), n, DType::bf16, ReduceOp::avg);
+  for (std::size_t i = 0; i < n; ++i) g[i] = bf16_bits_to_float(low_grads_[i].bits);
 }
 
 bool Trainer::agree_found_inf(bool local_inf, bool reduced_inf) {
@@ -223,6 +260,8 @@ nlohmann::json TrainConfig::to_json(int world_size) const {
           {"world_size", world_size}};
   // Only a run that scales its loss records the scaler, so that checkpoints written before there was
   // one still resume a run without one.
+  if (warmup_steps > 0) j["warmup_steps"] = warmup_steps;
+  if (allreduce_dtype != DType::f32) j["allreduce_dtype"] = std::string(allreduce_dtype_name(allreduce_dtype));
   if (loss_scaling.enabled()) {
     j["loss_scale"] = std::string(loss_scaling_name(loss_scaling.kind));
     j["loss_scale_init"] = loss_scaling.init_scale;
@@ -283,6 +322,7 @@ StepResult Trainer::step() {
   r.loss = compute_gradient(r.step);
   // A skipped step leaves the parameters, the optimizer state and its step count as they were.
   r.skipped = found_inf_;
+  if (config_.warmup_steps > 0) optimizer_.set_lr(config_.lr_at(r.step, comm_.size()));
   if (!found_inf_) optimizer_.step(engine_.params(), engine_.grads());
   scaler_.update(found_inf_);
   r.loss_scale = scaler_.scale();

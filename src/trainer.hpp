@@ -34,6 +34,10 @@
 
 namespace dpcheck {
 
+// --allreduce-dtype: "fp32" (DType::f32) or "bf16" (DType::bf16); else UsageError naming the option.
+DType parse_allreduce_dtype(std::string_view name);
+std::string_view allreduce_dtype_name(DType dtype);
+
 struct TrainConfig {
   ModelConfig model;
   std::int64_t batch = 32;         // global batch per step
@@ -42,15 +46,23 @@ struct TrainConfig {
   int accumulate = 1;              // micro-batches per rank per step
   OptimizerConfig optimizer;
   bool linear_scaling = false;     // learning rate x world size (Goyal et al., 2017)
+  // Goyal et al.'s gradual warm-up: over the first warmup_steps steps the learning rate rises in equal
+  // steps from lr to the linearly scaled lr x N (step t < K: lr (1 + (N - 1) t / K)), then stays there.
+  std::int64_t warmup_steps = 0;
   bool shuffle = true;
   Split split = Split::strided;
   Policy policy = Policy::pad;
   std::uint64_t seed = 0;          // parameters, synthetic data and shuffle
   LossScalerConfig loss_scaling;   // --loss-scale: none, or dynamic (GradScaler's semantics)
+  // --allreduce-dtype: the gradient all-reduce in float32, or in bfloat16 (each rank's gradient rounded
+  // to bf16, reduced by the communicator in that dtype, and read back as float32), as frameworks do to
+  // halve the traffic.
+  DType allreduce_dtype = DType::f32;
 
   std::int64_t data_size() const { return dataset_size > 0 ? dataset_size : batch; }
   SamplerConfig sampler(int world_size) const;
   OptimizerConfig optimizer_for(int world_size) const;  // with the linear scaling rule applied
+  double lr_at(std::int64_t step, int world_size) const;  // with the warm-up as well
   // Steps in an epoch: each rank walks its share in slices of ceil(batch / N) examples, and the epoch
   // lasts as long as the largest share, rank 0's (shares are equal, or the first ranks hold one more).
   std::int64_t steps_per_epoch(int world_size) const;
@@ -167,6 +179,8 @@ class Trainer {
   bool gradient_non_finite();
   // Multiplies the engine's gradient by factor (a power of two: exact).
   void scale_gradient(float factor);
+  // The gradient all-reduce (avg) in config().allreduce_dtype.
+  void allreduce_gradient();
 
  private:
   TrainConfig config_;
@@ -182,6 +196,7 @@ class Trainer {
   LossScaler scaler_;
   bool found_inf_ = false;
   std::vector<float> host_copy_;  // a device engine's gradient, for the scaler's checks
+  std::vector<Bf16> low_grads_;   // the gradient in bf16, for --allreduce-dtype bf16
 };
 
 // array_split: n into `parts` sizes differing by at most one, larger first.

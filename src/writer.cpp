@@ -259,6 +259,8 @@ std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
   c.policy = f.choice("policy", parse_policy);
   c.seed = f.unsigned_integer("seed");
   const int world = static_cast<int>(f.integer("world_size", 1, kMaxInt));
+  if (f.has("warmup_steps")) c.warmup_steps = f.integer("warmup_steps", 1, kMaxCount);
+  if (f.has("allreduce_dtype")) c.allreduce_dtype = f.choice("allreduce_dtype", parse_allreduce_dtype);
   if (f.has("loss_scale")) {
     c.loss_scaling.kind = f.choice("loss_scale", parse_loss_scaling);
     c.loss_scaling.init_scale = f.number("loss_scale_init");

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "properties/common.hpp"
 #include "properties/divergence.hpp"
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
@@ -139,9 +140,10 @@ TEST_P(LiveGradientCheck, CatchesAtTheFirstStepThePropertyFails) {
   const MutantInfo& m = GetParam();
   Target target;
   target.mutant = std::string(m.name);
+  if (!m.precision.empty()) target.precision = parse_precision(m.precision);
   int caught = 0;
   const bool ok = rc::check(std::string("live_gradient_check_catches ") + std::string(m.name), [&] {
-    ScenarioSpace space;
+    ScenarioSpace space = space_for(target);  // the precision's loss scaler
     space.max_world_size = 4;
     space.max_layers = 2;
     space.max_width = 12;
@@ -181,10 +183,12 @@ INSTANTIATE_TEST_SUITE_P(GradientMutants, LiveGradientCheck, testing::ValuesIn(g
 
 // One training run as a user would start it, with every live check on.
 CommandResult train(const fs::path& dir, const std::string& mutant) {
+  const MutantInfo* m = find_mutant(mutant);
+  const std::string precision = m && !m->precision.empty() ? " --precision " + std::string(m->precision) : "";
   return run_command(std::string(DPCHECK_BINARY) +
                          " train --model 6,8,3 --batch 10 --dataset-size 13 --policy uneven --world-size 3 --steps 4"
                          " --optimizer adam --check-finite --check-gradient-every 1 --bundle-dir " +
-                         dir.string() + " --mutant " + mutant,
+                         dir.string() + " --mutant " + mutant + precision,
                      120);
 }
 

@@ -159,8 +159,10 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
                               def.min_tightness > 0 ? static_cast<int>(min_tightness_cases) : 0,
                               def.min_power > 0 ? static_cast<int>(min_probed_cases) : 0});
 
+  const std::string precision = m.precision.empty() ? "" : " --precision " + std::string(m.precision);
   const CommandResult o = run_command(
-      verify_command(" --cases " + std::to_string(cases) + " --mutant " + name + " --property " + property), kLimitS);
+      verify_command(" --cases " + std::to_string(cases) + precision + " --mutant " + name + " --property " + property),
+      kLimitS);
   EXPECT_EQ(o.status, 1) << o.output;
   const std::string failed = "FAILED " + property + " after ";
   ASSERT_NE(o.output.find("\n" + failed), std::string::npos) << name << " survived " << property << ":\n" << o.output;
@@ -176,8 +178,8 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   // rate may need some thirty parameters before any of their bits differ).
   const std::optional<CaseSize> size = case_size(*minimal);
   ASSERT_TRUE(size) << "cannot read the size of the minimal case: " << *minimal;
-  EXPECT_LE(size->examples, 16) << *minimal;
-  EXPECT_LE(size->layers, 2) << *minimal;
+  EXPECT_LE(size->examples, m.large_minimal_case ? 64 : 16) << *minimal;
+  EXPECT_LE(size->layers, m.large_minimal_case ? 4 : 2) << *minimal;
   if (!m.wide_minimal_case) {
     EXPECT_LE(size->widest, 32) << *minimal;
   }
@@ -193,7 +195,7 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   ASSERT_TRUE(colon == (comes_and_goes ? replay_line->find(')') + 1 : 0)) << o.output;
   const std::string printed = replay_line->substr(colon + 2, replay_line->find('\n') - colon - 2);
   const std::string printed_launch = "mpirun -np " + std::to_string(kRanks) + " dpcheck";
-  const std::string rest = " verify --comm mpi --mutant " + name + " --reproduce '";
+  const std::string rest = " verify --comm mpi" + precision + " --mutant " + name + " --reproduce '";
   ASSERT_EQ(printed.rfind(printed_launch + rest, 0), 0u) << printed;
 
   // Run as printed, with this build's launcher and binary in place of "mpirun" and "dpcheck" -- and,

@@ -135,6 +135,12 @@ void PrecisionOption::add_to(CLI::App& sub) {
                  "(2^-8, 2^-11) per rounded input");
 }
 
+void AllreduceDtypeOption::add_to(CLI::App& sub) {
+  sub.add_option("--allreduce-dtype", name,
+                 "fp32 (default) or bf16: the gradient all-reduce in bfloat16, half the traffic (each rank's "
+                 "gradient rounded to bf16; the bound adds N + 1 roundings of 2^-8 on the all-reduced path)");
+}
+
 void LossScaleOptions::add_to(CLI::App& sub) {
   sub.add_option("--loss-scale", kind,
                  "none or dynamic (PyTorch GradScaler's semantics: the backward pass runs at a power-of-two scale, "

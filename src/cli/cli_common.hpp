@@ -79,6 +79,13 @@ struct PrecisionOption {
   Precision value() const { return parse_precision(name); }
 };
 
+// --allreduce-dtype fp32|bf16 (verify, train, grad): the gradient all-reduce's dtype.
+struct AllreduceDtypeOption {
+  std::string name = "fp32";
+  void add_to(CLI::App& sub);
+  DType value() const { return parse_allreduce_dtype(name); }
+};
+
 // --loss-scale none|dynamic, --loss-scale-init S, --loss-scale-interval N (train, grad): the loss
 // scaler (src/loss_scaler.hpp); by default dynamic with fp16, none otherwise.
 struct LossScaleOptions {

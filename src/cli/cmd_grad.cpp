@@ -32,6 +32,7 @@ struct GradOptions {
   bool json = false;
   PrecisionOption precision;
   LossScaleOptions loss_scale;
+  AllreduceDtypeOption allreduce_dtype;
 };
 
 // The properties whose mutants break something grad runs: the averaged gradient. A mutant aimed at
@@ -102,6 +103,7 @@ int run_grad(const GradOptions& o) {
   tc.seed = seed;
   tc.accumulate = o.accumulate;
   tc.loss_scaling = o.loss_scale.config(target.precision);
+  tc.allreduce_dtype = o.allreduce_dtype.value();
 
   // The check the gradient properties run (properties/gradient.cpp): the averaged gradient through the
   // trainer and the communicator, as data-parallel training computes it, and the same engine's
@@ -113,6 +115,10 @@ int run_grad(const GradOptions& o) {
   run.params = &params;
   GradientDetail d;
   const GradientOutcome outcome = check_sharded_gradient(run, target, &d);
+  if (outcome.overflowed)
+    throw UsageError("at loss scale " + float_text(tc.loss_scaling.init_scale) +
+                     " the gradient is not finite on some rank, so a loss scaler would skip the step: give a smaller "
+                     "--loss-scale-init");
   const std::size_t n = d.averaged.size();
   const std::vector<float>& average = d.averaged;
   const std::vector<float>& whole_grad = d.whole;
@@ -220,6 +226,7 @@ Runner add_grad(CLI::App& app) {
   add_kernels_option(*sub, o->kernels);
   o->precision.add_to(*sub);
   o->loss_scale.add_to(*sub);
+  o->allreduce_dtype.add_to(*sub);
   sub->add_option("--comm", o->comm,
                   "The communicator that averages the shares: local (default), or a communicator plugin's path "
                   "(its ranks as threads)");

@@ -48,6 +48,7 @@ struct TrainOptions {
   TimeoutOption timeout;
   PrecisionOption precision;
   LossScaleOptions loss_scale;
+  AllreduceDtypeOption allreduce_dtype;
   // Fault injection for the dead-rank tests: "kill" (SIGKILL) or "stall" (stop answering) at a step.
   std::string fault;
   int fault_rank = 1;
@@ -82,6 +83,8 @@ int run_train(TrainOptions& o) {
   target.timeout = o.timeout.value();
   target.precision = o.precision.value();
   t.loss_scaling = o.loss_scale.config(target.precision);
+  t.allreduce_dtype = o.allreduce_dtype.value();
+  target.allreduce_dtype = t.allreduce_dtype;
   const int world = resolve_world(target, o.world_size, o.world_size_given);
   target.world_size = world;
   validate_target(target);
@@ -125,6 +128,13 @@ int run_train(TrainOptions& o) {
                 static_cast<long long>(t.data_size()), o.optimizer.c_str(), t.optimizer_for(world).lr,
                 t.linear_scaling ? " (linear scaling)" : "", t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(),
                 t.shuffle ? ", shuffled" : "", target.describe().c_str());
+    if (t.warmup_steps > 0)
+      std::printf("warm-up: the learning rate rises from %g to %g over %lld steps\n", t.optimizer.lr,
+                  t.optimizer_for(world).lr, static_cast<long long>(t.warmup_steps));
+    if (t.allreduce_dtype != DType::f32) std::printf("gradient all-reduce in bf16\n");
+    if (t.loss_scaling.enabled())
+      std::printf("dynamic loss scaling from %g, doubled after %lld good steps, halved on a non-finite gradient\n",
+                  t.loss_scaling.init_scale, static_cast<long long>(t.loss_scaling.growth_interval));
     for (const std::string& s : skipped) std::printf("skipped checkpoint %s\n", s.c_str());
     if (resume) std::printf("resuming from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(resume->step));
     std::fflush(stdout);
@@ -341,6 +351,9 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--momentum", t.optimizer.momentum, "Momentum (default 0.9)");
   sub->add_option("--accumulate", t.accumulate, "Micro-batches per rank per step, at most a rank's share (default 1)");
   sub->add_flag("--linear-scaling", t.linear_scaling, "Multiply the learning rate by the world size");
+  sub->add_option("--warmup-steps", t.warmup_steps,
+                  "With --linear-scaling: raise the learning rate in equal steps from --lr to lr x N over the first K "
+                  "steps (Goyal et al.'s gradual warm-up; default 0, none)");
   sub->add_option("--dataset-size", t.dataset_size, "Examples in the data set (default: one batch)");
   sub->add_option("--split", o->split, "strided (default) or contiguous");
   sub->add_option("--policy", o->policy, "pad (default), drop-last or uneven");
@@ -373,6 +386,7 @@ Runner add_train(CLI::App& app) {
   add_kernels_option(*sub, o->kernels);
   o->precision.add_to(*sub);
   o->loss_scale.add_to(*sub);
+  o->allreduce_dtype.add_to(*sub);
   o->timeout.add_to(*sub);
   sub->add_option("--inject-fault", o->fault, "Testing: kill or stall --fault-rank at --fault-step")->group("");
   sub->add_option("--fault-rank", o->fault_rank, "")->group("");

@@ -26,6 +26,7 @@ struct VerifyOptions {
   std::uint64_t seed = 1;
   TimeoutOption timeout;
   PrecisionOption precision;
+  AllreduceDtypeOption allreduce_dtype;
   std::vector<std::string> only;  // --property
   std::string reproduce;
   bool reproduce_given = false;
@@ -173,6 +174,7 @@ int run_verify(VerifyOptions& o) {
   o.seed = o.seed_option.value();
   o.target.timeout = o.timeout.value();
   o.target.precision = o.precision.value();
+  o.target.allreduce_dtype = o.allreduce_dtype.value();
   const int world = resolve_world(o.target, o.target.world_size, o.world_size_given);
   if (o.target.process_world) o.target.world_size = world;
   validate_target(o.target);
@@ -323,6 +325,7 @@ Runner add_verify(CLI::App& app) {
   sub->add_flag("--tf32", o->target.tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
   add_kernels_option(*sub, o->target.kernels);
   o->precision.add_to(*sub);
+  o->allreduce_dtype.add_to(*sub);
   o->timeout.add_to(*sub);
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");
