@@ -38,6 +38,14 @@ CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
       params_(layout_.size()), grads_(layout_.size()), z_(static_cast<std::size_t>(model.layers())),
       a_(static_cast<std::size_t>(model.layers())) {
   widest_ = *std::max_element(model.dims.begin(), model.dims.end());
+  if (low_precision()) {
+    if (options.kernels)
+      throw UsageError("--precision " + std::string(precision_name(options.precision)) +
+                       " and a device kernel plugin on the cuda engine do not go together yet");
+    low_in_.resize(static_cast<std::size_t>(model.layers()));
+    low_w_.resize(static_cast<std::size_t>(model.layers()));
+    for (int l = 0; l < model.layers(); ++l) low_w_[static_cast<std::size_t>(l)].resize(layout_.weight(l).size());
+  }
   if (options.kernels) {
     // The zero bias that dpcheck's activation kernel adds after a plugin's linear_forward added the real one.
     zeros_.resize(static_cast<std::size_t>(widest_));
@@ -88,6 +96,11 @@ void CudaEngine::ensure_rows(int rows) {
     labels_.resize(r);
   row_loss_.resize(r);
   bias_workspace_.resize(bias_grad_workspace(rows, widest_));
+  if (low_precision()) {
+    for (int l = 0; l < model_.layers(); ++l)
+      low_in_[static_cast<std::size_t>(l)].resize(r * static_cast<std::size_t>(model_.dims[static_cast<std::size_t>(l)]));
+    low_delta_.resize(widest);
+  }
   capacity_rows_ = rows;
 }
 
@@ -155,10 +168,18 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
     float* a = l + 1 < layers ? a_[static_cast<std::size_t>(l)].get() : nullptr;
     const float* w = params_.get() + layout_.weight(l).offset;
     const float* b = params_.get() + layout_.bias(l).offset;
-    if (plugin_linear)
+    if (plugin_linear) {
       k->linear_forward(input_of(l), w, b, z, rows, dim(l), dim(l + 1), s);
-    else
+    } else if (low_precision()) {
+      // The weights and the input rounded once per pass; the backward pass takes the same ones.
+      const auto li = static_cast<std::size_t>(l);
+      round_to_low(w, low_w_[li].get(), layout_.weight(l).size(), options_.precision, s);
+      round_to_low(input_of(l), low_in_[li].get(), static_cast<std::size_t>(rows) * static_cast<std::size_t>(dim(l)),
+                   options_.precision, s);
+      linear_forward_low(h, low_in_[li].get(), low_w_[li].get(), z, rows, dim(l), dim(l + 1), options_.precision);
+    } else {
       linear_forward(h, input_of(l), w, z, rows, dim(l), dim(l + 1));
+    }
     // The bias, unless the plugin added it; the activation, unless the plugin applies it.
     bias_activation_forward(z, plugin_activation ? nullptr : a, plugin_linear ? zeros_.get() : b, rows, dim(l + 1),
                             model_.activation, s);
@@ -192,6 +213,16 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
     if (plugin_backward) {
       k->linear_backward(input_of(l), w, delta, l > 0 ? h_.get() : nullptr, gw, gb, rows, dim(l), dim(l + 1),
                          accumulate, s);
+    } else if (low_precision()) {
+      // The products take delta rounded; the bias gradient sums it in float32.
+      const auto li = static_cast<std::size_t>(l);
+      round_to_low(delta, low_delta_.get(), static_cast<std::size_t>(rows) * static_cast<std::size_t>(dim(l + 1)),
+                   options_.precision, s);
+      linear_weight_grad_low(h, low_delta_.get(), low_in_[li].get(), gw, rows, dim(l), dim(l + 1), accumulate,
+                             options_.precision);
+      bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
+      if (l > 0)
+        linear_input_grad_low(h, low_delta_.get(), low_w_[li].get(), h_.get(), rows, dim(l), dim(l + 1), options_.precision);
     } else {
       linear_weight_grad(h, delta, input_of(l), gw, rows, dim(l), dim(l + 1), accumulate);
       bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);

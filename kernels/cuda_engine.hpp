@@ -63,6 +63,7 @@ class CudaEngine final : public Engine {
 
  private:
   void ensure_rows(int rows);
+  bool low_precision() const { return options_.precision != Precision::fp32; }
   void enqueue(int rows, float scale, bool accumulate, bool want_loss);
 
   ModelConfig model_;
@@ -79,6 +80,9 @@ class CudaEngine final : public Engine {
   DeviceBuffer<double> row_loss_;
   DeviceBuffer<float> bias_workspace_;
   DeviceBuffer<float> zeros_;  // widest zeros: the bias already added by a plugin's linear_forward
+  // --precision: per layer, the product's input and weights rounded to the format; the rounded delta.
+  std::vector<DeviceBuffer<std::uint16_t>> low_in_, low_w_;
+  DeviceBuffer<std::uint16_t> low_delta_;
   double plugin_loss_ = 0;     // the mean loss a plugin's loss_forward_backward returned
   int capacity_rows_ = 0;
   int uploaded_rows_ = 0;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -450,6 +451,7 @@ class Capture final : public StepObserver {
   void reduced_gradient(Trainer& t, std::int64_t) override {
     reduced.resize(t.engine().param_count());
     t.engine().store_grads(reduced);
+    skipped = t.found_inf();
   }
   void updated(Trainer& t, std::int64_t) override {
     params.resize(t.engine().param_count());
@@ -460,6 +462,7 @@ class Capture final : public StepObserver {
   std::vector<float> local, reduced, params, state;
   std::vector<float> params_before, state_before;
   float loss_scale = 1;  // the scaler's scale at the step: the local gradient is scaled by it
+  bool skipped = false;  // the loss scaler found the gradient non-finite: the step takes no update
   std::int64_t steps_before = 0;
 };
 
@@ -506,7 +509,17 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
       add("local gradient", cmp.max_ratio, layout.describe_element(cmp.worst));
     }
   }
-  if (!cap.reduced.empty()) {
+  if (cap.skipped) {
+    // The loss scaler passed the step over: its gradient is non-finite somewhere (still scaled), and
+    // the step must leave the parameters, the state and the count exactly as they were.
+    const bool non_finite = has_non_finite(cap.reduced) || has_non_finite(cap.local);
+    add("all-reduce", non_finite ? 0.0 : INFINITY, non_finite ? "" : "skipped though every gradient is finite");
+    const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    const bool unchanged = same_bits(cap.params, cap.params_before) && same_bits(cap.state, cap.state_before);
+    add("optimizer", unchanged ? 0.0 : INFINITY, unchanged ? "" : "a skipped step changed the parameters or the state");
+  } else if (!cap.reduced.empty()) {
     const Batch whole = in.data->gather(ex.global());
     const reference::GradientBound b =
         reference::gradient_bound(c.model, cap.params_before, whole, sharded_bound_options(options, in.world_size));
@@ -514,7 +527,7 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
         reference::compare(cap.reduced, b, reference::sharded_roundings(ex.largest_share(), in.world_size, options));
     add("all-reduce", cmp.max_ratio, layout.describe_element(cmp.worst));
   }
-  if (!cap.params.empty()) {
+  if (!cap.params.empty() && !cap.skipped) {
     OptimizerConfig oc = c.optimizer_for(in.world_size);
     oc.lr = c.lr_at(in.step, in.world_size);  // the warm-up's rate at this step
     const reference::OptimizerStepBound want_step =
@@ -566,7 +579,7 @@ ReplayResult replay_step(const Target& target, const ReplayInput& in) {
       loss = r.loss;
       replicas = r.replicas;
       if (!r.replicas.synchronized) failure = replica_failure(r.replicas);
-      else if (!std::isfinite(r.loss)) failure = loss_failure(step, r.loss);
+      else if (!std::isfinite(r.loss) && !r.skipped) failure = loss_failure(step, r.loss);
       else if (has_non_finite(cap.params) || has_non_finite(cap.state))
         failure = non_finite_state_failure(step, cap.params, cap.state, ParamLayout(in.config.model), "");
     } catch (const StepCheckFailed& e) {

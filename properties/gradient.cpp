@@ -221,6 +221,7 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
     detail->whole = g;
     for (float& v : detail->whole) v = static_cast<float>(v * unscale);
     detail->bound = bound;
+    detail->bound_sharded = bound_sharded;
   }
   return o;
 }

@@ -118,7 +118,10 @@ struct GradientDetail {
   std::vector<float> averaged, whole;        // the all-reduced gradient; the engine's whole-batch gradient
   std::vector<std::vector<float>> shares;    // each rank's share alone, through the same engine
   std::vector<std::int64_t> share_sizes;
-  reference::GradientBound bound;
+  reference::GradientBound bound;            // the whole batch's reference and bound
+  // The all-reduced path's: with mixed precision its deltas round at N times the scale, and a bf16
+  // all-reduce adds its roundings (the same as `bound` otherwise).
+  reference::GradientBound bound_sharded;
   std::int64_t m_sharded = 0, m_whole = 0;   // roundings per term of each path (the bound's gamma_m)
   reference::Comparison sharded, whole_cmp;
 };

@@ -3,7 +3,7 @@
 // gather of every rank's final bytes, so a replica check that misses a difference is caught too.
 //
 // replicas_survive_overflow: the same with a dynamic loss scaler and drawn examples whose values
-// overflow the scaled gradient on the rank that holds them. Every rank must skip exactly the steps
+// overflow on the rank that holds them (the scaled gradient, or in fp16 the forward pass already). Every rank must skip exactly the steps
 // that overflowed somewhere, so the parameters, the optimizer state and the scaler's scale, counter and
 // skipped steps stay bitwise identical; a rank that decides from its own gradient alone leaves the
 // others for good.

@@ -89,6 +89,8 @@ ResumeOutcome check_checkpoint_resume(const Scenario& s, const Target& target) {
     else if (a.optimizer_steps != b.optimizer_steps)
       o.message = after + "the optimizer counts " + std::to_string(b.optimizer_steps) + " steps instead of " +
                   std::to_string(a.optimizer_steps);
+    else if (a.loss_scaler != b.loss_scaler)
+      o.message = after + "the loss scaler's state (scale, counter, skipped steps) differs from the straight run's";
     else if (a.step != b.step)
       o.message = after + "the trainer is at step " + std::to_string(b.step) + " instead of " + std::to_string(a.step);
     o.passed = o.message.empty();

@@ -45,9 +45,11 @@ void validate_target(const Target& target) {
   if (target.allreduce_dtype != DType::f32 && target.engine != "cpu")
     throw UsageError("--allreduce-dtype bf16 runs on the cpu engine; the " + target.engine +
                      " engine's bf16 gradient all-reduce is not built yet");
-  if (target.precision != Precision::fp32 && target.engine != "cpu")
-    throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on the cpu engine; the " +
-                     target.engine + " engine's low-precision products are not built yet");
+  if (target.precision != Precision::fp32 && target.engine != "cpu" && target.engine != "cuda")
+    throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on the cpu and cuda engines");
+  if (target.precision != Precision::fp32 && target.engine == "cuda" && !target.kernels.empty())
+    throw UsageError("--precision " + std::string(precision_name(target.precision)) +
+                     " and --kernels on the cuda engine do not go together yet");
   require_known_mutant(target.mutant);
   if (const MutantInfo* m = find_mutant(target.mutant); m && !m->engine.empty() && m->engine != target.engine)
     throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m->engine) + " engine: add --engine " +
@@ -95,6 +97,10 @@ reference::BoundOptions bound_options(const Target& target) {
     o.product_input_roundings = 4;
   }
   o.input_format = target.precision;
+  // Tensor cores may accumulate with truncation rather than rounding to nearest (Fasi, Higham, Mikaitis
+  // and Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ Comput. Sci. 7, 2021), which doubles
+  // float32's unit roundoff in the accumulation: the bound allows it on the cuda engine's products.
+  if (target.precision != Precision::fp32 && target.engine == "cuda") o.unit_roundoff = 0x1p-23;
   o.allreduce_format = target.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
   return o;
 }
@@ -134,6 +140,7 @@ std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& mod
   if (target.engine == "cuda") {
     cuda::EngineOptions options;
     options.tf32 = target.tf32;
+    options.precision = target.precision;
     // The GPU mutants swap in a broken bias-gradient kernel (kernels/bias_grad.cu).
     if (target.mutant == "bias-grad-atomic") options.bias_grad = cuda::BiasGradKernel::atomic;
     if (target.mutant == "bias-grad-skip-tail") options.bias_grad = cuda::BiasGradKernel::skip_tail;

@@ -29,7 +29,11 @@ RoundedInput round_input(const Matrix<double>& value, const Matrix<double>& erro
   RoundedInput out{Matrix<double>(value.rows(), value.cols()), Matrix<double>(value.rows(), value.cols())};
   for (Eigen::Index i = 0; i < value.size(); ++i) {
     const double v = value.data()[i] * scale;
-    const double e = error.data()[i] * scale + std::abs(v) * 0x1p-48;
+    // Exact values (the weights, the inputs) are rounded as they are; a computed one's window is widened
+    // by a few float64 ulps of v (the two evaluations' own difference) and 16u of its bound (second-order
+    // terms the first-order bound leaves out).
+    const double e0 = error.data()[i] * scale;
+    const double e = e0 > 0 ? e0 * (1 + 0x1p-20) + std::abs(v) * 0x1p-48 : 0.0;
     const double lo = round_to_format(v - e, r.format), hi = round_to_format(v + e, r.format);
     out.value.data()[i] = round_to_format(v, r.format) / scale;
     if (lo == hi) {
@@ -99,8 +103,11 @@ BoundTerms GradientBound::terms(std::size_t i, std::int64_t m) const {
   const double k = options.looseness;
   const double g = gamma_for(m, options);
   const double low = gamma(options.allreduce_roundings, options.unit_roundoff);
+  // A bf16 all-reduce's N + 1 roundings may each fall below bf16's normal range: (N + 1) 2^-134 more,
+  // which is allreduce_roundings (2^16 (N + 1)) times 2^-150.
+  const double low_underflow = static_cast<double>(options.allreduce_roundings) * 0x1p-150;
   return {k * propagated[i], k * kink[i],
-          k * ((g + low * (1 + g)) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit),
+          k * ((g + low * (1 + g)) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit + low_underflow),
           k * floor[i]};
 }
 
@@ -120,7 +127,9 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   const Eigen::Index B = batch.size;
   if (B == 0) return out;
   const auto g = [&options](std::int64_t n) { return gamma_for(n, options); };
-  const double eta = options.underflow_unit;
+  // A loss scale below 1 makes the backward pass's values smaller, and float32 underflow relatively larger
+  // once unscaled.
+  const double eta = options.underflow_unit / std::min(1.0, options.delta_scale);
 
   const int L = model.layers();
   std::vector<M> W = weights<double>(model, params);

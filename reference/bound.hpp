@@ -75,7 +75,8 @@ struct BoundOptions {
   // --precision: the format every matrix product's inputs are rounded to (above), and the scale the
   // delta is rounded at (as delta_scale * delta). That is the loss scale on the whole batch, and N times
   // it on a path of N shards: the trainer's weights make each example's delta N / B of its loss's
-  // gradient there, where the whole batch's is 1 / B. For N a power of two the two round alike.
+  // gradient there, where the whole batch's is 1 / B. For N a power of two the two round alike (away
+  // from the format's subnormals and overflow).
   Precision input_format = Precision::fp32;
   double delta_scale = 1;
   // --allreduce-dtype bf16: the all-reduce rounds each rank's gradient to bf16 and may round each of

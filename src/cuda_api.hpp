@@ -30,6 +30,9 @@ enum class BiasGradKernel {
 
 struct EngineOptions {
   bool tf32 = false;  // TF32 tensor cores for the matrix products (u = 2^-11 in the bound)
+  // --precision: the products' inputs rounded to bf16 or fp16, through cublasGemmEx with float32
+  // accumulation (kernels/linear.hpp).
+  Precision precision = Precision::fp32;
   BiasGradKernel bias_grad = BiasGradKernel::ordered;  // the mutants swap in a broken kernel
   // A device kernel plugin's ops (--kernels), which replace the engine's own where it provides them;
   // nullptr: dpcheck's kernels throughout.
@@ -101,7 +104,7 @@ struct Plugin {
 // 4: device_alloc and device_free, for conform's buffers. 5: a device kernel plugin in EngineOptions
 // and make_optimizer. 6: DType's bf16 and f16, which the plugin's communicators must reduce (an older
 // plugin would take them for another type).
-inline constexpr int kPluginAbi = 6;
+inline constexpr int kPluginAbi = 7;
 
 }  // namespace dpcheck::cuda
 

@@ -20,13 +20,9 @@ enum class Precision : std::uint8_t { fp32, bf16, fp16 };
 std::string_view precision_name(Precision p);      // "fp32", "bf16", "fp16"
 Precision parse_precision(std::string_view name);  // those names; else UsageError naming --precision
 
-// Unit roundoff of a product input in the format (2^-24, 2^-8, 2^-11), and half the spacing of its
-// smallest subnormals, the absolute error of rounding below its normal range (2^-150, 2^-134, 2^-25).
+// Unit roundoff of the format: 2^-24 (float32), 2^-8 (bf16), 2^-11 (fp16).
 constexpr double precision_unit_roundoff(Precision p) {
   return p == Precision::bf16 ? 0x1p-8 : p == Precision::fp16 ? 0x1p-11 : 0x1p-24;
-}
-constexpr double precision_underflow_unit(Precision p) {
-  return p == Precision::bf16 ? 0x1p-134 : p == Precision::fp16 ? 0x1p-25 : 0x1p-150;
 }
 
 constexpr std::uint16_t float_to_bf16_bits(float f) {

@@ -67,6 +67,11 @@ void TrainConfig::validate(int world_size) const {
                      "it needs --linear-scaling");
   if (allreduce_dtype != DType::f32 && allreduce_dtype != DType::bf16)
     throw UsageError("the gradient all-reduce runs in float32 or bfloat16");
+  // N + 1 roundings of 2^-8 must stay well below 1 for the bound to say anything.
+  if (allreduce_dtype == DType::bf16 && world_size > 64)
+    throw UsageError("--allreduce-dtype bf16 on " + std::to_string(world_size) +
+                     " ranks: its N + 1 roundings of 2^-8 would leave the bound above a quarter of every gradient; "
+                     "at most 64 ranks");
   if (policy == Policy::drop_last && data_size() < world_size)
     throw UsageError("with drop-last, the data set (" + std::to_string(data_size()) +
                      " examples) must hold at least one example per rank (world size " + std::to_string(world_size) +
@@ -277,6 +282,10 @@ std::string TrainConfig::resume_mismatch(const nlohmann::json& saved, int world_
     if (saved.at(key) != value)
       return "the checkpoint was written with " + key + " " + saved.at(key).dump() + ", this run has " + value.dump();
   }
+  // Options recorded only when set (a loss scaler, a warm-up, a bf16 all-reduce) that this run lacks.
+  if (saved.is_object())
+    for (const auto& [key, value] : saved.items())
+      if (!now.contains(key)) return "the checkpoint was written with " + key + " " + value.dump() + ", this run has none";
   return "";
 }
 

@@ -131,8 +131,9 @@ void PrecisionOption::add_to(CLI::App& sub) {
   sub.add_option("--precision", name,
                  "fp32 (default), bf16 or fp16: autocast's mixed precision on the cpu engine. Each matrix product's "
                  "inputs are rounded to the format (nearest even) and accumulate in float32; activations, losses, "
-                 "master weights and optimizer state stay float32; the bound adds the format's unit roundoff "
-                 "(2^-8, 2^-11) per rounded input");
+                 "master weights and optimizer state stay float32; the float64 reference rounds as the model does, and the "
+                 "bound carries each rounded activation or delta exactly, or its whole width where a rounding boundary lies "
+                 "within its error");
 }
 
 void AllreduceDtypeOption::add_to(CLI::App& sub) {

@@ -118,7 +118,7 @@ int run_grad(const GradOptions& o) {
   if (outcome.overflowed)
     throw UsageError("at loss scale " + float_text(tc.loss_scaling.init_scale) +
                      " the gradient is not finite on some rank, so a loss scaler would skip the step: give a smaller "
-                     "--loss-scale-init");
+                     "--loss-scale-init (or, if the forward pass overflows the format, smaller inputs)");
   const std::size_t n = d.averaged.size();
   const std::vector<float>& average = d.averaged;
   const std::vector<float>& whole_grad = d.whole;
@@ -126,13 +126,15 @@ int run_grad(const GradOptions& o) {
   const std::int64_t m_avg = d.m_sharded, m_whole = d.m_whole;
 
   // Shown beside the verdict: where the average and the whole-batch gradient differ most, and the sum
-  // of their two bounds there (each is within its own bound of the reference, so within the sum of
-  // each other).
+  // of their two bounds there (each is within its own bound of its reference, so within the sum of
+  // each other and of the references' own difference, which mixed precision makes non-zero when N is
+  // not a power of two).
   double largest = 0, largest_bound = 0;
   std::size_t at = 0;
   std::vector<double> bounds(n);
   for (std::size_t i = 0; i < n; ++i) {
-    bounds[i] = bound.bound(i, m_avg) + bound.bound(i, m_whole);
+    bounds[i] = d.bound_sharded.bound(i, m_avg) + bound.bound(i, m_whole) +
+                std::abs(d.bound_sharded.reference.grad[i] - bound.reference.grad[i]);
     const double diff = std::abs(static_cast<double>(average[i]) - static_cast<double>(whole_grad[i]));
     if (diff > largest || !std::isfinite(diff)) {
       largest = diff;

@@ -307,8 +307,9 @@ int run_train(TrainOptions& o) {
         break;
       }
       // The loss is all-reduced, so every rank holds the same one. A NaN or an infinity spreads to every
-      // parameter, identically on every rank, where the replica check cannot see it.
-      if (!std::isfinite(r.loss)) {
+      // parameter, identically on every rank, where the replica check cannot see it -- unless the loss
+      // scaler passed the step over, which leaves the parameters as they were.
+      if (!std::isfinite(r.loss) && !r.skipped) {
         if (trace_writer) trace_writer->flush();
         fail(loss_failure(r.step, r.loss), true);
         break;
