@@ -343,6 +343,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --comm {r} --junit {d}/fifo", 2, {"--junit", "FIFO"}},
       {"conform --comm {r} --kernels {d}/missing.so", 2, {"one plugin at a time"}},
       {"conform --kernels {d}/missing.so", 2, {"--kernels", "missing.so", "no such file"}},
+      {"conform --kernels {d}/missing.so --precision fp7", 2, {"unknown --precision 'fp7'"}},
       {"conform --kernels {r}", 2, {"--kernels", "dpcheck_comm_plugin", "--comm"}},
       {"conform --comm {r} --check 'property no_such_property'", 2, {"no_such_property"}},
       // diff: two inputs of one kind, each there and readable, traces well formed and of a known version.

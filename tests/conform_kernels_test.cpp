@@ -184,6 +184,23 @@ TEST(ConformKernels, PropertiesRunWithThePluginsKernels) {
       << broken[0].replay;
 }
 
+// The same at --precision bf16 (conform --kernels --precision): the plugin's linear ops take inputs
+// rounded to bf16, and its float32 products must stay within the mixed-precision bound.
+TEST(ConformKernels, PropertiesRunWithThePluginsKernelsInBf16) {
+  ConformOptions o = quick(6);
+  o.properties = true;
+  o.check = "property gradient_average_matches_whole_batch";
+  Target naive = with_kernels(DPCHECK_KERNELS_NAIVE), tail = with_kernels(DPCHECK_KERNELS_TAIL_TILE);
+  naive.precision = tail.precision = Precision::bf16;
+  const std::vector<ConformRow> ok = conform_kernels(naive, o);
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].verdict, ConformVerdict::pass) << describe(ok[0]);
+  const std::vector<ConformRow> broken = conform_kernels(tail, o);
+  ASSERT_EQ(broken.size(), 1u);
+  EXPECT_EQ(broken[0].verdict, ConformVerdict::fail) << describe(broken[0]);
+  EXPECT_NE(broken[0].replay.find("--precision bf16"), std::string::npos) << broken[0].replay;
+}
+
 // --kernels on the command line: verify passes with the naive kernels and fails with a broken one, whose
 // replay line carries --kernels; train and grad run with them.
 TEST(ConformKernels, CommandsRunThePluginsKernels) {

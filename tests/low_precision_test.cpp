@@ -15,9 +15,6 @@
 namespace dpcheck {
 namespace {
 
-std::uint16_t eigen_bf16(float f) { return Eigen::numext::bit_cast<std::uint16_t>(Eigen::bfloat16(f)); }
-std::uint16_t eigen_fp16(float f) { return Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(f)); }
-
 // Every exponent and sign, with significands whose discarded bits lie at, just below and just above a
 // tie and at the extremes, for fp16 (13 bits discarded) and for bf16 (16 bits): about 1.3 million values.
 template <class F>
@@ -36,32 +33,28 @@ bool same_value(float a, float b) {
   return (std::isnan(a) && std::isnan(b)) || std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
 }
 
-TEST(LowPrecision, Bf16RoundsToNearestEvenAsEigenDoes) {
+// Ours against Eigen's conversion to the same format: the same value back, and the same bits.
+template <class EigenType>
+void expect_rounding_as_eigen(Precision p, std::uint16_t (*to_bits)(float)) {
   long checked = 0;
   for_rounding_cases([&](float f) {
     ++checked;
-    const float ours = bf16_bits_to_float(float_to_bf16_bits(f));
-    const float eigen = static_cast<float>(Eigen::bfloat16(f));
+    const float ours = round_to_precision(f, p);
+    const float eigen = static_cast<float>(EigenType(f));
     ASSERT_TRUE(same_value(ours, eigen)) << f << ": " << ours << " vs Eigen's " << eigen;
     if (!std::isnan(f)) {
-      ASSERT_EQ(float_to_bf16_bits(f), eigen_bf16(f)) << f;
+      ASSERT_EQ(to_bits(f), Eigen::numext::bit_cast<std::uint16_t>(EigenType(f))) << f;
     }
   });
   EXPECT_GT(checked, 1000000);
 }
 
+TEST(LowPrecision, Bf16RoundsToNearestEvenAsEigenDoes) {
+  expect_rounding_as_eigen<Eigen::bfloat16>(Precision::bf16, float_to_bf16_bits);
+}
+
 TEST(LowPrecision, Fp16RoundsToNearestEvenAsEigenDoes) {
-  long checked = 0;
-  for_rounding_cases([&](float f) {
-    ++checked;
-    const float ours = fp16_bits_to_float(float_to_fp16_bits(f));
-    const float eigen = static_cast<float>(Eigen::half(f));
-    ASSERT_TRUE(same_value(ours, eigen)) << f << ": " << ours << " vs Eigen's " << eigen;
-    if (!std::isnan(f)) {
-      ASSERT_EQ(float_to_fp16_bits(f), eigen_fp16(f)) << f;
-    }
-  });
-  EXPECT_GT(checked, 1000000);
+  expect_rounding_as_eigen<Eigen::half>(Precision::fp16, float_to_fp16_bits);
 }
 
 TEST(LowPrecision, EdgesOfTheFormats) {

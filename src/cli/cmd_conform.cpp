@@ -28,6 +28,7 @@ struct ConformCliOptions {
   int cases = 30;
   SeedOption seed_option{1};
   TimeoutOption timeout;
+  PrecisionOption precision;
   std::string check, case_text;
   bool no_properties = false;
   bool list_checks = false;
@@ -105,6 +106,7 @@ int run_conform(ConformCliOptions& o) {
   if (!(o.max_mib >= 0 && o.max_mib <= 4096)) throw UsageError("--max-mib must be in [0, 4096]");
   if (!kernels) check_conform_comm_selection(o.check, o.case_text);
   o.target.timeout = o.timeout.value();
+  o.target.precision = o.precision.value();
   const int world = resolve_world(o.target, o.world_size, o.world_size_given);
   if (o.target.process_world || (kernels && o.world_size_given)) o.target.world_size = world;
   validate_target(o.target);
@@ -208,6 +210,10 @@ Runner add_conform(CLI::App& app) {
                  "reference; then every property of verify with the plugin in place");
   sub->add_option("--comm", o->target.comm, "The communicator plugin: a path to its shared object");
   add_kernels_option(*sub, o->target.kernels);
+  sub->add_option("--precision", o->precision.name,
+                  "fp32 (default), bf16 or fp16: verify's properties run with the plugin in the engine at this precision "
+                  "(its linear ops then receive inputs rounded to the format); the per-op checks are float32 ops as "
+                  "ever");
   sub->add_option("--engine", o->target.engine,
                   "cpu for a host-memory plugin (default), cuda for one that takes device buffers");
   sub->add_option("--world-size", o->world_size, "Ranks, as threads of this process (default 4, with the collectives also on 1, 2, 3, 5 and 8 ranks; "
