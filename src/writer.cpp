@@ -321,10 +321,10 @@ Manifest parse_manifest(std::string_view text) {
     Fields s(f.at("loss_scaler"), "loss_scaler");
     LossScalerState st;
     const double scale = s.number("scale");
-    st.scale = static_cast<float>(scale);
     int e = 0;
     if (!(scale >= 0x1p-24 && scale <= 0x1p64) || std::frexp(scale, &e) != 0.5)
       refuse("\"loss_scaler.scale\" is " + shown(s.at("scale")) + ", not a power of two from 2^-24 to 2^64");
+    st.scale = static_cast<float>(scale);  // exact: checked first, so no double beyond float's range is cast
     st.growth_tracker = s.integer("growth_tracker", 0, config.loss_scaling.growth_interval);
     st.skipped = s.integer("skipped", 0, m.step + 1);
     s.done();
