@@ -195,20 +195,16 @@ LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, st
   const DistributedSampler sampler(c.sampler(trainer.world_size()));
   const reference::StepExamples ex = reference::step_examples(c, sampler, step);
   const Batch whole = trainer.data().gather(ex.global());
-  reference::BoundOptions options = bound_options(target);
-  options.allreduce_format = c.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
+  reference::BoundOptions options = bound_options(target, c);
   options.delta_scale = trainer.scaler().scale();
   const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
   // With mixed precision the shards' deltas round at N times the whole batch's scale (reference/bound.hpp).
-  const reference::BoundOptions options_sharded = sharded_bound_options(options, trainer.world_size());
-  const std::optional<reference::GradientBound> own_sharded =
-      options_sharded.delta_scale == options.delta_scale && options_sharded.allreduce_roundings == 0
-          ? std::nullopt
-          : std::optional(reference::gradient_bound(c.model, params, whole, options_sharded));
+  const reference::GradientBound bound_sharded =
+      sharded_gradient_bound(bound, c.model, params, whole, trainer.world_size());
   const ParamLayout layout(c.model);
   LiveGradientCheck out;
   const reference::Comparison sharded = reference::compare(
-      reduced, own_sharded ? *own_sharded : bound, reference::sharded_roundings(ex.largest_share(), trainer.world_size(), options));
+      reduced, bound_sharded, reference::sharded_roundings(ex.largest_share(), trainer.world_size(), options));
   out.ratio = sharded.max_ratio;
   reference::Comparison worst = sharded;
   const char* which = "all-reduced";
@@ -474,8 +470,7 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
                               int rank) {
   const TrainConfig& c = in.config;
   const ParamLayout layout(c.model);
-  reference::BoundOptions options = bound_options(target);
-  options.allreduce_format = c.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
+  reference::BoundOptions options = bound_options(target, c);
   options.delta_scale = cap.loss_scale;
   const auto r = static_cast<std::size_t>(rank);
   nlohmann::json row = nlohmann::json::array();

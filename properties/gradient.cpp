@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 
 #include "properties/common.hpp"
 #include "reference/bound.hpp"
@@ -126,31 +125,17 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
   const DistributedSampler sampler(c.sampler(run.world_size));
   const reference::StepExamples step = reference::step_examples(c, sampler, run.at_step);
   const Batch whole = data.gather(step.global());
-  reference::BoundOptions options = bound_options(target);
+  reference::BoundOptions options = bound_options(target, c);
   options.delta_scale = loss_scale;  // the backward pass ran at the scaler's scale
-  options.allreduce_format = c.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
   reference::BoundOptions probabilistic = options;
   probabilistic.failure_probability = kProbabilisticFailure;
   const reference::GradientBound bound = reference::gradient_bound(c.model, params, whole, options);
   const reference::GradientBound bound_p = reference::gradient_bound(c.model, params, whole, probabilistic);
   // With mixed precision the shards' deltas are rounded at N times the whole batch's scale (bound.hpp):
-  // the same model unless N is a power of two, so the sharded path has a reference of its own.
-  const reference::BoundOptions options_sharded = sharded_bound_options(options, run.world_size);
-  std::optional<reference::GradientBound> own_sharded, own_sharded_p;
-  if (options_sharded.delta_scale != options.delta_scale) {
-    reference::BoundOptions p = options_sharded;
-    p.failure_probability = kProbabilisticFailure;
-    own_sharded = reference::gradient_bound(c.model, params, whole, options_sharded);
-    own_sharded_p = reference::gradient_bound(c.model, params, whole, p);
-  } else if (options_sharded.allreduce_roundings != 0) {
-    // The same reference, with the all-reduce's own roundings added to its bound.
-    own_sharded = bound;
-    own_sharded->options.allreduce_roundings = options_sharded.allreduce_roundings;
-    own_sharded_p = bound_p;
-    own_sharded_p->options.allreduce_roundings = options_sharded.allreduce_roundings;
-  }
-  const reference::GradientBound& bound_sharded = own_sharded ? *own_sharded : bound;
-  const reference::GradientBound& bound_sharded_p = own_sharded_p ? *own_sharded_p : bound_p;
+  // the same model unless N is a power of two, so the sharded path may have a reference of its own.
+  const reference::GradientBound bound_sharded = sharded_gradient_bound(bound, c.model, params, whole, run.world_size);
+  const reference::GradientBound bound_sharded_p =
+      sharded_gradient_bound(bound_p, c.model, params, whole, run.world_size);
   const ParamLayout layout(c.model);
   GradientOutcome o;
   o.uncertain_units = bound.uncertain_units;

@@ -113,6 +113,21 @@ reference::BoundOptions sharded_bound_options(reference::BoundOptions options, i
   return options;
 }
 
+reference::BoundOptions bound_options(const Target& target, const TrainConfig& config) {
+  reference::BoundOptions o = bound_options(target);
+  o.allreduce_format = config.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
+  return o;
+}
+
+reference::GradientBound sharded_gradient_bound(const reference::GradientBound& whole, const ModelConfig& model,
+                                                std::span<const float> params, const Batch& batch, int world_size) {
+  const reference::BoundOptions options = sharded_bound_options(whole.options, world_size);
+  if (options.delta_scale != whole.options.delta_scale) return reference::gradient_bound(model, params, batch, options);
+  reference::GradientBound out = whole;
+  out.options.allreduce_roundings = options.allreduce_roundings;
+  return out;
+}
+
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
   const auto with_mutant = [&](Communicator& comm) {
     std::unique_ptr<Communicator> wrapped = mutant_communicator(target.mutant, comm);

@@ -65,6 +65,13 @@ reference::BoundOptions bound_options(const Target& target);
 // rounded at world_size times the whole batch's scale, and a bf16 all-reduce adds its roundings
 // (reference/bound.hpp).
 reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size);
+// bound_options for a run of `config`: its gradient all-reduce's dtype is the configuration's.
+reference::BoundOptions bound_options(const Target& target, const TrainConfig& config);
+// The bound of the all-reduced gradient of world_size shards, from the whole batch's (made by
+// gradient_bound from these parameters and batch): `whole` itself when nothing differs, `whole` with
+// the all-reduce's roundings when only those do, else one computed at the shards' delta scale.
+reference::GradientBound sharded_gradient_bound(const reference::GradientBound& whole, const ModelConfig& model,
+                                                std::span<const float> params, const Batch& batch, int world_size);
 
 // Runs fn once for every rank of a world of world_size ranks, through the target's row: as threads of
 // this process, or on this process's rank alone when the ranks are the launcher's processes (whose
