@@ -67,6 +67,11 @@ class Communicator {
   // process), so that a check may compare replicas in place instead of gathering copies.
   virtual bool shares_address_space() const { return false; }
 
+  // Whether this communicator's calls may come from a thread other than the one that made it (one call
+  // at a time, each ordered after the last by the caller), as a bucketed all-reduce's communication
+  // thread makes them. False unless the backend says so.
+  virtual bool callable_from_any_thread() const { return false; }
+
   // Device backends queue their work on this stream (a cudaStream_t), after the engine's work.
   virtual void set_stream(void* /*stream*/) {}
 
@@ -128,6 +133,7 @@ class ForwardingCommunicator : public Communicator {
   std::vector<std::size_t> algorithm_thresholds(DType dtype) const override { return inner_.algorithm_thresholds(dtype); }
   Communicator& host() override { return inner_.host(); }
   bool shares_address_space() const override { return inner_.shares_address_space(); }
+  bool callable_from_any_thread() const override { return inner_.callable_from_any_thread(); }
   void set_stream(void* stream) override { inner_.set_stream(stream); }
   void to_host(const void* src, void* dst, std::size_t bytes) override { inner_.to_host(src, dst, bytes); }
   void from_host(const void* src, void* dst, std::size_t bytes) override { inner_.from_host(src, dst, bytes); }

@@ -147,6 +147,7 @@ class CpuEngine final : public Engine {
           kernels_->linear_backward(in, w_in, d_in, l > 0 ? h.data() : nullptr, gw.data(),
                                     grads_.data() + layout_.bias(l).offset, n, ws.shape[1], ws.shape[0], accumulate);
         }
+        layer_ready(l);
         if (l > 0) backward_through_activation(h, li - 1);
         continue;
       }
@@ -156,6 +157,7 @@ class CpuEngine final : public Engine {
         gw.noalias() += d_m.transpose() * in_m;
       Eigen::Map<Eigen::RowVectorXf> gb(grads_.data() + layout_.bias(l).offset, ws.shape[0]);
       gb += delta_.colwise().sum();
+      layer_ready(l);
       if (l > 0) {
         RowMatrix h;
         if (options_.accumulate_in_low_precision)

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -54,6 +55,20 @@ class Engine {
 
   // Waits for queued device work; a no-op on the CPU.
   virtual void synchronize() {}
+
+  // Called by forward_backward as soon as layer l's weight and bias gradients are final for the call
+  // (layers in reverse order, the last first), so that a bucketed all-reduce can take them while the
+  // backward pass goes on (train --bucket-mb). An engine that never calls it stays correct: the trainer
+  // takes whatever is left when forward_backward returns. Empty: no hook.
+  void set_layer_ready_hook(std::function<void(int layer)> hook) { layer_ready_ = std::move(hook); }
+
+ protected:
+  void layer_ready(int layer) {
+    if (layer_ready_) layer_ready_(layer);
+  }
+
+ private:
+  std::function<void(int layer)> layer_ready_;
 };
 
 struct CpuEngineOptions {

@@ -182,6 +182,8 @@ class LocalComm final : public Communicator {
   int size() const override { return hub_->size(); }
   std::string_view backend() const override { return "local"; }
   bool shares_address_space() const override { return true; }
+  // A rank's calls are told apart by its rank, not by the thread that makes them.
+  bool callable_from_any_thread() const override { return true; }
   std::vector<std::size_t> algorithm_thresholds(DType dtype) const override {
     return host_reduction_thresholds(size(), dtype);
   }

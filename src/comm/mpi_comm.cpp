@@ -149,6 +149,7 @@ class MpiComm final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool callable_from_any_thread() const override { return mpi_calls_from_any_thread(); }
   std::string_view backend() const override { return "mpi"; }
   // Small calls travel inline with their description; larger ones are sliced like the local backend's.
   std::vector<std::size_t> algorithm_thresholds(DType dtype) const override {

@@ -87,6 +87,7 @@ class MpiNativeComm final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool callable_from_any_thread() const override { return mpi_calls_from_any_thread(); }
   std::string_view backend() const override { return "mpi-native"; }
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {

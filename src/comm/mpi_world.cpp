@@ -19,6 +19,11 @@ void throw_mpi_error(const char* call, int code, const char* file, int line) {
                    file, line);
 }
 
+bool mpi_calls_from_any_thread() {
+  int level = MPI_THREAD_SINGLE;
+  return MPI_Query_thread(&level) == MPI_SUCCESS && level >= MPI_THREAD_SERIALIZED;
+}
+
 MPI_Comm duplicate_world(std::string_view what) {
   int initialized = 0, finalized = 0;
   DPCHECK_MPI_CHECK(MPI_Initialized(&initialized));
@@ -35,9 +40,11 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;
   DPCHECK_MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) throw Error("MpiSession: MPI is already initialized in this process (one session per process)");
-  // Only the thread that made the session calls MPI; the local backend's threads never do.
+  // One thread calls MPI at a time: the rank's own, or a bucketed all-reduce's communication thread
+  // while the rank's thread runs the backward pass (src/bucketing.hpp). The local backend's threads
+  // never call it.
   int provided = 0;
-  DPCHECK_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  DPCHECK_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
   try {
     DPCHECK_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     world_ = make_mpi_communicator();

@@ -23,6 +23,9 @@ namespace dpcheck {
     if (dpcheck_mpi_rc_ != MPI_SUCCESS) ::dpcheck::throw_mpi_error(#call, dpcheck_mpi_rc_, __FILE__, __LINE__); \
   } while (0)
 
+// Whether MPI was started for calls from any thread, one at a time (MPI_THREAD_SERIALIZED or more).
+bool mpi_calls_from_any_thread();
+
 // A new duplicate of MPI_COMM_WORLD, for one communicator to own; an Error naming `what` when no
 // MpiSession is live in this process.
 MPI_Comm duplicate_world(std::string_view what);
