@@ -64,5 +64,6 @@ void resume_body(const Target& target, CaseRecord& record);
 void optimizer_update_body(const Target& target, CaseRecord& record);
 void loss_body(const Target& target, CaseRecord& record);
 void any_order_body(const Target& target, CaseRecord& record);
+void bucketing_body(const Target& target, CaseRecord& record);
 
 }  // namespace dpcheck

@@ -22,7 +22,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 31> kMutants{{
+constexpr std::array<MutantInfo, 33> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -87,6 +87,12 @@ constexpr std::array<MutantInfo, 31> kMutants{{
     {"scaler-local-skip", "replicas_survive_overflow",
      "each rank decides from its own local gradient whether to skip a step, without agreeing: the rank that "
      "overflowed skips, the others step with the non-finite average", {}, false, "fp16"},
+    {"bucket-boundary-off-by-one", "bucketing_preserves_bits",
+     "each gradient bucket's all-reduce stops one element short, so the last element of every bucket keeps the "
+     "rank's own gradient"},
+    {"bucket-reduced-before-ready", "bucketing_preserves_bits",
+     "a bucket starts once the layer above its lowest one is done (the first bucket before the backward pass), so "
+     "it is reduced from the values its last layer held before this step wrote them"},
     {"bound-without-kink-term", "bound_holds_for_any_summation_order",
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",
@@ -523,6 +529,8 @@ class FaultTrainer final : public Trainer {
     const bool now = fault_.step >= 0 ? step == fault_.step : step >= -fault_.step;
     if (now && rank() == fault_.rank) inject_fault(engine().memory(), engine().grads(), engine().param_count(), fault_);
   }
+  // The fault goes into the whole local gradient, so buckets start after it.
+  bool overlaps_backward() const override { return false; }
 
  private:
   Fault fault_;
@@ -565,6 +573,27 @@ class PerRankScaleTrainer final : public Trainer {
   float applied_loss_scale() const override { return std::ldexp(scaler().scale(), rank()); }
 };
 
+// Bucketing mutants (properties/bucketing.cpp): they bite only with --bucket-mb.
+class BucketOffByOneTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  std::vector<GradientBucket> gradient_buckets(std::size_t cap) const override {
+    std::vector<GradientBucket> buckets = Trainer::gradient_buckets(cap);
+    for (GradientBucket& b : buckets) b.hi = std::max(b.lo, b.hi - 1);
+    return buckets;
+  }
+};
+
+class BucketBeforeReadyTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  bool bucket_ready(const GradientBucket& b, int completed) const override { return completed <= b.ready_layer + 1; }
+};
+
 class NoScalingTrainer final : public Trainer {
  public:
   using Trainer::Trainer;
@@ -577,6 +606,8 @@ constexpr std::pair<std::string_view, decltype(&trainer_of<Trainer>)> kTrainerMu
     {"scaler-local-skip", trainer_of<ScalerLocalSkipTrainer>},
     {"unscale-after-allreduce", trainer_of<PerRankScaleTrainer>},
     {"fp16-no-scaling", trainer_of<NoScalingTrainer>},
+    {"bucket-boundary-off-by-one", trainer_of<BucketOffByOneTrainer>},
+    {"bucket-reduced-before-ready", trainer_of<BucketBeforeReadyTrainer>},
     {"mean-of-means", trainer_of<MeanOfMeansTrainer>},
     {"drop-one-sample", trainer_of<DropOneSampleTrainer>},
     {"accumulate-sum-of-means", trainer_of<SumOfMeansTrainer>},

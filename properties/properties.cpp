@@ -95,7 +95,7 @@ constexpr double kGradientPower = 0.9;
 // 50 cases); a bound three times looser than it is now stays below 0.12.
 constexpr double kBoundTightness = 0.12;
 
-constexpr std::array<PropertyDef, 11> kProperties{{
+constexpr std::array<PropertyDef, 12> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower},
@@ -125,6 +125,9 @@ constexpr std::array<PropertyDef, 11> kProperties{{
      optimizer_update_body},
     {"reported_loss_is_global_mean",
      "the loss a step reports is the mean over its global batch within float32 rounding", loss_body},
+    {"bucketing_preserves_bits",
+     "the gradient all-reduced in buckets overlapped with the backward pass gives the bits of one all-reduce",
+     bucketing_body, 1, bucketing_unavailable},
     {"bound_holds_for_any_summation_order",
      "the derived bound holds for float32 gradients summed in any order, with or without fused multiply-add",
      any_order_body, 1, nullptr, 0, kBoundTightness},

@@ -20,6 +20,9 @@
 //                                         of PyTorch's formula evaluated in float64 from the same inputs
 //   reported_loss_is_global_mean          the loss a step reports is the mean over the global batch
 //                                         within its bound (not a mean of rank means)
+//   bucketing_preserves_bits              the gradient all-reduced in buckets of a drawn size (splitting
+//                                         tensors too), each started as the backward pass produces it:
+//                                         the bits of one all-reduce, every step
 //   bound_holds_for_any_summation_order   the bound itself: float32 gradients of small cases evaluated in
 //                                         many summation orders, with and without FMA, never exceed it
 #pragma once
@@ -146,6 +149,21 @@ struct ResumeOutcome {
 // RankZeroWriter, tears every rank's state down, resumes from the files and continues to T: the final
 // parameters, optimizer state and step counts must be bitwise equal.
 ResumeOutcome check_checkpoint_resume(const Scenario& scenario, const Target& target);
+
+struct BucketingOutcome {
+  bool passed = true;
+  bool overlapped = false;      // the buckets started during the backward pass (a communication thread)
+  std::size_t buckets = 0;      // buckets per step
+  bool splits_tensor = false;   // some bucket boundary falls inside a weight or a bias
+  std::string message;
+};
+// Trains the scenario twice: with one all-reduce after the backward pass, and with the gradient in
+// buckets of `bucket_elements` float32 elements started as the backward pass produces them: every
+// step's loss, and the parameters, optimizer state and scaler after every step, must be the same bits.
+BucketingOutcome check_bucketing(const Scenario& scenario, const Target& target, std::size_t bucket_elements);
+// Why the target's communicator cannot promise it: its reduction of an element may depend on the
+// element's place in the call; "" when it reduces in rank order.
+std::string bucketing_unavailable(const Target& target);
 
 struct WriteAuditOutcome {
   bool passed = true;

@@ -37,6 +37,7 @@ std::deque<Backend> built_in_rows() {
   local.engine_default = true;
   local.memory = MemorySpace::host;
   local.help = "ranks as threads of this process";
+  local.rank_order = true;
   local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) { run_local(n, fn, timeout); };
   local.thresholds = [](int n, Communicator*) { return host_reduction_thresholds(n, DType::f32); };
   rows.push_back(std::move(local));
@@ -46,6 +47,7 @@ std::deque<Backend> built_in_rows() {
   mpi.engine = "cpu";
   mpi.memory = MemorySpace::host;
   mpi.help = "one process per rank, under mpirun";
+  mpi.rank_order = true;
   // The launcher's world is dpcheck's mpi communicator itself (src/comm/mpi_comm.hpp).
   mpi.run_processes = [](Communicator& world, const RankFunction& fn) { fn(world); };
   mpi.launcher = kMpiLauncher;
@@ -60,6 +62,7 @@ std::deque<Backend> built_in_rows() {
   cuda_local.engine_default = true;
   cuda_local.memory = MemorySpace::device;
   cuda_local.help = "replicas on one GPU, a thread each";
+  cuda_local.rank_order = true;
   cuda_local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
     require_cuda().run_cuda_local(n, fn, timeout);
   };

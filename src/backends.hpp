@@ -51,6 +51,10 @@ struct Backend {
   bool engine_default = false;             // the engine's communicator when --comm is not given
   MemorySpace memory = MemorySpace::host;  // where the buffers it reduces live: its engine's
   std::string help;                        // one line for --help: how its ranks run
+  // Whether each element's reduction depends on the inputs alone, summed in rank order, and not on the
+  // element's place in the call (as a ring's chunks make it): then all-reducing the gradient in
+  // buckets changes no bit (src/bucketing.hpp).
+  bool rank_order = false;
 
   // Ranks as threads of this process: runs fn on n threads, each with its rank's communicator of a world
   // of n, joins them, and rethrows the exception that ended the world. Empty when the ranks can only be

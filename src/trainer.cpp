@@ -1,6 +1,7 @@
 #include "src/trainer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -62,6 +63,7 @@ void TrainConfig::validate(int world_size) const {
   if (accumulate < 1) throw UsageError("accumulate must be at least 1");
   loss_scaling.validate();
   if (warmup_steps < 0) throw UsageError("--warmup-steps must be at least 0");
+  if (bucket_mb != 0) bucket_elements(bucket_mb);  // UsageError for a negative or unusable size
   if (warmup_steps > 0 && !linear_scaling)
     throw UsageError("--warmup-steps ramps the learning rate from --lr up to the linearly scaled one (Goyal et al.): "
                      "it needs --linear-scaling");
@@ -160,14 +162,44 @@ double Trainer::compute_gradient(std::int64_t step) {
   const double weight = share_weight(share, global, comm_.size());
   const float loss_scale = scaler_.enabled() ? applied_loss_scale() : 1.0f;
 
+  if (config_.bucket_mb > 0 && !reducer_) {
+    const bool threaded = engine_.memory_space() == MemorySpace::host && comm_.memory_space() == MemorySpace::host &&
+                          comm_.callable_from_any_thread();
+    reducer_ = std::make_unique<BucketReducer>(comm_, gradient_buckets(bucket_elements(config_.bucket_mb)),
+                                               config_.allreduce_dtype, threaded);
+  }
+  if (reducer_) reducer_->begin(engine_.grads());
+  // The buckets start during the last micro-batch's backward pass, each once its layers are final;
+  // an observer may talk over the communicator at local_gradient, so with one they start after it.
+  const bool overlap = reducer_ && reducer_->threaded() && !observer_ && overlaps_backward();
+  const int layers = engine_.model().layers();
+  const auto launch_ready = [&](int completed) {
+    while (reducer_->next() < reducer_->buckets().size() && bucket_ready(reducer_->buckets()[reducer_->next()], completed))
+      reducer_->launch(reducer_->next());
+  };
+  struct HookReset {
+    Engine& engine;
+    ~HookReset() { engine.set_layer_ready_hook(nullptr); }
+  };
+
   // Each micro-batch's mean gradient enters with weight n_j / b_r within the rank, so one scale
   // factor per micro-batch carries both the accumulation and the rank's share.
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<std::int64_t> micro = split_sizes(batch.size, config_.accumulate);
+  const auto last = std::find_if(micro.rbegin(), micro.rend(), [](std::int64_t n) { return n > 0; });
+  const std::size_t last_micro = last == micro.rend() ? micro.size() : static_cast<std::size_t>(micro.rend() - last) - 1;
   double loss_sum = 0.0;
   std::int64_t offset = 0;
   bool first = true;
-  for (std::int64_t n : split_sizes(batch.size, config_.accumulate)) {
+  for (std::size_t j = 0; j < micro.size(); ++j) {
+    const std::int64_t n = micro[j];
     if (n == 0) continue;
     const auto scale = static_cast<float>(weight * micro_batch_weight(n, batch.size) * loss_scale);
+    const HookReset reset{engine_};
+    if (overlap && j == last_micro) {
+      launch_ready(layers);
+      engine_.set_layer_ready_hook(launch_ready);
+    }
     loss_sum += static_cast<double>(n) * engine_.forward_backward(batch.slice(offset, offset + n), scale, !first);
     offset += n;
     first = false;
@@ -177,7 +209,15 @@ double Trainer::compute_gradient(std::int64_t step) {
   local_gradient_ready(step);
   const bool local_inf = scaler_.enabled() && gradient_non_finite();
   if (observer_) observer_->local_gradient(*this, step, loss_sum, share);
-  allreduce_gradient();
+  engine_.synchronize();
+  const auto computed = std::chrono::steady_clock::now();
+  compute_seconds_ = std::chrono::duration<double>(computed - started).count();
+  if (reducer_)
+    reducer_->finish();
+  else
+    allreduce_gradient();
+  engine_.synchronize();
+  exposed_comm_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
   found_inf_ = false;
   if (scaler_.enabled()) {
     found_inf_ = agree_found_inf(local_inf, gradient_non_finite());
@@ -185,6 +225,10 @@ double Trainer::compute_gradient(std::int64_t step) {
   }
   if (observer_) observer_->reduced_gradient(*this, step);
   return global_mean_loss(loss_sum, share, global);
+}
+
+std::vector<GradientBucket> Trainer::gradient_buckets(std::size_t cap) const {
+  return plan_buckets(ParamLayout(engine_.model()), cap);
 }
 
 void Trainer::allreduce_gradient() {
@@ -335,6 +379,12 @@ StepResult Trainer::step() {
   if (!found_inf_) optimizer_.step(engine_.params(), engine_.grads());
   scaler_.update(found_inf_);
   r.loss_scale = scaler_.scale();
+  r.compute_seconds = compute_seconds_;
+  r.exposed_comm_seconds = exposed_comm_seconds_;
+  if (reducer_) {
+    r.buckets = reducer_->buckets().size();
+    r.buckets_overlapped = reducer_->launched_early();
+  }
   if (observer_) observer_->updated(*this, r.step);
   r.replicas = check_replicas(comm_, engine_, optimizer_, r.step, scaler_.enabled() ? &scaler_.state() : nullptr);
   ++next_step_;

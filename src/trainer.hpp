@@ -21,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "src/bucketing.hpp"
 #include "src/comm.hpp"
 #include "src/data.hpp"
 #include "src/engine.hpp"
@@ -58,6 +60,10 @@ struct TrainConfig {
   // to bf16, reduced by the communicator in that dtype, and read back as float32), as frameworks do to
   // halve the traffic.
   DType allreduce_dtype = DType::f32;
+  // --bucket-mb: the gradient all-reduced in buckets of at most this many MiB, each started as soon as
+  // the backward pass has produced it (src/bucketing.hpp); 0: one all-reduce after the backward pass.
+  // Not recorded in checkpoints: with a backend that reduces in rank order it changes no bit.
+  double bucket_mb = 0;
 
   std::int64_t data_size() const { return dataset_size > 0 ? dataset_size : batch; }
   SamplerConfig sampler(int world_size) const;
@@ -99,6 +105,12 @@ struct StepResult {
   std::int64_t global_batch = 0;
   bool skipped = false;         // the loss scaler found a non-finite gradient: no update was taken
   float loss_scale = 1;         // the scaler's scale after the step (1 without one)
+  // Wall-clock seconds of the forward and backward passes, and of the gradient all-reduce that they did
+  // not hide (all of it without buckets; with them, the wait once the backward pass has returned).
+  double compute_seconds = 0;
+  double exposed_comm_seconds = 0;
+  // With buckets: how many, and how many of them started during the backward pass.
+  std::size_t buckets = 0, buckets_overlapped = 0;
   ReplicaReport replicas;
 };
 
@@ -175,6 +187,14 @@ class Trainer {
   // Whether the step is skipped, from this rank's view (its local gradient, the all-reduced one): every
   // rank's view reduced with a max, so that all decide alike (a collective).
   virtual bool agree_found_inf(bool local_inf, bool reduced_inf);
+  // The buckets of at most cap elements, in the order they are all-reduced (plan_buckets).
+  virtual std::vector<GradientBucket> gradient_buckets(std::size_t cap) const;
+  // Whether bucket b may start once the backward pass has finished layer `completed` and those above
+  // it (completed == layers: the last micro-batch's pass has not begun).
+  virtual bool bucket_ready(const GradientBucket& b, int completed) const { return completed <= b.ready_layer; }
+  // Whether the buckets may start during the backward pass. A trainer that changes the local gradient
+  // once it is whole (local_gradient_ready) says no: its buckets start when that is done.
+  virtual bool overlaps_backward() const { return true; }
   // Whether the engine's gradient holds an infinity or a NaN.
   bool gradient_non_finite();
   // Multiplies the engine's gradient by factor (a power of two: exact).
@@ -197,6 +217,8 @@ class Trainer {
   bool found_inf_ = false;
   std::vector<float> host_copy_;  // a device engine's gradient, for the scaler's checks
   std::vector<Bf16> low_grads_;   // the gradient in bf16, for --allreduce-dtype bf16
+  std::unique_ptr<BucketReducer> reducer_;  // --bucket-mb; made at the first step
+  double compute_seconds_ = 0, exposed_comm_seconds_ = 0;  // the last compute_gradient's
 };
 
 // array_split: n into `parts` sizes differing by at most one, larger first.

@@ -240,6 +240,11 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"train --model 4,1 --precision fp16 --loss-scale none --loss-scale-init 8 --log {d}/l.json", 2,
        {"are for --loss-scale dynamic"}},
       {"train --model 4,1 --allreduce-dtype int8 --log {d}/l.json", 2, {"unknown --allreduce-dtype 'int8'"}},
+      // Buckets: --bucket-mb is a size in MiB, 0 for one all-reduce.
+      {"train --model 4,1 --bucket-mb -1 --log {d}/l.json", 2, {"--bucket-mb"}},
+      {"train --model 4,1 --bucket-mb nan --log {d}/l.json", 2, {"--bucket-mb"}},
+      {"train --model 4,1 --bucket-mb 1e300 --log {d}/l.json", 2, {"--bucket-mb", "at most"}},
+      {"train --model 4,1 --bucket-mb lots --log {d}/l.json", 2, {"--bucket-mb"}},
       {"grad --model 4,1 --batch 8 --precision fp4", 2, {"unknown --precision 'fp4'"}},
       {"grad --model 4,1 --batch 8 --loss-scale dynamic --loss-scale-init 0.3", 2, {"--loss-scale-init"}},
       {"grad --model 1,1 --batch 1 --precision fp16 --loss-scale-init 1099511627776", 2,

@@ -34,6 +34,7 @@ TEST(Properties, uneven_shares_match_whole_batch) { check_property("uneven_share
 TEST(Properties, checkpoint_resume_bitwise) { check_property("checkpoint_resume_bitwise"); }
 TEST(Properties, optimizer_update_matches_formula) { check_property("optimizer_update_matches_formula"); }
 TEST(Properties, reported_loss_is_global_mean) { check_property("reported_loss_is_global_mean"); }
+TEST(Properties, bucketing_preserves_bits) { check_property("bucketing_preserves_bits"); }
 TEST(Properties, bound_holds_for_any_summation_order) { check_property("bound_holds_for_any_summation_order"); }
 // Its cases launch processes under the write audit (about a second each), so it runs a tenth of the
 // cases, as `dpcheck verify` runs it.

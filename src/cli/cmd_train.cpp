@@ -132,6 +132,9 @@ int run_train(TrainOptions& o) {
       std::printf("warm-up: the learning rate rises from %g to %g over %lld steps\n", t.optimizer.lr,
                   t.optimizer_for(world).lr, static_cast<long long>(t.warmup_steps));
     if (t.allreduce_dtype != DType::f32) std::printf("gradient all-reduce in bf16\n");
+    if (t.bucket_mb > 0)
+      std::printf("gradient all-reduced in buckets of at most %g MiB, each started as the backward pass produces it\n",
+                  t.bucket_mb);
     if (t.loss_scaling.enabled())
       std::printf("dynamic loss scaling from %g, doubled after %lld good steps, halved on a non-finite gradient\n",
                   t.loss_scaling.init_scale, static_cast<long long>(t.loss_scaling.growth_interval));
@@ -300,6 +303,12 @@ int run_train(TrainOptions& o) {
         record["loss_scale"] = r.loss_scale;
         record["skipped"] = r.skipped;
       }
+      if (t.bucket_mb > 0) {
+        record["compute_ms"] = r.compute_seconds * 1e3;
+        record["exposed_comm_ms"] = r.exposed_comm_seconds * 1e3;
+        record["buckets"] = r.buckets;
+        record["buckets_overlapped"] = r.buckets_overlapped;
+      }
       writer->log(record);
       if (!r.replicas.synchronized) {
         if (trace_writer) trace_writer->flush();
@@ -355,6 +364,9 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--warmup-steps", t.warmup_steps,
                   "With --linear-scaling: raise the learning rate in equal steps from --lr to lr x N over the first K "
                   "steps (Goyal et al.'s gradual warm-up; default 0, none)");
+  sub->add_option("--bucket-mb", t.bucket_mb,
+                  "All-reduce the gradient in buckets of at most M MiB, in reverse layer order, each started as soon as the "
+                  "backward pass has produced it, overlapped with the rest of it (default 0: one all-reduce)");
   sub->add_option("--dataset-size", t.dataset_size, "Examples in the data set (default: one batch)");
   sub->add_option("--split", o->split, "strided (default) or contiguous");
   sub->add_option("--policy", o->policy, "pad (default), drop-last or uneven");
