@@ -303,6 +303,52 @@ std::vector<AllreduceRow> allreduce_rows_from_json(const nlohmann::json& j) {
 
 // ---- rows from worker processes ----------------------------------------------------------------------
 
+nlohmann::json run_mpi_worker(const MpiWorkerLaunch& launch, int ranks, const std::vector<std::string>& worker_args,
+                              std::string_view prefix) {
+  std::vector<std::string> args{launch.mpirun,
+                                "--allow-run-as-root",
+                                "--oversubscribe",
+                                "-np",
+                                std::to_string(ranks),
+                                "-x",
+                                "MALLOC_MMAP_MAX_=0",
+                                "-x",
+                                "MALLOC_TRIM_THRESHOLD_=68719476736",
+                                launch.dpcheck};
+  args.insert(args.end(), worker_args.begin(), worker_args.end());
+  std::string command;
+  for (const std::string& a : args) command += (command.empty() ? "" : " ") + a;
+  ChildOptions child;
+  child.argv = args;
+  child.input = ChildOptions::Input::null;
+  child.out = child.err = ChildOptions::Output::capture;
+  child.timeout = launch.limit;
+  const ChildResult r = run_child(child);
+  const int status = r.shell_status();
+
+  std::string_view rows_json;
+  for (std::string_view rest = r.out; !rest.empty();) {
+    const std::size_t eol = std::min(rest.find('\n'), rest.size());
+    const std::string_view line = rest.substr(0, eol);
+    if (line.starts_with(prefix)) rows_json = line.substr(prefix.size());
+    rest.remove_prefix(std::min(eol + 1, rest.size()));
+  }
+  if (status != 0 || rows_json.empty()) {
+    // The end of the workers' standard error says what went wrong; the start is mostly launcher noise.
+    std::string err = r.err;
+    if (r.timed_out) err += "\n(stopped after " + std::to_string(launch.limit.count()) + " s)\n";
+    if (err.empty()) err = r.out;
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    if (err.size() > 2000) err = "..." + err.substr(err.size() - 2000);
+    throw Error("`" + command + "` " +
+                (status != 0 ? "exited with status " + std::to_string(status) : std::string("printed no rows")) +
+                (err.empty() ? std::string() : ":\n" + err));
+  }
+  nlohmann::json parsed = nlohmann::json::parse(rows_json, nullptr, false);
+  if (parsed.is_discarded()) throw Error("`" + command + "` printed rows that are not JSON");
+  return parsed;
+}
+
 std::vector<AllreduceRow> allreduce_rows_via_mpirun(const MpiWorkerLaunch& launch,
                                                     const std::vector<std::string>& backends,
                                                     const AllreduceConfig& cfg, const MemcpyBaseline& baseline) {
@@ -311,56 +357,11 @@ std::vector<AllreduceRow> allreduce_rows_via_mpirun(const MpiWorkerLaunch& launc
   for (const std::string& b : backends) names += (names.empty() ? "" : ",") + b;
   std::vector<AllreduceRow> rows;
   for (int n : cfg.ranks) {
-    const std::vector<std::string> args{launch.mpirun,
-                                        "--allow-run-as-root",
-                                        "--oversubscribe",
-                                        "-np",
-                                        std::to_string(n),
-                                        "-x",
-                                        "MALLOC_MMAP_MAX_=0",
-                                        "-x",
-                                        "MALLOC_TRIM_THRESHOLD_=68719476736",
-                                        launch.dpcheck,
-                                        "bench",
-                                        "allreduce-worker",
-                                        "--backends",
-                                        names,
-                                        "--sizes",
-                                        sizes,
-                                        "--iters",
-                                        std::to_string(cfg.iters),
-                                        "--warmup",
-                                        std::to_string(cfg.warmup)};
-    std::string command;
-    for (const std::string& a : args) command += (command.empty() ? "" : " ") + a;
-    ChildOptions child;
-    child.argv = args;
-    child.input = ChildOptions::Input::null;
-    child.out = child.err = ChildOptions::Output::capture;
-    child.timeout = launch.limit;
-    const ChildResult r = run_child(child);
-    const int status = r.shell_status();
-
-    std::string_view rows_json;
-    for (std::string_view rest = r.out; !rest.empty();) {
-      const std::size_t eol = std::min(rest.find('\n'), rest.size());
-      const std::string_view line = rest.substr(0, eol);
-      if (line.starts_with(worker_rows_prefix)) rows_json = line.substr(worker_rows_prefix.size());
-      rest.remove_prefix(std::min(eol + 1, rest.size()));
-    }
-    if (status != 0 || rows_json.empty()) {
-      // The end of the workers' standard error says what went wrong; the start is mostly launcher noise.
-      std::string err = r.err;
-      if (r.timed_out) err += "\n(stopped after " + std::to_string(launch.limit.count()) + " s)\n";
-      if (err.empty()) err = r.out;
-      while (!err.empty() && err.back() == '\n') err.pop_back();
-      if (err.size() > 2000) err = "..." + err.substr(err.size() - 2000);
-      throw Error("`" + command + "` " +
-                  (status != 0 ? "exited with status " + std::to_string(status) : std::string("printed no rows")) +
-                  (err.empty() ? std::string() : ":\n" + err));
-    }
-    nlohmann::json parsed = nlohmann::json::parse(rows_json, nullptr, false);
-    if (parsed.is_discarded()) throw Error("`" + command + "` printed rows that are not JSON");
+    const nlohmann::json parsed =
+        run_mpi_worker(launch, n,
+                       {"bench", "allreduce-worker", "--backends", names, "--sizes", sizes, "--iters",
+                        std::to_string(cfg.iters), "--warmup", std::to_string(cfg.warmup)},
+                       worker_rows_prefix);
     for (AllreduceRow& row : allreduce_rows_from_json(parsed)) {
       row.memcpy_ratio = baseline.gbs > 0 ? row.traffic_gbs / baseline.gbs : 0;
       rows.push_back(std::move(row));

@@ -103,6 +103,12 @@ struct MpiWorkerLaunch {
   std::chrono::seconds limit{600};
 };
 
+// Runs `mpirun -np ranks <dpcheck> worker_args...` (with the malloc settings below) and returns the
+// JSON object its rank 0 printed on the line that starts with `prefix`. Error naming the command and
+// the end of its standard error when it fails or prints no such line.
+nlohmann::json run_mpi_worker(const MpiWorkerLaunch& launch, int ranks, const std::vector<std::string>& worker_args,
+                              std::string_view prefix);
+
 // Runs the rows of the process backends (backend_mpi and/or backend_native) for each N of cfg.ranks:
 // one `mpirun -np N dpcheck bench allreduce-worker ...` per N, with glibc's malloc told to keep freed
 // memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_), since fresh pages cost far more than the copy.

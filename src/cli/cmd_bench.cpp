@@ -23,6 +23,7 @@
 #include "src/backends.hpp"
 #include "src/bench.hpp"
 #include "src/cli/cli_common.hpp"
+#include "src/cli/cmd_bench_scaling.hpp"
 #include "src/files.hpp"
 #include "src/model.hpp"
 #include "src/process.hpp"
@@ -435,12 +436,15 @@ Runner add_bench(CLI::App& app) {
   trace->add_option("--engine", targs->engine, engine_option_help());
   trace->add_option("--json", targs->json, "Also write the figures as JSON to this file");
 
+  const BenchCommand scaling = add_bench_scaling(*bench);
+
   // A name that is not a benchmark is kept aside and reported as a usage error below, with the list
   // of benchmarks, instead of a generic parse error.
   bench->allow_extras();
   allreduce->allow_extras(false);
 
-  return [bench, allreduce, args, worker, wargs, step, sargs, hash, hargs, trace, targs]() -> int {
+  return [bench, allreduce, args, worker, wargs, step, sargs, hash, hargs, trace, targs, scaling]() -> int {
+    if (const std::optional<int> status = scaling.run()) return *status;
     if (trace->parsed()) return run_trace_bench(*targs);
     if (allreduce->parsed()) return run_allreduce(*args);
     if (step->parsed()) return run_step(*sargs);
@@ -448,7 +452,7 @@ Runner add_bench(CLI::App& app) {
     if (worker->parsed()) return run_allreduce_worker(*wargs);
     const std::vector<std::string> extra = bench->remaining();
     if (!extra.empty())
-      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce, step, hash, trace)");
+      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce, scaling, step, hash, trace)");
     std::cerr << bench->help();
     return exit_usage;
   };
