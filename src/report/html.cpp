@@ -349,7 +349,7 @@ class Chart {
 std::string integer_label(double v) { return shown(v, "%.0f"); }
 std::string bytes_label(double v) { return bytes_shown(v); }
 
-// The share of `part` in `whole` as a bar, with the share required marked.
+// The power probe's share (caught of probed) as a bar, with the share required marked.
 std::string share_bar(double caught, double probed, double required) {
   const double w = 320, share = probed > 0 ? caught / probed : 0;
   std::string s = "<svg class=\"share-bar\" width=\"340\" height=\"30\" viewBox=\"0 0 340 30\" role=\"img\"" +
