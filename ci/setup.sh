@@ -8,6 +8,7 @@ packages=(
   libeigen3-dev libgtest-dev librapidcheck-dev
   libopenmpi-dev openmpi-bin
   libcli11-dev nlohmann-json3-dev libxxhash-dev
+  libtinyxml2-dev  # tests only: the HTML reports are parsed as XML
   clang libclang-rt-14-dev llvm-14  # the fuzz preset: clang, libFuzzer's runtime, llvm-symbolizer
 )
 

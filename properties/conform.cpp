@@ -27,6 +27,7 @@ std::vector<ConformRow> conform_properties(const Target& target, const ConformOp
     RunOptions ro;
     ro.cases = std::max(1, o.cases / p.case_divisor);
     ro.seed = o.seed;
+    if (o.on_cases) ro.progress = [&](std::int64_t cases, std::int64_t) { o.on_cases(check, cases, ro.cases); };
     const PropertyResult r = run_property(p, target, ro);
     ConformRow row;
     row.section = "properties";

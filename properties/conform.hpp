@@ -49,6 +49,9 @@ struct ConformOptions {
   std::string replay_prefix;
   // Called as each row is decided, so that a long run shows progress and a crash leaves the rows so far.
   std::function<void(const ConformRow&)> on_row;
+  // Called as a property of verify runs its cases, with the row's check ("property <name>"), the cases
+  // tried so far and the cases it runs (for a progress line).
+  std::function<void(const std::string& check, std::int64_t cases, std::int64_t total)> on_cases;
 };
 
 // The kernels of `target.kernels` (a plugin path): each op it provides against the float64 reference

@@ -96,6 +96,7 @@ class Search {
             for (const std::string& t : d.tags) key += (key.empty() ? "" : "; ") + unquote(t);
             ++out_.distribution[key];
           }
+          if (current_.ratio >= 0) out_.error_ratios.push_back(current_.ratio);
           if (current_.ratio > out_.closest.ratio) {
             out_.closest.ratio = current_.ratio;
             out_.closest.note = current_.note;
@@ -134,6 +135,7 @@ class Search {
       out_.passed = true;
       out_.cases = 1;
       absorb(out_, runs.last_record);
+      if (runs.last_record.ratio >= 0) out_.error_ratios.push_back(runs.last_record.ratio);
       out_.closest.ratio = runs.last_record.ratio;
       out_.closest.note = runs.last_record.note;
       out_.closest.example = example_text(runs.last);

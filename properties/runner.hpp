@@ -49,6 +49,9 @@ struct PropertyResult {
   double max_probabilistic_ratio = 0;  // the same errors over the probabilistic bound
   bool has_probabilistic_ratio = false;
   ClosestCall closest;
+  // Each passing case's error ratio (worst-case bound), in the order the cases ran: the spread behind
+  // max_error_ratio, for a histogram. Empty for a property that measures none.
+  std::vector<double> error_ratios;
   // The power probe (one example dropped): cases probed, cases in which the bound caught it, and the
   // smallest probe ratio seen (how close a drop came to passing unnoticed).
   std::int64_t probed = 0, probe_caught = 0;

@@ -173,6 +173,9 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"verify --cases 1 --report {d}/r.json --junit {d}/fifo", 2, {"FIFO"}},
       {"verify --cases 1 --report /proc/dpcheck.json", 2, {"--report", "/proc"}},
       {"verify --cases 1 --junit /dev/null", 2, {"--junit", "character device"}},
+      {"verify --cases 1 --html /dev/full", 2, {"--html", "character device"}},
+      {"verify --cases 1 --report {d}/r.json --html {d}/missing/r.html", 2, {"--html", "does not exist"}},
+      {"verify --cases 1 --html {d}/fifo", 2, {"--html", "FIFO"}},
       // Replays: the token is checked, and names its property, before anything runs or prints.
       {"verify --reproduce '' --report {d}/r.json", 2, {"--reproduce", "empty"}},
       {"verify --reproduce nonsense --report {d}/r.json", 2, {"--reproduce", "<property>:<case>:<check>"}},
@@ -346,6 +349,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --comm {r} --world-size 0", 2, {"--world-size"}},
       {"conform --comm {r} --report /dev/full", 2, {"--report", "character device"}},
       {"conform --comm {r} --junit {d}/fifo", 2, {"--junit", "FIFO"}},
+      {"conform --comm {r} --html {d}/fifo", 2, {"--html", "FIFO"}},
+      {"conform --comm {r} --report {d}/c.json --html /proc/dpcheck.html", 2, {"--html", "/proc"}},
       {"conform --comm {r} --kernels {d}/missing.so", 2, {"one plugin at a time"}},
       {"conform --kernels {d}/missing.so", 2, {"--kernels", "missing.so", "no such file"}},
       {"conform --kernels {d}/missing.so --precision fp7", 2, {"unknown --precision 'fp7'"}},

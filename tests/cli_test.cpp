@@ -1,6 +1,7 @@
 // The dpcheck command end to end: help everywhere, exit status 0 / 1 / 2, reports that are written
 // whole or not at all, and one clear line for bad input.
 #include <gtest/gtest.h>
+#include <tinyxml2.h>
 
 #include <filesystem>
 #include <span>
@@ -11,6 +12,7 @@
 
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
+#include "properties/target.hpp"
 #include "src/backends.hpp"
 #include "src/model.hpp"
 #include "src/npy.hpp"
@@ -110,6 +112,42 @@ TEST_F(Cli, VerifyWithAMutantExitsOneWithAReplayableCounterexample) {
   const CommandResult again = run(replay.substr(std::string("dpcheck ").size()));
   EXPECT_EQ(again.status, 1) << again.output;
   EXPECT_NE(again.output.find(p["counterexample"].get<std::string>()), std::string::npos) << again.output;
+}
+
+TEST_F(Cli, VerifyWritesAnHtmlPageThatParses) {
+  const CommandResult r = run("verify --cases 5 --property sampler_shards_disjoint --html " + path("r.html"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string page = read_file(path("r.html"));
+  tinyxml2::XMLDocument doc;
+  ASSERT_EQ(doc.Parse(page.c_str(), page.size()), tinyxml2::XML_SUCCESS) << doc.ErrorStr();
+  EXPECT_STREQ(doc.RootElement()->Name(), "html");
+  EXPECT_NE(page.find("sampler_shards_disjoint"), std::string::npos);
+  // Standard error is no terminal here: no progress line.
+  EXPECT_EQ(r.output.find("[1/1]"), std::string::npos) << r.output;
+}
+
+// On a terminal (script(1) gives the command one) verify and conform rewrite a progress line on
+// standard error; --quiet leaves it out.
+TEST_F(Cli, ProgressLineOnATerminalUnlessQuiet) {
+  if (run_command("command -v script").status != 0) GTEST_SKIP() << "no script(1) to give the command a terminal";
+  const auto on_terminal = [](const std::string& args) {
+    return run_command("script -qec " + shell_quoted(std::string(DPCHECK_BINARY) + " " + args) + " /dev/null", 300);
+  };
+  const std::string verify = "verify --cases 20 --property sampler_shards_disjoint";
+  const CommandResult shown = on_terminal(verify);
+  ASSERT_EQ(shown.status, 0) << shown.output;
+  EXPECT_NE(shown.output.find("\r  [1/1] sampler_shards_disjoint: 0 of 20 cases, "), std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find("\r\033[K"), std::string::npos) << "the line is cleared";
+  const CommandResult quiet = on_terminal(verify + " --quiet");
+  ASSERT_EQ(quiet.status, 0) << quiet.output;
+  EXPECT_EQ(quiet.output.find("[1/1]"), std::string::npos) << quiet.output;
+
+  const std::string conform = std::string("conform --comm ") + DPCHECK_RING_PLUGIN +
+                              " --world-size 2 --no-properties --max-mib 1 --check 'allreduce float32 sum'";
+  const CommandResult rows = on_terminal(conform);
+  ASSERT_EQ(rows.status, 0) << rows.output;
+  EXPECT_NE(rows.output.find("\r  running the first check, "), std::string::npos) << rows.output;
+  EXPECT_EQ(on_terminal(conform + " --quiet").output.find("running the first check"), std::string::npos);
 }
 
 TEST_F(Cli, BadInputIsOneLineAndExitTwoAndWritesNothing) {

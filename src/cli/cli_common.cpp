@@ -4,6 +4,7 @@
 #include "src/cli/commands.hpp"
 #include "src/comm.hpp"
 
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -111,6 +112,40 @@ std::string xml_escape(const std::string& s) {
     }
   }
   return out;
+}
+
+Progress::Progress(bool enabled)
+    : enabled_(enabled), start_(std::chrono::steady_clock::now()), last_(start_) {}
+
+Progress::~Progress() { done(); }
+
+bool Progress::wanted(bool quiet) { return !quiet && ::isatty(STDERR_FILENO) == 1; }
+
+double Progress::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void Progress::update(const std::string& line) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (shown_ && now - last_ < std::chrono::milliseconds(50)) return;
+  last_ = now;
+  shown_ = true;
+  // A line longer than the terminal would wrap, and "\r" would return to its last row only.
+  winsize ws{};
+  const std::size_t width =
+      ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? static_cast<std::size_t>(ws.ws_col) - 1 : 119;
+  std::string text = "\r" + line.substr(0, std::min(line.size(), width)) + "\033[K";
+  std::fflush(stdout);
+  std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
+}
+
+void Progress::done() {
+  if (!enabled_ || !shown_) return;
+  shown_ = false;
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
 }
 
 // ---- timeouts and seeds -------------------------------------------------------------------------

@@ -55,6 +55,38 @@ void print_error(std::string_view message);
 // Text for an XML attribute or element (JUnit reports): & < > " and newlines escaped.
 std::string xml_escape(const std::string& s);
 
+// A progress line on standard error for a person at a terminal: each update() rewrites the one line
+// ("\r", the text, then clear to the end of the line), done() clears it. A command clears it with
+// done() before it prints a line of its own, and a later update() starts it again. Disabled, every
+// call does nothing, so a command constructs one whatever the output is:
+//   Progress progress(Progress::wanted(o.quiet) && is_printing_rank());
+//   progress.update("  train: step 12 of 100, 3.4 s");
+//   ...
+//   progress.done();
+// update() writes at most every 50 ms (a case or a step can take microseconds) and cuts the text to
+// the terminal's width, so that "\r" always returns to its start.
+class Progress {
+ public:
+  explicit Progress(bool enabled);
+  ~Progress();  // done()
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  // Whether a progress line is wanted: not --quiet, and standard error is a terminal.
+  static bool wanted(bool quiet);
+
+  bool enabled() const { return enabled_; }
+  void update(const std::string& line);
+  void done();
+  // Seconds since construction, for the line's elapsed time.
+  double seconds() const;
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
 // ---- timeouts and seeds -------------------------------------------------------------------------
 
 // The longest --timeout accepted: a day. Longer is no timeout at all, which a stuck rank turns into a hang.

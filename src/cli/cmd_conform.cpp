@@ -16,6 +16,7 @@
 #include "src/files.hpp"
 #include "src/plugin/plugin_loader.hpp"
 #include "src/process.hpp"
+#include "src/report/html.hpp"
 
 namespace dpcheck::cli {
 
@@ -35,7 +36,8 @@ struct ConformCliOptions {
   bool absent_rank_probe = false;
   bool comm_given = false;  // hidden: the child half of "a rank that never arrives"
   double max_mib = 64;
-  std::string report, junit;
+  std::string report, junit, html;
+  bool quiet = false;
 };
 
 nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world, const std::vector<ConformRow>& rows,
@@ -118,6 +120,7 @@ int run_conform(ConformCliOptions& o) {
   check_on_writing_rank([&] {
     if (!o.report.empty()) check_output_path(o.report, "--report");
     if (!o.junit.empty()) check_output_path(o.junit, "--junit");
+    if (!o.html.empty()) check_output_path(o.html, "--html");
   });
 
   ConformOptions co;
@@ -167,7 +170,20 @@ int run_conform(ConformCliOptions& o) {
       ", seed " + std::to_string(co.seed) + "\n\n";
   char line[512];
   bool headed = false;
+  Progress progress(printing && Progress::wanted(o.quiet));
+  std::size_t decided = 0;
+  const auto elapsed = [&] {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.1f s", progress.seconds());
+    return std::string(s);
+  };
+  if (progress.enabled())
+    co.on_cases = [&](const std::string& check, std::int64_t cases, std::int64_t total) {
+      progress.update("  [" + std::to_string(decided + 1) + "] " + check + ": " +
+                      std::to_string(std::min(cases, total)) + " of " + std::to_string(total) + " cases, " + elapsed());
+    };
   co.on_row = [&](const ConformRow& r) {
+    progress.done();
     if (!headed) {
       say(header);
       std::snprintf(line, sizeof line, "%-12s %-50s %-5s %9s  %s\n", "section", "check", "", "time", "detail");
@@ -179,8 +195,12 @@ int run_conform(ConformCliOptions& o) {
     std::snprintf(line, sizeof line, "%-12s %-50s %-5s %7.2f s  %s\n", r.section.c_str(), r.check.c_str(),
                   std::string(conform_verdict_name(r.verdict)).c_str(), r.seconds, detail.c_str());
     say(line);
+    ++decided;
+    progress.update("  " + std::to_string(decided) + " checks decided, " + elapsed());
   };
+  progress.update("  running the first check, " + elapsed());
   const std::vector<ConformRow> rows = kernels ? conform_kernels(o.target, co) : conform_comm(o.target, world, co);
+  progress.done();
 
   bool passed = true;
   std::ostringstream details;
@@ -195,7 +215,11 @@ int run_conform(ConformCliOptions& o) {
   if (rows.empty()) throw UsageError("--check '" + o.check + "' matched no check (see --list-checks)");
   details << "\n" << (passed ? "the plugin kept every promise checked" : "the plugin broke a promise") << "\n";
   say(details.str());
-  if (printing && !o.report.empty()) write_file_atomic(o.report, to_json(o, co.seed, world, rows, passed).dump(2) + "\n");
+  if (printing && (!o.report.empty() || !o.html.empty())) {
+    const nlohmann::json report = to_json(o, co.seed, world, rows, passed);
+    if (!o.report.empty()) write_file_atomic(o.report, report.dump(2) + "\n");
+    if (!o.html.empty()) write_file_atomic(o.html, html::conform_page(report));
+  }
   if (printing && !o.junit.empty()) write_file_atomic(o.junit, to_junit(o, rows));
   return passed ? exit_ok : exit_check_failed;
 }
@@ -227,6 +251,10 @@ Runner add_conform(CLI::App& app) {
   sub->add_option("--max-mib", o->max_mib, "The largest buffer a collective check passes, in MiB (default 64)");
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");
+  sub->add_option("--html", o->html,
+                  "Write an HTML page to this file: every check's row and verdict, each failure with its promise, "
+                  "minimal case and replay line (self-contained)");
+  sub->add_flag("--quiet", o->quiet, "No progress line on standard error (shown only on a terminal)");
   sub->add_flag("--list-checks", o->list_checks, "Print the checks' names, one a line, and exit");
   sub->add_flag("--absent-rank-probe", o->absent_rank_probe)->group("");
   return [o, sub] {

@@ -1,8 +1,8 @@
 // dpcheck verify: runs every property against a target (engine, communicator, optional mutant) and
 // prints one table; for a failure, the minimal counterexample and the command that replays it.
 #include <CLI/CLI.hpp>
-#include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -14,6 +14,7 @@
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
+#include "src/report/html.hpp"
 
 namespace dpcheck::cli {
 
@@ -31,7 +32,8 @@ struct VerifyOptions {
   std::string reproduce;
   bool reproduce_given = false;
   int reruns = 5;
-  std::string report, junit;
+  std::string report, junit, html;
+  bool quiet = false;
   bool list_mutants = false;
   bool world_size_given = false;
 };
@@ -58,6 +60,14 @@ std::string runs_text(const PropertyResult& r) {
 
 nlohmann::json optional_number(bool has, double v) { return has ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
+// Each case's error ratio in four significant digits: enough for a histogram, and a report of a few
+// thousand cases stays a few tens of kilobytes a property.
+nlohmann::json rounded(const std::vector<double>& ratios) {
+  nlohmann::json a = nlohmann::json::array();
+  for (double v : ratios) a.push_back(std::isfinite(v) ? std::stod(number(v, "%.4g")) : v);
+  return a;
+}
+
 nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>& results, bool passed) {
   nlohmann::json props = nlohmann::json::array();
   for (const PropertyResult& r : results) {
@@ -76,7 +86,8 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                                          : nlohmann::json(nullptr)},
                      {"flaky", r.flaky()},
                      {"replayed", r.replayed},
-                     {"distribution", r.distribution}};
+                     {"distribution", r.distribution},
+                     {"error_ratios", rounded(r.error_ratios)}};
     p["power"] = r.probed > 0 ? nlohmann::json({{"probed", r.probed},
                                                 {"caught", r.probe_caught},
                                                 {"share", r.power()},
@@ -202,6 +213,7 @@ int run_verify(VerifyOptions& o) {
   check_on_writing_rank([&] {
     if (!o.report.empty()) check_output_path(o.report, "--report");
     if (!o.junit.empty()) check_output_path(o.junit, "--junit");
+    if (!o.html.empty()) check_output_path(o.html, "--html");
   });
   // Every process must draw the same cases: rank 0's seed is everyone's.
   if (o.target.process_world) o.target.process_world->broadcast(&o.seed, 1, DType::u64, 0);
@@ -218,7 +230,7 @@ int run_verify(VerifyOptions& o) {
     std::snprintf(buf, sizeof buf, fmt, args...);
     return std::string(buf);
   };
-  const bool tty = printing && ::isatty(STDERR_FILENO);
+  Progress progress(printing && Progress::wanted(o.quiet));
   say("dpcheck verify: " + o.target.describe() + ", world size " +
       (o.target.world_size > 0 ? std::to_string(o.target.world_size) : std::string("drawn from 1-8")) + ", " +
       (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
@@ -229,19 +241,23 @@ int run_verify(VerifyOptions& o) {
   std::vector<PropertyResult> results;
   bool all_passed = true;
   for (const PropertyDef* p : selected) {
+    const std::string at = "  [" + std::to_string(results.size() + 1) + "/" + std::to_string(selected.size()) + "] " +
+                           std::string(p->name) + ": ";
     RunOptions ro;
     ro.cases = std::max(1, o.cases / p->case_divisor);
     ro.seed = o.seed;
     ro.reproduce = o.reproduce;
     ro.reruns = o.reruns;
-    if (tty)
+    if (progress.enabled())
       ro.progress = [&](std::int64_t cases, std::int64_t shrinks) {
-        std::fprintf(stderr, "\r  %s: %lld cases%s", std::string(p->name).c_str(), static_cast<long long>(cases),
-                     shrinks ? (", shrinking (" + std::to_string(shrinks) + ")").c_str() : "");
-        std::fflush(stderr);
+        progress.update(at + std::to_string(std::min<std::int64_t>(cases, ro.cases)) + " of " +
+                        std::to_string(ro.cases) + " cases" +
+                        (shrinks ? ", shrinking (" + std::to_string(shrinks) + ")" : std::string()) + ", " +
+                        number(progress.seconds(), "%.1f") + " s");
       };
+    progress.update(at + "0 of " + std::to_string(ro.cases) + " cases, " + number(progress.seconds(), "%.1f") + " s");
     PropertyResult r = run_property(*p, o.target, ro);
-    if (tty) std::fprintf(stderr, "\r\033[K");
+    progress.done();
     say(row("%-38s %6lld %7s %12s %12s %6s %7.2f s\n", r.name.c_str(), static_cast<long long>(r.cases),
             !r.skipped.empty() ? "skipped" : r.passed ? "yes" : "NO", ratio_text(r).c_str(),
             probabilistic_text(r).c_str(), power_text(r).c_str(), r.seconds));
@@ -300,7 +316,11 @@ int run_verify(VerifyOptions& o) {
   details << "\n" << (all_passed ? "all properties passed" : "some properties FAILED") << "\n";
   say(details.str());
 
-  if (printing && !o.report.empty()) write_file_atomic(o.report, to_json(o, results, all_passed).dump(2) + "\n");
+  if (printing && (!o.report.empty() || !o.html.empty())) {
+    const nlohmann::json report = to_json(o, results, all_passed);
+    if (!o.report.empty()) write_file_atomic(o.report, report.dump(2) + "\n");
+    if (!o.html.empty()) write_file_atomic(o.html, html::verify_page(report));
+  }
   if (printing && !o.junit.empty()) write_file_atomic(o.junit, to_junit(o, results));
   return all_passed ? exit_ok : exit_check_failed;
 }
@@ -329,6 +349,10 @@ Runner add_verify(CLI::App& app) {
   o->timeout.add_to(*sub);
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");
+  sub->add_option("--html", o->html,
+                  "Write an HTML page to this file: the table, each property's error ratios as a histogram, its "
+                  "power and closest call, each failure with its minimal case and replay line (self-contained)");
+  sub->add_flag("--quiet", o->quiet, "No progress line on standard error (shown only on a terminal)");
   sub->add_flag("--list-mutants", o->list_mutants, "Print the mutants' names, one a line, and exit");
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
