@@ -10,8 +10,6 @@
 // prints predicted against measured, the model's error (measured / predicted), the speed-ups and the
 // break-even N. The ranks are threads here (local), or one process each under an mpirun this command
 // starts per N (mpi, as `bench allreduce` does), or GPUs (nccl, cuda-local).
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -33,6 +31,7 @@
 #include "src/error.hpp"
 #include "src/files.hpp"
 #include "src/process.hpp"
+#include "src/report/html.hpp"
 #include "src/scaling.hpp"
 
 namespace dpcheck::cli {
@@ -51,6 +50,7 @@ struct ScalingArgs {
   std::string engine{default_engine()};
   std::string comm;
   std::string json;
+  std::string html;
   bool quiet = false;
 };
 
@@ -210,6 +210,7 @@ nlohmann::json ms_or_null(std::optional<double> seconds) {
 int run_scaling(const ScalingArgs& a) {
   validate(a, false);
   if (!a.json.empty()) check_output_path(a.json, "--json");
+  if (!a.html.empty()) check_output_path(a.html, "--html");
   Target target = target_of(a);
   const Backend& row = backend_for(target.engine, target.comm);
   if (process_world() != nullptr)
@@ -223,14 +224,12 @@ int run_scaling(const ScalingArgs& a) {
   const TrainConfig t = train_config(a);
   const std::size_t gradient_elements = static_cast<std::size_t>(parameter_count(t.model.dims));
   const double gradient_bytes = static_cast<double>(gradient_elements) * sizeof(float);
-  const bool tty = !a.quiet && ::isatty(STDERR_FILENO);
+  Progress progress(Progress::wanted(a.quiet));
 
   std::vector<nlohmann::json> worlds;
-  const auto started = std::chrono::steady_clock::now();
   for (int n = 1; n <= a.world_size; ++n) {
-    if (tty)
-      std::fprintf(stderr, "\r\033[Kbench scaling: measuring N = %d of %d (%.0f s)", n, a.world_size,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    progress.update("bench scaling: measuring N = " + std::to_string(n) + " of " + std::to_string(a.world_size) + ", " +
+                    std::to_string(static_cast<long long>(progress.seconds())) + " s");
     if (row.needs_launcher()) {
       worlds.push_back(bench::run_mpi_worker(launch, n, worker_args(a), kWorkerPrefix));
       continue;
@@ -245,7 +244,7 @@ int run_scaling(const ScalingArgs& a) {
     });
     worlds.push_back(std::move(figures));
   }
-  if (tty) std::fprintf(stderr, "\r\033[K");
+  progress.done();
 
   // The fit over every N's sweep; the prediction from each N's compute and the fitted all-reduce.
   std::vector<scaling::AllreduceSample> samples;
@@ -346,6 +345,7 @@ int run_scaling(const ScalingArgs& a) {
               predicted_break_even && *predicted_break_even > a.world_size ? " (beyond the sweep: C(1)/N and the fit)" : "",
               measured_break_even ? n_text(measured_break_even).c_str() : ("not reached by N = " + std::to_string(a.world_size)).c_str());
   if (!a.json.empty()) write_file_atomic(a.json, report.dump(2) + "\n");
+  if (!a.html.empty()) write_file_atomic(a.html, html::scaling_page(report));
   return exit_ok;
 }
 
@@ -386,6 +386,9 @@ BenchCommand add_bench_scaling(CLI::App& bench) {
   sub->add_option("--world-size", a->world_size, "The largest N (ranks as threads, or processes under mpirun)")
       ->capture_default_str();
   sub->add_option("--json", a->json, "Also write the report as JSON to this file");
+  sub->add_option("--html", a->html,
+                  "Also write the report as one self-contained HTML page: speed-up against N, measured and predicted, "
+                  "the break-even marked");
   sub->add_flag("--quiet", a->quiet, "No progress line on a terminal");
 
   auto w = std::make_shared<ScalingArgs>();

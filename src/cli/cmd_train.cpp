@@ -19,6 +19,7 @@
 #include "properties/divergence.hpp"
 #include "properties/mutants.hpp"
 #include "properties/target.hpp"
+#include "src/report/html.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
@@ -33,7 +34,8 @@ struct TrainOptions {
   ModelOptions model;
   TrainConfig train;
   std::string optimizer = "sgd", split = "strided", policy = "pad", mutant, engine{default_engine()}, comm, kernels;
-  std::string x, y, init, checkpoint_dir, resume, log, trace;
+  std::string x, y, init, checkpoint_dir, resume, log, trace, report, html;
+  bool quiet = false;
   LiveCheckOptions checks;
   std::string bundle_dir = ".";
   bool bundle_dir_given = false;
@@ -91,6 +93,8 @@ int run_train(TrainOptions& o) {
   // Before any work: a bad output path costs a second, not a training run.
   check_on_writing_rank([&] {
     if (!o.log.empty()) check_output_path(o.log, "--log", OutputMode::append);
+    if (!o.report.empty()) check_output_path(o.report, "--report");
+    if (!o.html.empty()) check_output_path(o.html, "--html");
     if (!o.checkpoint_dir.empty()) check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
     if (!o.trace.empty()) check_output_path(o.trace, "--trace");
     // The default (the current directory) is not held against a run that may never fail: a read-only one
@@ -155,6 +159,9 @@ int run_train(TrainOptions& o) {
                                       {"mutant", target.mutant}, {"tf32", target.tf32},
                                       {"precision", precision_name(target.precision)}};
   const std::vector<std::string> state_names = make_cpu_optimizer(t.optimizer, 0)->state_names();
+  // Rank 0's steps, for --report and --html; and the progress line on a terminal.
+  nlohmann::json report_steps = nlohmann::json::array();
+  Progress progress(printing && Progress::wanted(o.quiet));
   run_world(target, world, [&](Communicator& world_comm) {
     // With --trace, the trainer talks through the recorder's wrapper, which sees its data collectives.
     TraceRecorder recorder(t.model, state_names);
@@ -284,6 +291,16 @@ int run_train(TrainOptions& o) {
         break;
       }
       if (speaks) {
+        nlohmann::json row = {{"step", r.step},
+                              {"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json(nullptr)},
+                              {"skipped", r.skipped},
+                              {"loss_scale", r.loss_scale},
+                              {"replicas_identical", r.replicas.synchronized},
+                              {"gradient_error_ratio", checks.last().contains("gradient_ratio")
+                                                           ? checks.last()["gradient_ratio"]
+                                                           : nlohmann::json(nullptr)}};
+        report_steps.push_back(std::move(row));
+        progress.done();
         std::printf("step %4lld  loss %-14s global batch %-6lld %s", static_cast<long long>(r.step),
                     float_text(r.loss).c_str(), static_cast<long long>(r.global_batch), r.replicas.describe().c_str());
         if (checks.last().contains("gradient_ratio"))
@@ -292,6 +309,8 @@ int run_train(TrainOptions& o) {
           std::printf("  loss scale %s%s", float_text(r.loss_scale).c_str(), r.skipped ? " (step skipped: non-finite gradient)" : "");
         std::printf("\n");
         std::fflush(stdout);
+        progress.update("train: step " + std::to_string(r.step + 1) + " of " + std::to_string(t.steps) + ", " +
+                        std::to_string(static_cast<long long>(progress.seconds())) + " s");
       }
       nlohmann::json record = {{"step", r.step},
                                {"loss", r.loss},
@@ -342,6 +361,17 @@ int run_train(TrainOptions& o) {
     writer->flush();
     if (trace_writer) trace_writer->flush();
   });
+  progress.done();
+  if (printing && (!o.report.empty() || !o.html.empty())) {
+    const nlohmann::json report = {{"command", "train"},
+                                   {"target", target_json},
+                                   {"config", t.to_json(world)},
+                                   {"passed", passed.load()},
+                                   {"failure", passed ? nlohmann::json(nullptr) : nlohmann::json{{"message", failure}}},
+                                   {"steps", report_steps}};
+    if (!o.report.empty()) write_file_atomic(o.report, report.dump(2) + "\n");
+    if (!o.html.empty()) write_file_atomic(o.html, html::train_page(report));
+  }
   if (printing) std::printf("%s\n", passed ? "all steps passed the replica check" : ("FAILED: " + failure).c_str());
   return passed ? exit_ok : exit_check_failed;
 }
@@ -380,6 +410,13 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--keep", o->keep, "Checkpoints to keep (default 2)");
   sub->add_option("--resume", o->resume, "Continue from the newest usable checkpoint in this directory");
   sub->add_option("--log", o->log, "Append one JSON line a step to this file (rank 0 only)");
+  sub->add_option("--report", o->report,
+                  "Write a JSON report of the run to this file: the target, the configuration, each step's loss, "
+                  "replica check and live gradient check, the verdict (rank 0 only)");
+  sub->add_option("--html", o->html,
+                  "Write the report as one self-contained HTML page: the loss curve, the live gradient error ratio "
+                  "per step and the replica check (rank 0 only)");
+  sub->add_flag("--quiet", o->quiet, "No progress line on a terminal");
   sub->add_option("--trace", o->trace,
                   "Write a value-level trace here (rank 0): one JSON line a step with every rank's digests of its "
                   "examples, gradients, parameters, optimizer state and collectives (compare two with dpcheck diff)");
