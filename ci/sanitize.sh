@@ -24,7 +24,7 @@ for stage in "${stages[@]}"; do
       # The executables behind the tsan test preset's filter (CMakePresets.json).
       cmake --preset tsan
       cmake --build --preset tsan --parallel "$(nproc)" --target local_comm_test trainer_test \
-        replica_check_test properties_test writer_test
+        bucketing_test replica_check_test properties_test writer_test
       ctest --preset tsan --parallel "$(nproc)"
       ;;
     *)

@@ -293,6 +293,46 @@ TEST(HtmlTrain, EveryStepIsPlottedAsTheReportHoldsIt) {
   EXPECT_TRUE(contains(pre_texts(doc->RootElement()), report["failure"]["what"].get<std::string>()));
 }
 
+// The pages `dpcheck train --html` and `dpcheck bench scaling --html` write are the library's pages of
+// the reports written beside them, and plot exactly what those hold.
+TEST_F(HtmlReport, TrainWritesThePageOfItsReport) {
+  const CommandResult r = run("train --model 6,12,3 --batch 12 --steps 4 --world-size 2 --check-gradient-every 2 "
+                              "--bucket-mb 0.0001 --report " + path("t.json") + " --html " + path("t.html"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json report = json::parse(read_file(path("t.json")));
+  const std::string page = read_file(path("t.html"));
+  EXPECT_EQ(page, html::train_page(report));
+  const auto doc = parse(page);
+  expect_self_contained(*doc, page);
+  ASSERT_EQ(report["steps"].size(), 4u);
+  std::vector<std::pair<double, double>> loss, ratio;
+  for (const json& s : report["steps"]) {
+    loss.emplace_back(s["step"].get<double>(), s["loss"].get<double>());
+    if (!s["gradient_error_ratio"].is_null())
+      ratio.emplace_back(s["step"].get<double>(), s["gradient_error_ratio"].get<double>());
+  }
+  EXPECT_EQ(points(*doc, "loss"), loss);
+  EXPECT_EQ(ratio.size(), 2u);  // steps 0 and 2
+  EXPECT_EQ(points(*doc, "gradient_error_ratio"), ratio);
+  EXPECT_TRUE(report["passed"].get<bool>());
+}
+
+TEST_F(HtmlReport, BenchScalingWritesThePageOfItsReport) {
+  const CommandResult r = run("bench scaling --model 6,12,3 --batch 8 --world-size 2 --steps 1 --warmup 0 "
+                              "--bucket-mb 0.0001 --json " + path("s.json") + " --html " + path("s.html"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json report = json::parse(read_file(path("s.json")));
+  const std::string page = read_file(path("s.html"));
+  EXPECT_EQ(page, html::scaling_page(report));
+  const auto doc = parse(page);
+  expect_self_contained(*doc, page);
+  ASSERT_EQ(report["rows"].size(), 2u);
+  std::vector<std::pair<double, double>> measured;
+  for (const json& row : report["rows"]) measured.emplace_back(row["ranks"].get<double>(), row["speedup_measured"].get<double>());
+  EXPECT_EQ(points(*doc, "speedup_measured"), measured);
+  EXPECT_EQ(report["rows"][0]["speedup_measured"].get<double>(), 1.0);
+}
+
 TEST(HtmlTrain, AReportMissingItsStepsIsAnErrorNamingIt) {
   json report = train_report();
   report.erase("steps");

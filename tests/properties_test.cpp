@@ -50,7 +50,7 @@ TEST(Properties, only_rank0_writes) {
 }
 
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 11u);
+  ASSERT_EQ(properties().size(), 12u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;
