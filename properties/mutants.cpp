@@ -92,7 +92,7 @@ constexpr std::array<MutantInfo, 33> kMutants{{
      "rank's own gradient"},
     {"bucket-reduced-before-ready", "bucketing_preserves_bits",
      "a bucket starts once the layer above its lowest one is done (the first bucket before the backward pass), so "
-     "it is reduced from the values its last layer held before this step wrote them"},
+     "it is reduced from the values its last layer held before this step wrote them", "cpu"},
     {"bound-without-kink-term", "bound_holds_for_any_summation_order",
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",
