@@ -186,7 +186,8 @@ std::vector<std::string> worker_args(const ScalingArgs& a) {
           "--engine", a.engine, "--comm", target_of(a).comm};
 }
 
-void validate(const ScalingArgs& a, bool worker) {
+void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
+  const bool worker = worker_world != nullptr;
   if (a.world_size < 1 || a.world_size > 64) throw UsageError("--world-size must be from 1 to 64");
   if (a.batch < a.world_size)
     throw UsageError("--batch " + std::to_string(a.batch) + " must hold at least one example for each of the " +
@@ -195,8 +196,16 @@ void validate(const ScalingArgs& a, bool worker) {
   if (a.warmup < 0) throw UsageError("--warmup must be at least 0");
   if (!(a.bucket_mb > 0)) throw UsageError("--bucket-mb must be above 0: the buckets bench scaling compares against one all-reduce");
   bucket_elements(a.bucket_mb);
-  const Target target = target_of(a);
-  validate_target(target);
+  Target target = target_of(a);
+  target.process_world = worker_world;
+  if (worker) target.world_size = worker_world->size();
+  // A backend whose ranks are a launcher's processes is checked by the workers, under the mpirun that
+  // bench scaling starts for each N.
+  const Backend& row = backend_for(target.engine, target.comm);
+  if (worker || !row.needs_launcher())
+    validate_target(target);
+  else if (!mpi_available())
+    throw UsageError("--comm " + target.comm + ": this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");
   const TrainConfig t = train_config(a);
   t.validate(a.world_size);
   if (!worker) check_train_size(t, a.world_size, target);
@@ -208,7 +217,7 @@ nlohmann::json ms_or_null(std::optional<double> seconds) {
 }
 
 int run_scaling(const ScalingArgs& a) {
-  validate(a, false);
+  validate(a);
   if (!a.json.empty()) check_output_path(a.json, "--json");
   if (!a.html.empty()) check_output_path(a.html, "--html");
   Target target = target_of(a);
@@ -354,7 +363,7 @@ int run_scaling_worker(const ScalingArgs& a) {
   if (world == nullptr) throw UsageError("bench scaling-worker runs under mpirun, as `dpcheck bench scaling` starts it");
   ScalingArgs w = a;
   w.world_size = world->size();
-  validate(w, true);
+  validate(w, world);
   Target target = target_of(w);
   target.process_world = world;
   target.world_size = world->size();
