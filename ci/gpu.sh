@@ -84,7 +84,7 @@ tests       test-nccl_comm                    12     60
 tests       test-gpu_properties               25    480
 tests       test-backends                      8     30
 verify      verify-cuda-local                 30    300
-verify      verify-cuda-local-tf32            30    300
+verify      verify-cuda-local-tf32            18    300
 verify      verify-nccl-1                     35    420
 verify      conform-comm-nccl                 12     60
 verify      verify-comm-nccl-plugin           18    420
@@ -96,6 +96,7 @@ mutants     mutant-allreduce-rank-order       12    120
 mutants     mutant-allreduce-sum-no-average   12    120
 bench       bench-hash                        12     30
 bench       bench-step                        35     90
+bench       bench-scaling                     12     90
 sanitizer   memcheck-bias_grad                18     60
 sanitizer   memcheck-cuda_engine              25    180
 sanitizer   racecheck-bias_grad               15     60
@@ -211,6 +212,7 @@ render_summary() {
   fi
   bench_section hash
   bench_section step
+  bench_section scaling
   if ((n_fail == 0)); then
     echo "==== verdict: pass ($n_rows rows)"
   else
@@ -550,6 +552,10 @@ run_bench() {
   v=$(verdict_of "$row" 0)
   [ "$v" = pass ] && grep -q -E '^#   ' "$work/$row.log" && v="pass (PyTorch baseline note below)"
   record "$row" "$v" "$took"
+  # Compute against communication: replicas on the one GPU, N = 1..4, buckets overlapped or not.
+  need bench-scaling "$dpcheck" && run_command bench-scaling 0 "$dpcheck" bench scaling --engine cuda \
+    --comm cuda-local --world-size 4 --model 1024,4096,4096,1024 --batch 4096 --steps 3 --warmup 1 --bucket-mb 8 \
+    --quiet --json "$work/bench-scaling.json" --html "$work/bench-scaling.html"
 }
 
 find_sanitizer() {
