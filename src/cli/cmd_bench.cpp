@@ -305,6 +305,8 @@ int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
     std::string why;
     const cuda::Plugin* p = cuda_plugin(&why);
     engine = p != nullptr && p->device_available(&why) ? "cuda" : "cpu";
+    if (engine == "cpu")
+      std::cout << "# no GPU for the cuda benchmark (" << why << "): the cpu one; --engine cuda or cpu to choose\n";
   }
   if (engine == "cpu") return run_cpu_step(a, warmup_given, repeats_given);
   if (engine != "cuda") throw UsageError("--engine: unknown engine '" + engine + "' (choose cpu or cuda)");
