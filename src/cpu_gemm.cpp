@@ -29,18 +29,10 @@ using Kernel = void (*)(const kernel::GemmCall&);
 // Threads that run the blocks of a product beside the caller, which runs block 0. They live as long as
 // the process, so that the memory Eigen's GEMM allocates on each of them is reused rather than fresh
 // (slow to touch on these machines). One product at a time; the workers wait on a condition variable,
-// not spinning, so that they cost nothing between products.
+// not spinning, so that they cost nothing between products. Never destroyed: a rank thread may still be
+// in a product while the process exits, and the workers die with the process.
 class Workers {
  public:
-  ~Workers() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    start_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
   void run(int parts, const std::function<void(int)>& part) {
     std::lock_guard one_at_a_time(run_mu_);
     {
@@ -74,8 +66,7 @@ class Workers {
     std::uint64_t seen = 0;
     std::unique_lock lk(mu_);
     for (;;) {
-      start_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
+      start_.wait(lk, [&] { return generation_ != seen; });
       seen = generation_;
       if (index >= parts_) continue;
       const std::function<void(int)>* job = job_;
@@ -99,13 +90,12 @@ class Workers {
   const std::function<void(int)>* job_ = nullptr;
   int parts_ = 0, pending_ = 0;
   std::uint64_t generation_ = 0;
-  bool stop_ = false;
   std::exception_ptr error_;
 };
 
 Workers& workers() {
-  static Workers w;
-  return w;
+  static Workers* const w = new Workers;
+  return *w;
 }
 
 Kernel kernel_of(Isa isa) {

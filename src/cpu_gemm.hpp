@@ -10,7 +10,7 @@
 // A product's bits depend on the path (the vector width and FMA change the roundings) and on the thread
 // count (which decides the blocks), never on the run: the same path and thread count give the same
 // bits every time, which checkpoint-resume and replay rely on. DPCHECK_CPU_ISA and DPCHECK_CPU_THREADS
-// pin both, so that a run gives the same bits on another machine. Every order of summation stays within
+// pin both, so that the same binary gives the same bits on another machine that has the path. Every order of summation stays within
 // the engine's derived error bound (reference/bound.hpp), FMA included.
 #pragma once
 
@@ -24,7 +24,7 @@ namespace dpcheck::cpu {
 enum class Isa { baseline, avx2, avx512 };
 
 std::string_view isa_name(Isa isa);  // "baseline", "avx2", "avx512"
-// The flags a path's file is compiled with, for reports: "x86-64", "-mavx2 -mfma", ...
+// What a path needs of the CPU, in words, for messages: "AVX2 and FMA", ...
 std::string_view isa_flags(Isa isa);
 
 // The paths this binary was built with and this CPU can run, baseline first.
