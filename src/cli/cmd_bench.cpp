@@ -23,6 +23,7 @@
 #include "src/backends.hpp"
 #include "src/bench.hpp"
 #include "src/bench_cpu_step.hpp"
+#include "src/cpu_gemm.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/files.hpp"
 #include "src/model.hpp"
@@ -267,8 +268,9 @@ std::vector<cuda::StepModel> parse_models(const std::string& text) {
 
 // The CPU engine's step against bare GEMMs of its shapes (src/bench_cpu_step.hpp); GOAL is the step's
 // ratio to the best GEMM that counts as met.
-int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
-  std::vector<bench::CpuStepResult> results;
+// `note`, when not empty, is printed once every input has been checked (a refusal is one line).
+int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const std::string& note) {
+  std::vector<bench::CpuStepConfig> configs;
   const std::vector<cuda::StepModel> models = parse_models(a.models.empty() ? "1024,2048,2048,1024@1024:0.7" : a.models);
   if (!a.json.empty()) check_output_path(a.json, "--json");
   for (const cuda::StepModel& m : models) {
@@ -287,8 +289,13 @@ int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
     c.goal = m.goal;
     if (warmup_given) c.warmup = a.warmup;
     if (repeats_given) c.repeats = a.repeats;
-    results.push_back(bench::bench_cpu_step(c));
+    configs.push_back(c);
   }
+  cpu::engine_isa();  // DPCHECK_CPU_ISA and DPCHECK_CPU_THREADS, before anything runs
+  cpu::engine_threads();
+  if (!note.empty()) std::cout << note << "\n";
+  std::vector<bench::CpuStepResult> results;
+  for (const bench::CpuStepConfig& c : configs) results.push_back(bench::bench_cpu_step(c));
   bench::print_cpu_step_table(std::cout, results);
   if (!a.json.empty()) write_file_atomic(a.json, bench::cpu_step_json(results).dump(2) + "\n");
   // Only the bits decide: a ratio on a shared machine is a figure to read, not a check.
@@ -301,14 +308,14 @@ int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
   if ((repeats_given && a.repeats < 1) || (warmup_given && a.warmup < 0))
     throw UsageError("--repeats must be at least 1 and --warmup at least 0");
   std::string engine = a.engine;
+  std::string note;
   if (engine.empty()) {
     std::string why;
     const cuda::Plugin* p = cuda_plugin(&why);
     engine = p != nullptr && p->device_available(&why) ? "cuda" : "cpu";
-    if (engine == "cpu")
-      std::cout << "# no GPU for the cuda benchmark (" << why << "): the cpu one; --engine cuda or cpu to choose\n";
+    if (engine == "cpu") note = "# no GPU for the cuda benchmark (" + why + "): the cpu one; --engine cuda or cpu to choose";
   }
-  if (engine == "cpu") return run_cpu_step(a, warmup_given, repeats_given);
+  if (engine == "cpu") return run_cpu_step(a, warmup_given, repeats_given, note);
   if (engine != "cuda") throw UsageError("--engine: unknown engine '" + engine + "' (choose cpu or cuda)");
   cuda::StepBenchOptions o;
   o.models = parse_models(a.models.empty() ? "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1" : a.models);
