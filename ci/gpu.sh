@@ -548,7 +548,7 @@ run_bench() {
   need bench-hash "$dpcheck" && run_command bench-hash 0 "$dpcheck" bench hash --json "$work/bench-hash.json"
   row=bench-step
   need "$row" "$dpcheck" || return
-  run_step "$row" "$dpcheck" bench step --json "$work/bench-step.json"
+  run_step "$row" "$dpcheck" bench step --engine cuda --json "$work/bench-step.json"
   v=$(verdict_of "$row" 0)
   [ "$v" = pass ] && grep -q -E '^#   ' "$work/$row.log" && v="pass (PyTorch baseline note below)"
   record "$row" "$v" "$took"

@@ -2,12 +2,16 @@
 // read rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it. Also
 // the host's MemoryService (src/memory_service.hpp), which the engine and the CPU optimizer use. With a
 // kernel plugin (--kernels, src/plugin/kernel_plugin.hpp), each op the plugin provides runs in place of
-// the engine's own, on the same buffers and with the same semantics; the others stay the engine's.
+// the engine's own, on the same buffers and with the same semantics; the others stay the engine's. The
+// matrix products run on the widest instruction set the CPU has, on all its cores when this rank has the
+// machine to itself (src/cpu_gemm.hpp); every buffer is the engine's, kept from one step to the next,
+// since fresh memory is slow to touch.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "src/cpu_gemm.hpp"
 #include "src/engine.hpp"
 #include "src/error.hpp"
 #include "src/hash.hpp"
@@ -45,8 +49,8 @@ class CpuEngine final : public Engine {
  public:
   CpuEngine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels, const CpuEngineOptions& options)
       : model_(model), kernels_(std::move(kernels)), options_(options), layout_(model), params_(layout_.size(), 0.0f), grads_(layout_.size(), 0.0f),
-        z_(static_cast<std::size_t>(model.layers())), a_(static_cast<std::size_t>(model.layers())),
-        low_w_(static_cast<std::size_t>(model.layers())), low_in_(static_cast<std::size_t>(model.layers())) {}
+        isa_(cpu::engine_isa()), z_(static_cast<std::size_t>(model.layers())), a_(z_.size()), h_(z_.size()), delta_(z_.size()),
+        low_w_(z_.size()), low_in_(z_.size()), low_delta_(z_.size()) {}
 
   std::string_view name() const override { return "cpu"; }
   const MemoryService& memory() const override { return host_memory(); }
@@ -77,6 +81,7 @@ class CpuEngine final : public Engine {
     const auto n = static_cast<Eigen::Index>(batch.size);
     const int layers = model_.layers();
     const ConstMap x(batch.x.data(), n, model_.in_dim());
+    const int threads = cpu::engine_threads();
 
     for (int l = 0; l < layers; ++l) {
       const auto li = static_cast<std::size_t>(l);
@@ -99,16 +104,15 @@ class CpuEngine final : public Engine {
         if (options_.accumulate_in_low_precision)
           low_precision_product(in_m, w_m.transpose(), z_[li], false);
         else
-          z_[li].noalias() = in_m * w_m.transpose();
+          cpu::gemm(isa_, threads, false, true, n, w.rows(), w.cols(), in, w_in, z_[li].data(), false);
         z_[li].rowwise() += bias(l);
       }
       if (l + 1 < layers) {
-        if (plugin_activation(KernelOp::activation_forward)) {
-          a_[li].resize(n, w.rows());
+        a_[li].resize(n, w.rows());
+        if (plugin_activation(KernelOp::activation_forward))
           kernels_->activation_forward(model_.activation, z_[li].data(), a_[li].data(), z_[li].size());
-        } else {
-          a_[li] = activate(z_[li]);
-        }
+        else
+          activate(z_[li], a_[li]);
       }
     }
 
@@ -122,18 +126,19 @@ class CpuEngine final : public Engine {
       // the float32 delta.
       const float* in = l == 0 ? x.data() : a_[li - 1].data();
       const float* w_in = weight(l).data();
-      const float* d_in = delta_.data();
+      const RowMatrix& delta = delta_[li];
+      const float* d_in = delta.data();
       if (low_precision()) {
         in = low_in_[li].data();
         w_in = low_w_[li].data();
-        round_into(low_delta_, delta_.data(), delta_.rows(), delta_.cols());
-        d_in = low_delta_.data();
+        round_into(low_delta_[li], delta.data(), delta.rows(), delta.cols());
+        d_in = low_delta_[li].data();
       }
       const ConstMap in_m(in, n, ws.shape[1]), w_m(w_in, ws.shape[0], ws.shape[1]), d_m(d_in, n, ws.shape[0]);
       if (plugin(KernelOp::linear_backward)) {
         // The grads were zeroed above unless the engine accumulates, so either flag is right; passing
         // the engine's own exercises both of the plugin's paths in training with micro-batches.
-        RowMatrix h;
+        RowMatrix& h = h_[li];
         if (l > 0) h.resize(n, ws.shape[1]);
         if (low_precision()) {
           // The plugin's linear_backward takes one delta for both: it sums the bias gradient from the
@@ -142,7 +147,7 @@ class CpuEngine final : public Engine {
           const Eigen::RowVectorXf before = gb;
           kernels_->linear_backward(in, w_in, d_in, l > 0 ? h.data() : nullptr, gw.data(), gb.data(), n, ws.shape[1],
                                     ws.shape[0], accumulate);
-          gb = (accumulate ? before : Eigen::RowVectorXf::Zero(ws.shape[0])) + delta_.colwise().sum();
+          gb = (accumulate ? before : Eigen::RowVectorXf::Zero(ws.shape[0])) + delta.colwise().sum();
         } else {
           kernels_->linear_backward(in, w_in, d_in, l > 0 ? h.data() : nullptr, gw.data(),
                                     grads_.data() + layout_.bias(l).offset, n, ws.shape[1], ws.shape[0], accumulate);
@@ -154,16 +159,18 @@ class CpuEngine final : public Engine {
       if (options_.accumulate_in_low_precision)
         low_precision_product(d_m.transpose(), in_m, gw, true);
       else
-        gw.noalias() += d_m.transpose() * in_m;
+        cpu::gemm(isa_, threads, true, false, ws.shape[0], ws.shape[1], n, d_in, in, gw.data(), true);
       Eigen::Map<Eigen::RowVectorXf> gb(grads_.data() + layout_.bias(l).offset, ws.shape[0]);
-      gb += delta_.colwise().sum();
+      gb += delta.colwise().sum();
       layer_ready(l);
       if (l > 0) {
-        RowMatrix h;
-        if (options_.accumulate_in_low_precision)
+        RowMatrix& h = h_[li];
+        if (options_.accumulate_in_low_precision) {
           low_precision_product(d_m, w_m, h, false);
-        else
-          h = d_m * w_m;
+        } else {
+          h.resize(n, ws.shape[1]);
+          cpu::gemm(isa_, threads, false, false, n, ws.shape[1], ws.shape[0], d_in, w_in, h.data(), false);
+        }
         backward_through_activation(h, li - 1);
       }
     }
@@ -199,14 +206,28 @@ class CpuEngine final : public Engine {
   bool plugin(KernelOp op) const { return kernels_ && kernels_->provides(op); }
   bool plugin_activation(KernelOp op) const { return model_.activation != Activation::identity && plugin(op); }
 
-  // delta_ = h f'(z) for layer li's activation.
+  // delta_[li] = h f'(z) for layer li's activation.
   void backward_through_activation(const RowMatrix& h, std::size_t li) {
+    RowMatrix& delta = delta_[li];
+    delta.resize(h.rows(), h.cols());
     if (plugin_activation(KernelOp::activation_backward)) {
-      delta_.resize(h.rows(), h.cols());
-      kernels_->activation_backward(model_.activation, z_[li].data(), a_[li].data(), h.data(), delta_.data(), h.size());
+      kernels_->activation_backward(model_.activation, z_[li].data(), a_[li].data(), h.data(), delta.data(), h.size());
       return;
     }
-    delta_ = activation_backward(h, z_[li], a_[li]);
+    const RowMatrix& z = z_[li];
+    const RowMatrix& a = a_[li];
+    switch (model_.activation) {
+      case Activation::relu: {
+        // A plain loop over the three buffers: the same values as Eigen's select, without its overhead.
+        const float* hp = h.data();
+        const float* zp = z.data();
+        float* dp = delta.data();
+        for (Eigen::Index i = 0; i < h.size(); ++i) dp[i] = zp[i] > 0.0f ? hp[i] : 0.0f;
+        return;
+      }
+      case Activation::tanh: delta = h.array() * (1.0f - a.array() * a.array()); return;
+      case Activation::identity: delta = h; return;
+    }
   }
 
   ConstMap weight(int l) const {
@@ -218,39 +239,31 @@ class CpuEngine final : public Engine {
     return Eigen::Map<const Eigen::RowVectorXf>(params_.data() + s.offset, s.shape[0]);
   }
 
-  RowMatrix activate(const RowMatrix& z) const {
+  // a = f(z), into a's storage (sized like z).
+  void activate(const RowMatrix& z, RowMatrix& a) const {
     switch (model_.activation) {
-      case Activation::relu: return z.cwiseMax(0.0f);
+      case Activation::relu: a = z.cwiseMax(0.0f); return;
       // std::tanh rather than Eigen's vectorised approximation, whose error the bound does not model.
-      case Activation::tanh: return z.unaryExpr([](float v) { return std::tanh(v); });
-      case Activation::identity: return z;
+      case Activation::tanh: a = z.unaryExpr([](float v) { return std::tanh(v); }); return;
+      case Activation::identity: a = z; return;
     }
-    return z;
   }
 
-  RowMatrix activation_backward(const RowMatrix& h, const RowMatrix& z, const RowMatrix& a) const {
-    switch (model_.activation) {
-      case Activation::relu: return (z.array() > 0.0f).select(h, 0.0f);
-      case Activation::tanh: return h.array() * (1.0f - a.array() * a.array());
-      case Activation::identity: return h;
-    }
-    return h;
-  }
-
-  // Sets delta_ = scale * d(mean loss)/d(output) and returns the mean loss.
+  // Sets the last layer's delta = scale * d(mean loss)/d(output) and returns the mean loss.
   double output_delta(const Batch& batch, float scale) {
     const RowMatrix& z = z_.back();
     const auto n = z.rows(), d = z.cols();
-    delta_.resize(n, d);
+    RowMatrix& delta = delta_.back();
+    delta.resize(n, d);
     if (plugin(KernelOp::loss_forward_backward)) {
       const void* target = model_.loss == Loss::mse ? static_cast<const void*>(batch.y.data()) : batch.labels.data();
-      return kernels_->loss_forward_backward(model_.loss, z.data(), target, delta_.data(), n, d, scale);
+      return kernels_->loss_forward_backward(model_.loss, z.data(), target, delta.data(), n, d, scale);
     }
     double loss = 0.0;
     if (model_.loss == Loss::mse) {
       const ConstMap y(batch.y.data(), n, d);
       const auto c = static_cast<float>(2.0 * scale / (static_cast<double>(n) * static_cast<double>(d)));
-      delta_ = (z - y) * c;
+      delta = (z - y) * c;
       for (Eigen::Index i = 0; i < z.size(); ++i) {
         const double e = static_cast<double>(z.data()[i]) - static_cast<double>(y.data()[i]);
         loss += e * e;
@@ -264,12 +277,12 @@ class CpuEngine final : public Engine {
       float s = 0.0f;
       double s64 = 0.0;
       for (Eigen::Index j = 0; j < d; ++j) {
-        delta_(k, j) = std::exp(z(k, j) - m);
-        s += delta_(k, j);
+        delta(k, j) = std::exp(z(k, j) - m);
+        s += delta(k, j);
         s64 += std::exp(static_cast<double>(z(k, j)) - m);
       }
       const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k)]);
-      for (Eigen::Index j = 0; j < d; ++j) delta_(k, j) = (delta_(k, j) / s - (j == label ? 1.0f : 0.0f)) * c;
+      for (Eigen::Index j = 0; j < d; ++j) delta(k, j) = (delta(k, j) / s - (j == label ? 1.0f : 0.0f)) * c;
       loss += std::log(s64) + m - static_cast<double>(z(k, label));
     }
     return loss / static_cast<double>(n);
@@ -280,11 +293,12 @@ class CpuEngine final : public Engine {
   CpuEngineOptions options_;
   ParamLayout layout_;
   std::vector<float> params_, grads_;
-  std::vector<RowMatrix> z_, a_;  // per layer: pre-activations, activations (a_ unused for the last)
-  RowMatrix delta_;
-  // With a low precision: per layer, the product's rounded weights and input; the rounded delta.
-  std::vector<RowMatrix> low_w_, low_in_;
-  RowMatrix low_delta_;
+  cpu::Isa isa_;  // the products' code path, fixed for the engine's life
+  // Per layer: pre-activations, activations (a_ unused for the last), the product delta W that goes
+  // back through the activation below (h_ unused for the first), and the delta of the layer's output.
+  std::vector<RowMatrix> z_, a_, h_, delta_;
+  // With a low precision: per layer, the product's rounded weights, input and delta.
+  std::vector<RowMatrix> low_w_, low_in_, low_delta_;
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The CPU engine (src/cpu_engine.cpp) against the float64 reference with the derived bound, on random
 // shapes including 1-wide layers and odd sizes, with the gradient buffer poisoned before each run so an
 // element the engine forgets to write cannot pass; and the host's MemoryService in the same file: XXH3-64
-// by its published values, first_difference and the copies on bits rather than values.
+// by its published values, first_difference and the copies on bits rather than values. Every GEMM code
+// path the CPU has (src/cpu_gemm.hpp), on one thread and on all, against the same bound, each giving the
+// same bits run after run; the variables that pin a path and a thread count.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -9,12 +11,18 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "properties/scenario.hpp"
 #include "reference/bound.hpp"
+#include "src/comm/local_comm.hpp"
+#include "src/cpu_gemm.hpp"
 #include "src/engine.hpp"
+#include "src/error.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {
@@ -38,6 +46,120 @@ RC_GTEST_PROP(CpuEngine, GradientWithinDerivedBoundOfFloat64Reference, ()) {
   RC_ASSERT(cmp.passed());
   // The loss is reported in double from float32 outputs: close to the reference's, not bitwise.
   RC_ASSERT(std::abs(loss - bound.reference.loss) <= 1e-4 * (1 + std::abs(bound.reference.loss)));
+}
+
+// Sets an environment variable for one scope, and puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+struct GemmPath {
+  cpu::Isa isa;
+  int threads;
+};
+
+// Every path this CPU has, on one thread and on all the cores (two at least, so that products are cut).
+std::vector<GemmPath> gemm_paths() {
+  std::vector<GemmPath> out;
+  for (cpu::Isa isa : cpu::available_isas()) {
+    out.push_back({isa, 1});
+    out.push_back({isa, std::max(2, cpu::cores())});
+  }
+  return out;
+}
+
+std::string describe(const GemmPath& p) { return std::string(cpu::isa_name(p.isa)) + " x" + std::to_string(p.threads); }
+
+// The gradient of `m` on `b` from `params` on the path, poisoned first.
+std::vector<float> gradient_on(const GemmPath& p, const ModelConfig& m, const Batch& b, const std::vector<float>& params) {
+  const ScopedEnv isa("DPCHECK_CPU_ISA", std::string(cpu::isa_name(p.isa)));
+  const ScopedEnv threads("DPCHECK_CPU_THREADS", std::to_string(p.threads));
+  auto engine = make_cpu_engine(m);
+  engine->load_params(params);
+  poison(*engine);
+  engine->forward_backward(b, 1.0f, false);
+  std::vector<float> g(engine->param_count());
+  engine->store_grads(g);
+  return g;
+}
+
+RC_GTEST_PROP(CpuEngine, EveryGemmPathStaysWithinTheDerivedBound, ()) {
+  const auto [s, m, b, params] = draw_batch();
+  const auto bound = reference::gradient_bound(m, params, b);
+  for (const GemmPath& p : gemm_paths()) {
+    const std::vector<float> g = gradient_on(p, m, b, params);
+    const auto cmp = reference::compare(g, bound, reference::whole_batch_roundings(b.size));
+    RC_LOG() << describe(p) << ": error ratio " << cmp.max_ratio << " at " << ParamLayout(m).describe_element(cmp.worst) << "\n";
+    RC_ASSERT(cmp.passed());
+  }
+}
+
+// Shapes large enough for Eigen's packed kernels, its remainder rows and columns, and its threads: on
+// every path within the bound, the same bits on a second run, and the paths not all one (the variables
+// really change the path: FMA rounds differently from a multiply and an add).
+TEST(CpuEngine, EveryGemmPathOnLargeOddShapesIsBoundedAndRepeatsItsBits) {
+  for (const ModelConfig& m : {ModelConfig{{67, 130, 33}, Activation::tanh, Loss::cross_entropy},
+                               ModelConfig{{129, 257, 96, 17}, Activation::relu, Loss::mse}}) {
+    const Batch b = first_examples(m, 203, 5);
+    const std::vector<float> params = init_params(m, 5);
+    const auto bound = reference::gradient_bound(m, params, b);
+    std::optional<std::vector<float>> baseline;
+    bool some_path_differs = false;
+    for (const GemmPath& p : gemm_paths()) {
+      SCOPED_TRACE(dims_string(m.dims) + " on " + describe(p));
+      const std::vector<float> g = gradient_on(p, m, b, params);
+      const auto cmp = reference::compare(g, bound, reference::whole_batch_roundings(b.size));
+      EXPECT_TRUE(cmp.passed()) << "error ratio " << cmp.max_ratio << " at " << ParamLayout(m).describe_element(cmp.worst);
+      EXPECT_EQ(g, gradient_on(p, m, b, params));
+      if (!baseline) baseline = g;
+      some_path_differs |= g != *baseline;
+    }
+    if (cpu::available_isas().size() > 1) {
+      EXPECT_TRUE(some_path_differs);
+    }
+  }
+}
+
+TEST(CpuEngine, PathVariablesAreCheckedAndRanksAsThreadsKeepOneThread) {
+  {
+    const ScopedEnv isa("DPCHECK_CPU_ISA", "sse9");
+    EXPECT_THROW(make_cpu_engine(ModelConfig{{3, 2}, Activation::identity, Loss::mse}), Error);
+  }
+  {
+    const ScopedEnv isa("DPCHECK_CPU_ISA", "baseline");
+    EXPECT_EQ(cpu::engine_isa(), cpu::Isa::baseline);
+    EXPECT_NE(cpu::describe_engine_path().find("DPCHECK_CPU_ISA=baseline"), std::string::npos);
+  }
+  EXPECT_EQ(cpu::engine_isa(), cpu::available_isas().back());  // unset: the widest
+  for (const char* bad : {"0", "-1", "two", "3x", "100000"}) {
+    const ScopedEnv threads("DPCHECK_CPU_THREADS", bad);
+    EXPECT_THROW(cpu::engine_threads(), Error) << bad;
+  }
+  const ScopedEnv threads("DPCHECK_CPU_THREADS", "3");
+  EXPECT_EQ(cpu::engine_threads(), 3);
+  // Two ranks as threads share the machine: one thread each, whatever the variable says; a world of
+  // one rank has the machine to itself.
+  std::vector<int> seen(2, 0);
+  run_local(2, [&](Communicator& comm) { seen[static_cast<std::size_t>(comm.rank())] = cpu::engine_threads(); });
+  EXPECT_EQ(seen, std::vector<int>(2, 1));
+  run_local(1, [&](Communicator&) { seen[0] = cpu::engine_threads(); });
+  EXPECT_EQ(seen[0], 3);
 }
 
 TEST(CpuEngine, ScaleByPowerOfTwoIsExact) {

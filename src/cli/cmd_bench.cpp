@@ -22,6 +22,8 @@
 #include "properties/target.hpp"
 #include "src/backends.hpp"
 #include "src/bench.hpp"
+#include "src/bench_cpu_step.hpp"
+#include "src/cpu_gemm.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/cmd_bench_scaling.hpp"
 #include "src/files.hpp"
@@ -213,9 +215,10 @@ int run_allreduce_worker(const WorkerArgs& args) {
 }
 
 struct StepArgs {
-  std::string models = "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1";
-  int warmup = 10;
-  int repeats = 50;
+  std::string engine;  // empty: cuda where a GPU is, else cpu
+  std::string models;  // empty: the engine's default
+  int warmup = 0;      // 0 and 0: the engine's defaults
+  int repeats = 0;
   std::string python = "python3";
   std::string torch_script = "ci/torch_baseline.py";
   bool no_torch = false;
@@ -264,12 +267,61 @@ std::vector<cuda::StepModel> parse_models(const std::string& text) {
   return models;
 }
 
-int run_step(const StepArgs& a) {
-  if (a.repeats < 1 || a.warmup < 0) throw UsageError("--repeats must be at least 1 and --warmup at least 0");
+// The CPU engine's step against bare GEMMs of its shapes (src/bench_cpu_step.hpp); GOAL is the step's
+// ratio to the best GEMM that counts as met.
+// `note`, when not empty, is printed once every input has been checked (a refusal is one line).
+int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const std::string& note) {
+  std::vector<bench::CpuStepConfig> configs;
+  const std::vector<cuda::StepModel> models = parse_models(a.models.empty() ? "1024,2048,2048,1024@1024:0.7" : a.models);
+  if (!a.json.empty()) check_output_path(a.json, "--json");
+  for (const cuda::StepModel& m : models) {
+    bench::CpuStepConfig c;
+    c.model = ModelConfig{m.dims, Activation::relu, Loss::mse};
+    c.model.validate();
+    c.batch = m.batch;
+    // The engine's activations and deltas, the parameters and gradient, and every product's operands.
+    const ModelConfig& mc = c.model;
+    double widths = 0, gemm = 0;
+    for (int w : mc.dims) widths += w;
+    for (const bench::GemmShape& g : bench::step_gemms(mc, c.batch))
+      gemm += static_cast<double>(g.m * g.k + g.k * g.n + g.m * g.n);
+    require_memory(4.0 * (5.0 * widths * c.batch + 4.0 * static_cast<double>(ParamLayout(mc).size()) + gemm),
+                   "--models " + dims_string(mc.dims) + "@" + std::to_string(c.batch));
+    c.goal = m.goal;
+    if (warmup_given) c.warmup = a.warmup;
+    if (repeats_given) c.repeats = a.repeats;
+    configs.push_back(c);
+  }
+  cpu::engine_isa();  // DPCHECK_CPU_ISA and DPCHECK_CPU_THREADS, before anything runs
+  cpu::engine_threads();
+  if (!note.empty()) std::cout << note << "\n";
+  std::vector<bench::CpuStepResult> results;
+  for (const bench::CpuStepConfig& c : configs) results.push_back(bench::bench_cpu_step(c));
+  bench::print_cpu_step_table(std::cout, results);
+  if (!a.json.empty()) write_file_atomic(a.json, bench::cpu_step_json(results).dump(2) + "\n");
+  // Only the bits decide: a ratio on a shared machine is a figure to read, not a check.
+  bool ok = true;
+  for (const bench::CpuStepResult& r : results) ok &= r.same_bits;
+  return ok ? exit_ok : exit_check_failed;
+}
+
+int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
+  if ((repeats_given && a.repeats < 1) || (warmup_given && a.warmup < 0))
+    throw UsageError("--repeats must be at least 1 and --warmup at least 0");
+  std::string engine = a.engine;
+  std::string note;
+  if (engine.empty()) {
+    std::string why;
+    const cuda::Plugin* p = cuda_plugin(&why);
+    engine = p != nullptr && p->device_available(&why) ? "cuda" : "cpu";
+    if (engine == "cpu") note = "# no GPU for the cuda benchmark (" + why + "): the cpu one; --engine cuda or cpu to choose";
+  }
+  if (engine == "cpu") return run_cpu_step(a, warmup_given, repeats_given, note);
+  if (engine != "cuda") throw UsageError("--engine: unknown engine '" + engine + "' (choose cpu or cuda)");
   cuda::StepBenchOptions o;
-  o.models = parse_models(a.models);
-  o.warmup = a.warmup;
-  o.repeats = a.repeats;
+  o.models = parse_models(a.models.empty() ? "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1" : a.models);
+  o.warmup = warmup_given ? a.warmup : 10;
+  o.repeats = repeats_given ? a.repeats : 50;
   o.python = a.python;
   o.torch_script = a.torch_script;
   o.torch = !a.no_torch;
@@ -407,14 +459,22 @@ Runner add_bench(CLI::App& app) {
   worker->add_option("--iters", wargs->iters);
   worker->add_option("--warmup", wargs->warmup);
   CLI::App* step = bench->add_subcommand(
-      "step", "The CUDA trainer's step (forward, MSE, backward, SGD) against PyTorch's on the same GPU in the same run");
+      "step", "The trainer's step (forward, MSE, backward, SGD): the CUDA engine's against PyTorch's on the same GPU, or "
+              "the CPU engine's against bare GEMMs of the step's shapes on each code path, in the same run");
   auto sargs = std::make_shared<StepArgs>();
-  step->add_option("--models", sargs->models, "Models as DIMS@BATCH[:GOAL], ';'-separated")->capture_default_str();
-  step->add_option("--warmup", sargs->warmup, "Untimed steps first")->capture_default_str();
-  step->add_option("--repeats", sargs->repeats, "Timed steps; the median is reported")->capture_default_str();
-  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline")->capture_default_str();
-  step->add_option("--torch-script", sargs->torch_script, "The PyTorch baseline script")->capture_default_str();
-  step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline");
+  step->add_option("--engine", sargs->engine,
+                   "cuda (against PyTorch) or cpu (against bare GEMMs); default: cuda where a GPU is, else cpu");
+  step->add_option("--models", sargs->models,
+                   "Models as DIMS@BATCH[:GOAL], ';'-separated; GOAL is the step time over PyTorch's (cuda, default "
+                   "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1) or the step's GFLOP/s over the best GEMM's (cpu, "
+                   "default 1024,2048,2048,1024@1024:0.7)");
+  CLI::Option* step_warmup =
+      step->add_option("--warmup", sargs->warmup, "Untimed steps (and GEMM rounds) first; default 10 (cuda), 1 (cpu)");
+  CLI::Option* step_repeats = step->add_option(
+      "--repeats", sargs->repeats, "Timed steps (and GEMM rounds); the median is reported; default 50 (cuda), 7 (cpu)");
+  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline (cuda)")->capture_default_str();
+  step->add_option("--torch-script", sargs->torch_script, "The PyTorch baseline script (cuda)")->capture_default_str();
+  step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline (cuda)");
   step->add_option("--json", sargs->json, "Also write the table as JSON to this file");
 
   CLI::App* hash = bench->add_subcommand("hash", "The replica hash's read bandwidth against a device-to-device copy's");
@@ -443,11 +503,12 @@ Runner add_bench(CLI::App& app) {
   bench->allow_extras();
   allreduce->allow_extras(false);
 
-  return [bench, allreduce, args, worker, wargs, step, sargs, hash, hargs, trace, targs, scaling]() -> int {
+  return [bench, allreduce, args, worker, wargs, step, sargs, step_warmup, step_repeats, hash, hargs, trace, targs,
+          scaling]() -> int {
     if (const std::optional<int> status = scaling.run()) return *status;
     if (trace->parsed()) return run_trace_bench(*targs);
     if (allreduce->parsed()) return run_allreduce(*args);
-    if (step->parsed()) return run_step(*sargs);
+    if (step->parsed()) return run_step(*sargs, step_warmup->count() > 0, step_repeats->count() > 0);
     if (hash->parsed()) return run_hash(*hargs);
     if (worker->parsed()) return run_allreduce_worker(*wargs);
     const std::vector<std::string> extra = bench->remaining();

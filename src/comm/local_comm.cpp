@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "src/comm/collective.hpp"
+#include "src/cpu_gemm.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck {
@@ -289,6 +290,8 @@ void run_local(int size, const std::function<void(Communicator&)>& fn, std::chro
     world.abort(rank, what);
   };
   const auto body = [&](int rank) {
+    // Ranks that share the machine keep to a thread each in the CPU engine's products.
+    if (size > 1) cpu::share_machine_on_this_thread();
     try {
       fn(world.comm(rank));
     } catch (const PeerFailedError& e) {
