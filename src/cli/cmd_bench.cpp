@@ -29,6 +29,7 @@
 #include "src/files.hpp"
 #include "src/model.hpp"
 #include "src/process.hpp"
+#include "src/report/html.hpp"
 #include "src/trace.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/cli/gpu_report.hpp"
@@ -50,6 +51,7 @@ struct AllreduceArgs {
   int iters = 0;
   int warmup = 3;
   std::string json;
+  std::string html;  // --html: the same as one self-contained page (src/report/html.hpp)
 };
 
 struct WorkerArgs {
@@ -147,6 +149,7 @@ int run_allreduce(const AllreduceArgs& args) {
 
   // Checked before the run, so that a bad path fails in a second rather than after the benchmark.
   if (!args.json.empty()) check_output_path(args.json, "--json");
+  if (!args.html.empty()) check_output_path(args.html, "--html");
   // Every rank holds a buffer of the largest size and the communicator a scratch copy or two, whether
   // the ranks are threads here or processes on this machine.
   const std::size_t largest = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
@@ -179,6 +182,7 @@ int run_allreduce(const AllreduceArgs& args) {
 
   bench::print_allreduce_table(std::cout, baseline, rows, notes);
   if (!args.json.empty()) write_file_atomic(args.json, bench::allreduce_json(baseline, rows, notes).dump(2) + "\n");
+  if (!args.html.empty()) write_file_atomic(args.html, html::bench_page(bench::allreduce_json(baseline, rows, notes), "bench allreduce"));
   for (const bench::AllreduceRow& r : rows)
     if (r.wrong > 0) return exit_check_failed;
   return exit_ok;
@@ -223,6 +227,7 @@ struct StepArgs {
   std::string torch_script = "ci/torch_baseline.py";
   bool no_torch = false;
   std::string json;
+  std::string html;  // --html: the same as one self-contained page (src/report/html.hpp)
 };
 
 struct TraceArgs {
@@ -233,12 +238,14 @@ struct TraceArgs {
   int warmup = 5;
   std::string engine{default_engine()};
   std::string json;
+  std::string html;  // --html: the same as one self-contained page (src/report/html.hpp)
 };
 
 struct HashArgs {
   std::string bytes = "4G";
   int repeats = 20;
   std::string json;
+  std::string html;  // --html: the same as one self-contained page (src/report/html.hpp)
 };
 
 // "1024,4096,1024@8192:0.95;784,256,10@256" -> models with batch and goal.
@@ -274,6 +281,7 @@ int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const
   std::vector<bench::CpuStepConfig> configs;
   const std::vector<cuda::StepModel> models = parse_models(a.models.empty() ? "1024,2048,2048,1024@1024:0.7" : a.models);
   if (!a.json.empty()) check_output_path(a.json, "--json");
+  if (!a.html.empty()) check_output_path(a.html, "--html");
   for (const cuda::StepModel& m : models) {
     bench::CpuStepConfig c;
     c.model = ModelConfig{m.dims, Activation::relu, Loss::mse};
@@ -299,6 +307,7 @@ int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const
   for (const bench::CpuStepConfig& c : configs) results.push_back(bench::bench_cpu_step(c));
   bench::print_cpu_step_table(std::cout, results);
   if (!a.json.empty()) write_file_atomic(a.json, bench::cpu_step_json(results).dump(2) + "\n");
+  if (!a.html.empty()) write_file_atomic(a.html, html::bench_page(bench::cpu_step_json(results), "bench step --engine cpu"));
   // Only the bits decide: a ratio on a shared machine is a figure to read, not a check.
   bool ok = true;
   for (const bench::CpuStepResult& r : results) ok &= r.same_bits;
@@ -326,9 +335,11 @@ int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
   o.torch_script = a.torch_script;
   o.torch = !a.no_torch;
   if (!a.json.empty()) check_output_path(a.json, "--json");
+  if (!a.html.empty()) check_output_path(a.html, "--html");
   const std::vector<cuda::StepBenchRow> rows = require_cuda().bench_step(o);
   cuda::print_step_table(std::cout, rows);
   if (!a.json.empty()) write_file_atomic(a.json, cuda::step_json(rows).dump(2) + "\n");
+  if (!a.html.empty()) write_file_atomic(a.html, html::bench_page(cuda::step_json(rows), "bench step"));
   bool ok = true;
   for (const cuda::StepBenchRow& r : rows) ok &= r.same_bits;
   return ok ? exit_ok : exit_check_failed;
@@ -338,9 +349,11 @@ int run_hash(const HashArgs& a) {
   if (a.repeats < 1) throw UsageError("--repeats must be at least 1");
   const std::size_t bytes = bench::parse_size(a.bytes);
   if (!a.json.empty()) check_output_path(a.json, "--json");
+  if (!a.html.empty()) check_output_path(a.html, "--html");
   const cuda::HashBenchRow row = require_cuda().bench_hash(bytes, a.repeats);
   cuda::print_hash_table(std::cout, row);
   if (!a.json.empty()) write_file_atomic(a.json, cuda::hash_json(row).dump(2) + "\n");
+  if (!a.html.empty()) write_file_atomic(a.html, html::bench_page(cuda::hash_json(row), "bench hash"));
   // Only timings: the hash's agreement with its reference is tests/hash_test.cpp's to check.
   return exit_ok;
 }
@@ -362,6 +375,7 @@ int run_trace_bench(TraceArgs& a) {
   t.validate(a.world_size);
   check_train_size(t, a.world_size, target);
   if (!a.json.empty()) check_output_path(a.json, "--json");
+  if (!a.html.empty()) check_output_path(a.html, "--html");
   const SyntheticDataset data(t.data_size(), t.model, t.seed);
   const std::vector<std::string> state_names = make_cpu_optimizer(t.optimizer, 0)->state_names();
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dpcheck-bench-trace-" + std::to_string(::getpid()));
@@ -404,16 +418,11 @@ int run_trace_bench(TraceArgs& a) {
   std::printf("%-22s %12.3f\n", "step", p * 1e3);
   std::printf("%-22s %12.3f\n", "step with --trace", q * 1e3);
   std::printf("trace cost: %.2f%% of the step (goal under 5%%), %zu bytes a line\n", overhead * 100, line_bytes);
-  if (!a.json.empty())
-    write_file_atomic(a.json, nlohmann::json{{"model", dims_string(t.model.dims)},
-                                             {"batch", t.batch},
-                                             {"world_size", a.world_size},
-                                             {"engine", a.engine},
-                                             {"step_s", p},
-                                             {"traced_step_s", q},
-                                             {"overhead", overhead},
-                                             {"line_bytes", line_bytes}}
-                                      .dump(2) + "\n");
+  const nlohmann::json figures{{"model", dims_string(t.model.dims)}, {"batch", t.batch},   {"world_size", a.world_size},
+                               {"engine", a.engine},                {"step_s", p},        {"traced_step_s", q},
+                               {"overhead", overhead},              {"line_bytes", line_bytes}};
+  if (!a.json.empty()) write_file_atomic(a.json, figures.dump(2) + "\n");
+  if (!a.html.empty()) write_file_atomic(a.html, html::bench_page(figures, "bench trace"));
   return exit_ok;
 }
 
@@ -436,6 +445,7 @@ Runner add_bench(CLI::App& app) {
   allreduce->add_option("--warmup", args->warmup, "Untimed calls before timing each row")
       ->capture_default_str();
   allreduce->add_option("--json", args->json, "Also write the table as JSON to this file");
+  allreduce->add_option("--html", args->html, "Also write the table as one self-contained HTML page to this file");
   // local and mpi are rows of the backend table (src/backends.hpp); MPI_Allreduce is the bench's own baseline.
   const auto described = [](std::string_view name) {
     const Backend* row = find_backend(name);
@@ -476,12 +486,14 @@ Runner add_bench(CLI::App& app) {
   step->add_option("--torch-script", sargs->torch_script, "The PyTorch baseline script (cuda)")->capture_default_str();
   step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline (cuda)");
   step->add_option("--json", sargs->json, "Also write the table as JSON to this file");
+  step->add_option("--html", sargs->html, "Also write the table as one self-contained HTML page to this file");
 
   CLI::App* hash = bench->add_subcommand("hash", "The replica hash's read bandwidth against a device-to-device copy's");
   auto hargs = std::make_shared<HashArgs>();
   hash->add_option("--bytes", hargs->bytes, "Buffer size; K, M and G are binary")->capture_default_str();
   hash->add_option("--repeats", hargs->repeats, "Timed runs; the median is reported")->capture_default_str();
   hash->add_option("--json", hargs->json, "Also write the table as JSON to this file");
+  hash->add_option("--html", hargs->html, "Also write the table as one self-contained HTML page to this file");
 
   CLI::App* trace = bench->add_subcommand(
       "trace", "What train --trace costs, as a fraction of the step: the same run with and without it, steps interleaved");
@@ -495,6 +507,7 @@ Runner add_bench(CLI::App& app) {
   trace->add_option("--warmup", targs->warmup, "Untimed steps first")->capture_default_str();
   trace->add_option("--engine", targs->engine, engine_option_help());
   trace->add_option("--json", targs->json, "Also write the figures as JSON to this file");
+  trace->add_option("--html", targs->html, "Also write the figures as one self-contained HTML page to this file");
 
   const BenchCommand scaling = add_bench_scaling(*bench);
 
