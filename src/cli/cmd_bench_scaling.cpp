@@ -98,7 +98,7 @@ nlohmann::json measure_world(const ScalingArgs& a, const Target& target, Communi
   const SyntheticDataset data(t.batch, t.model, t.seed);
   const int n = comm.size();
 
-  // Compute alone: this rank's share of the batch, forward, backward and the optimizer.
+  // Compute alone: this rank's share of the batch fetched, forward, backward and the optimizer.
   RankTrainer rt = make_rank_trainer(target, t, comm, data);
   std::vector<std::int64_t> share;
   {
@@ -107,11 +107,12 @@ nlohmann::json measure_world(const ScalingArgs& a, const Target& target, Communi
     for (int r = 0; r < comm.rank(); ++r) begin += sizes[static_cast<std::size_t>(r)];
     for (std::int64_t i = 0; i < sizes[static_cast<std::size_t>(comm.rank())]; ++i) share.push_back(begin + i);
   }
-  const Batch batch = data.gather(share);
   std::vector<double> compute;
   for (int i = 0; i < a.warmup + a.steps; ++i) {
     host.barrier();
     const auto t0 = clock::now();
+    // The step's examples are fetched every step, as the trainer fetches them.
+    const Batch batch = data.gather(share);
     rt.engine->forward_backward(batch, 1.0f / static_cast<float>(n), false);
     rt.optimizer->step(rt.engine->params(), rt.engine->grads());
     rt.engine->synchronize();
