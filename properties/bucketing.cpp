@@ -21,6 +21,9 @@
 namespace dpcheck {
 
 std::string bucketing_unavailable(const Target& target) {
+  if (target.world_size == 1)
+    return "one rank: an element left out of the average, or reduced twice, keeps its value, so buckets can hide "
+           "nothing there";
   const Backend* row = find_registered_backend(target.comm);
   if (row && row->rank_order) return "";
   return "the " + target.comm +
@@ -33,10 +36,14 @@ namespace {
 // What one run leaves on rank 0 (every process, under a launcher): after each step, the parameters,
 // the optimizer state and the scaler's state, and the step's loss.
 struct RunRecord {
-  std::vector<std::vector<float>> params, state;
+  std::vector<std::vector<float>> params, state, grads;  // grads: the reduced gradient the step took
   std::vector<LossScalerState> scaler;
   std::vector<double> losses;
   bool overlapped = false;
+  // Rank 0's first step (on any rank) whose buckets did not all start during the backward pass although
+  // they could, or whose replica check failed: -1 when none.
+  std::int64_t not_overlapped = -1, out_of_sync = -1;
+  std::string replicas;  // the failed replica check's report
 };
 
 RunRecord train_recorded(const Scenario& s, const Target& target, const Dataset& data, double bucket_mb) {
@@ -51,7 +58,18 @@ RunRecord train_recorded(const Scenario& s, const Target& target, const Dataset&
                       rt.engine->memory_space() == MemorySpace::host && comm.memory_space() == MemorySpace::host;
     while (rt.trainer->next_step() < c.steps) {
       const StepResult r = rt.trainer->step();
+      // Every bucket's lowest layer is done inside the last micro-batch's backward pass, so each must
+      // have started there; a rank with nothing to train on has no pass to start them in.
+      if (mine.overlapped && r.buckets_overlapped != r.buckets && !rt.trainer->local_indices(r.step).empty() &&
+          mine.not_overlapped < 0)
+        mine.not_overlapped = r.step;
+      if (!r.replicas.synchronized && mine.out_of_sync < 0) {
+        mine.out_of_sync = r.step;
+        mine.replicas = r.replicas.describe();
+      }
       mine.losses.push_back(r.loss);
+      mine.grads.emplace_back(rt.engine->param_count());
+      rt.engine->store_grads(mine.grads.back());
       mine.params.emplace_back(rt.engine->param_count());
       rt.engine->store_params(mine.params.back());
       mine.state.emplace_back(rt.optimizer->state_size());
@@ -98,9 +116,21 @@ BucketingOutcome check_bucketing(const Scenario& s, const Target& target, std::s
     return float_bits_text(got) + " where one all-reduce gives " + float_bits_text(want) + " (" +
            std::to_string(ulp_distance(got, want)) + " ulp apart)";
   };
+  if (bucketed.out_of_sync >= 0) {
+    o.passed = false;
+    o.message = with + "step " + std::to_string(bucketed.out_of_sync) + " left the replicas out of sync: " + bucketed.replicas;
+    return o;
+  }
   for (std::size_t t = 0; t < one.params.size() && o.passed; ++t) {
     const std::string at = with + "after step " + std::to_string(t) + ", ";
-    if (std::size_t i = first_bit_difference(bucketed.params[t], one.params[t]); i < one.params[t].size()) {
+    if (std::size_t g = first_bit_difference(bucketed.grads[t], one.grads[t]); g < one.grads[t].size()) {
+      o.message = at + "the all-reduced gradient at " + layout.describe_element(g) + " is " +
+                  value_text(bucketed.grads[t][g], one.grads[t][g]);
+      for (std::size_t k = 0; k < plan.size(); ++k)
+        if (plan[k].lo <= g && g < plan[k].hi)
+          o.message += "; it is element " + std::to_string(g - plan[k].lo) + " of bucket " + std::to_string(k) + " [" +
+                       std::to_string(plan[k].lo) + ", " + std::to_string(plan[k].hi) + ")";
+    } else if (std::size_t i = first_bit_difference(bucketed.params[t], one.params[t]); i < one.params[t].size()) {
       o.message = at + "parameter " + layout.describe_element(i) + " is " + value_text(bucketed.params[t][i], one.params[t][i]);
       // Name the bucket that holds it, the first clue to which bucket went wrong.
       for (std::size_t k = 0; k < plan.size(); ++k)
@@ -117,11 +147,19 @@ BucketingOutcome check_bucketing(const Scenario& s, const Target& target, std::s
     }
     o.passed = o.message.empty();
   }
+  if (o.passed && bucketed.not_overlapped >= 0) {
+    o.passed = false;
+    o.message = with + "at step " + std::to_string(bucketed.not_overlapped) +
+                " some bucket started only after the backward pass had returned, though the communicator can take it "
+                "from another thread: the backward pass hid none of its all-reduce";
+  }
   return o;
 }
 
 void bucketing_body(const Target& target, CaseRecord& record) {
   ScenarioSpace space = space_for(target);
+  // Two to four ranks (with two, a bucket reduced twice averages x and x back to x exactly: three and
+  // four show it).
   space.min_world_size = 2;
   space.max_world_size = 4;
   space.accumulate = *rc::gen::arbitrary<bool>();

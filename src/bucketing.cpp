@@ -64,16 +64,17 @@ BucketReducer::~BucketReducer() {
 }
 
 void BucketReducer::begin(float* grads) {
+  if (in_step_)
+    throw Error("the gradient's buckets of an abandoned step may still be in flight: this trainer cannot take "
+                "another step");
+  in_step_ = true;
   grads_ = grads;
   std::fill(launched_.begin(), launched_.end(), false);
   next_launch_ = 0;
   launched_early_ = 0;
   last_wait_ = 0;
-  std::unique_lock<std::mutex> lock(mu_);
-  // A step abandoned by an exception may have left buckets with the thread.
-  cv_.wait(lock, [&] { return done_ == queued_; });
+  const std::lock_guard<std::mutex> lock(mu_);
   queued_ = done_ = 0;
-  error_ = nullptr;
 }
 
 void BucketReducer::launch(std::size_t k) {
@@ -142,6 +143,7 @@ void BucketReducer::finish() {
   if (!threaded_) {
     for (std::size_t k = 0; k < buckets_.size(); ++k) reduce(k);
     last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    in_step_ = false;
     return;
   }
   std::exception_ptr error;
@@ -152,6 +154,7 @@ void BucketReducer::finish() {
     error_ = nullptr;
   }
   last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  in_step_ = false;
   if (error) std::rethrow_exception(error);
   for (const GradientBucket& b : buckets_) {
     if (dtype_ == DType::f32)

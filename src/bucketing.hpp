@@ -64,7 +64,9 @@ class BucketReducer {
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   bool threaded() const { return threaded_; }
 
-  // A step begins: nothing launched yet; grads is the gradient's first element.
+  // A step begins: nothing launched yet; grads is the gradient's first element. Error when the last
+  // step was left before finish() (an exception between the two): its buckets may still be in flight
+  // on this rank while the other ranks are elsewhere, so no later step could pair its calls with theirs.
   void begin(float* grads);
   // The next bucket to launch (buckets().size() once all are).
   std::size_t next() const { return next_launch_; }
@@ -95,6 +97,7 @@ class BucketReducer {
   std::vector<bool> launched_;
   std::size_t next_launch_ = 0;
   std::size_t launched_early_ = 0;
+  bool in_step_ = false;
   double last_wait_ = 0;
 
   std::mutex mu_;

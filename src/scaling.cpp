@@ -82,9 +82,11 @@ ComputeShape mlp_shape(const ModelConfig& model, std::size_t bucket_cap) {
   ComputeShape shape;
   shape.forward_fraction = forward / (forward + total_backward);
   for (const GradientBucket& b : plan_buckets(layout, bucket_cap)) {
-    // Done once every layer from the last down to b.ready_layer has had its backward pass.
-    double done = 0;
-    for (int l = layers - 1; l >= b.ready_layer; --l) done += backward[static_cast<std::size_t>(l)];
+    // Done once every layer above b.ready_layer has had its backward pass, and that layer its weight
+    // gradient (the engine says so before it passes the delta down).
+    double done = static_cast<double>(model.dims[static_cast<std::size_t>(b.ready_layer)]) *
+                  model.dims[static_cast<std::size_t>(b.ready_layer) + 1];
+    for (int l = layers - 1; l > b.ready_layer; --l) done += backward[static_cast<std::size_t>(l)];
     shape.bucket_bytes.push_back(static_cast<double>(b.hi - b.lo) * sizeof(float));
     shape.bucket_ready.push_back(done / total_backward);
   }

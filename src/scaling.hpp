@@ -14,7 +14,8 @@
 // other, so bucket j ends at c_j = max(c_{j-1}, F + r_j W) + A_j(N), with F the forward pass, W the
 // backward pass and A_j the all-reduce of bucket j; the step ends at max(F + W, c_last). Forward and
 // backward are told apart by their products: a layer's forward pass is one product, its backward pass
-// two (one for the first layer, which passes no gradient on), all of the same size.
+// two (one for the first layer, which passes no gradient on), all of the same size; a layer's gradient
+// is final after the first of its two, the weight gradient.
 //
 // Break-even: the smallest N at which the communication the step does not hide is at least its compute,
 // A(N) >= C(N) (exposed >= C(N) with overlap). Past it the step is mostly communication, and the

@@ -146,8 +146,13 @@ TEST(BucketReducer, AnErrorOnTheCommunicationThreadReachesTheRank) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("the peer is gone"), std::string::npos);
     }
-    // The step was abandoned; the next begins cleanly.
+    // The step ended with its error; the next begins cleanly.
     reducer.begin(g.data());
+    reducer.finish();
+    // A step left before finish() (an exception in the backward pass) leaves no step to follow it.
+    reducer.begin(g.data());
+    reducer.launch(0);
+    EXPECT_THROW(reducer.begin(g.data()), Error);
   });
 }
 

@@ -128,10 +128,11 @@ TEST(MlpShape, ForwardIsOneProductBackwardTwo) {
   ASSERT_EQ(s.bucket_bytes.size(), 1u);
   EXPECT_DOUBLE_EQ(s.bucket_bytes[0], (220.0 + 630.0) * 4);
   EXPECT_DOUBLE_EQ(s.bucket_ready[0], 1.0);
-  // Buckets of 630 elements: the last layer's weight and bias first, ready after its 1200 of 1400.
+  // Buckets of 630 elements: the last layer's weight and bias first, ready after its weight gradient,
+  // 600 of 1400 (its delta for the layer below, the other 600, comes after).
   const ComputeShape b = mlp_shape(m, 630);
   ASSERT_EQ(b.bucket_bytes.size(), 2u);
-  EXPECT_NEAR(b.bucket_ready[0], 1200.0 / 1400.0, 1e-15);
+  EXPECT_NEAR(b.bucket_ready[0], 600.0 / 1400.0, 1e-15);
   EXPECT_DOUBLE_EQ(b.bucket_ready[1], 1.0);
 }
 

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "properties/target.hpp"
@@ -179,11 +180,18 @@ nlohmann::json measure_world(const ScalingArgs& a, const Target& target, Communi
           {"allreduce", sweep}};
 }
 
+// A double as the digits that read back as the same double.
+std::string exact_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", v);
+  return text;
+}
+
 std::vector<std::string> worker_args(const ScalingArgs& a) {
   return {"bench",    "scaling-worker", "--model",     a.model.dims,
           "--activation", a.model.activation, "--loss", a.model.loss,
           "--batch",  std::to_string(a.batch), "--steps", std::to_string(a.steps),
-          "--warmup", std::to_string(a.warmup), "--bucket-mb", std::to_string(a.bucket_mb),
+          "--warmup", std::to_string(a.warmup), "--bucket-mb", exact_text(a.bucket_mb),
           "--engine", a.engine, "--comm", target_of(a).comm};
 }
 
@@ -210,6 +218,31 @@ void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
   const TrainConfig t = train_config(a);
   t.validate(a.world_size);
   if (!worker) check_train_size(t, a.world_size, target);
+}
+
+// c0 + c1/N by least squares over the measured compute, neither below zero; C(1)/N alone from one N.
+std::pair<double, double> compute_fit(const std::vector<int>& ranks, const std::vector<double>& compute) {
+  if (ranks.size() < 2) return {0.0, compute[0]};
+  double n = 0, su = 0, suu = 0, sy = 0, suy = 0;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const double u = 1.0 / ranks[i];
+    n += 1;
+    su += u;
+    suu += u * u;
+    sy += compute[i];
+    suy += u * compute[i];
+  }
+  const double det = n * suu - su * su;
+  double c1 = det > 0 ? (n * suy - su * sy) / det : compute[0];
+  double c0 = (sy - c1 * su) / n;
+  if (c1 < 0) {
+    c1 = 0;
+    c0 = sy / n;
+  } else if (c0 < 0) {
+    c0 = 0;
+    c1 = suy / suu;
+  }
+  return {c0, c1};
 }
 
 double ms(double seconds) { return seconds * 1e3; }
@@ -306,11 +339,13 @@ int run_scaling(const ScalingArgs& a) {
                     {"buckets", w.at("buckets")},
                     {"buckets_overlapped", w.at("buckets_overlapped")}});
   }
-  // Beyond the sweep the model goes on with C(1)/N and the fitted all-reduce.
+  // Beyond the sweep the model goes on with the fitted all-reduce and C(N) = c0 + c1/N fitted to the
+  // measured compute (c0: what does not shrink with N, the optimizer's update of every parameter).
   std::optional<int> predicted_break_even = scaling::break_even(predicted);
   if (!predicted_break_even && fit) {
+    const auto [c0, c1] = compute_fit(ranks, compute);
     for (int n = a.world_size + 1; n <= 1 << 16 && !predicted_break_even; ++n)
-      if (fit->model.seconds(n, gradient_bytes) >= compute[0] / n) predicted_break_even = n;
+      if (fit->model.seconds(n, gradient_bytes) >= c0 + c1 / n) predicted_break_even = n;
   }
   const auto or_null = [](std::optional<int> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
   nlohmann::json report = {
@@ -333,9 +368,12 @@ int run_scaling(const ScalingArgs& a) {
               dims_string(t.model.dims).c_str(), static_cast<long long>(t.batch), target.engine.c_str(),
               target.comm.c_str(), gradient_bytes / 1e6, a.bucket_mb);
   if (fit)
-    std::printf("all-reduce, ring alpha-beta fit over %zu timings (N = 2..%d): alpha %.1f us, beta %.2f GB/s, "
+    std::printf("all-reduce, ring alpha-beta fit over %zu timings (N = 2..%d): alpha %.1f us, beta %s, "
                 "rms relative error %.0f%%\n",
-                fit->samples, a.world_size, fit->model.alpha * 1e6, fit->model.beta / 1e9, fit->rms_relative_error * 100);
+                fit->samples, a.world_size, fit->model.alpha * 1e6,
+                fit->model.beta > 0 ? (std::to_string(fit->model.beta / 1e9).substr(0, 6) + " GB/s").c_str()
+                                    : "unbounded (latency alone fits best)",
+                fit->rms_relative_error * 100);
   std::printf("times in ms per step; error = measured / predicted; exposed = communication the step did not hide\n");
   std::printf("%4s %9s %9s %9s | %9s %9s %6s %7s %7s | %9s %9s %6s %7s %7s | %8s %8s\n", "N", "compute", "allred",
               "fit", "predict", "measured", "error", "S pred", "S meas", "overlap", "bucketed", "error", "S pred",
@@ -352,7 +390,7 @@ int run_scaling(const ScalingArgs& a) {
   const auto n_text = [](std::optional<int> v) { return v ? "N = " + std::to_string(*v) : std::string("not reached"); };
   std::printf("break-even (exposed all-reduce >= compute): predicted %s%s, measured %s\n",
               n_text(predicted_break_even).c_str(),
-              predicted_break_even && *predicted_break_even > a.world_size ? " (beyond the sweep: C(1)/N and the fit)" : "",
+              predicted_break_even && *predicted_break_even > a.world_size ? " (beyond the sweep: c0 + c1/N and the fit)" : "",
               measured_break_even ? n_text(measured_break_even).c_str() : ("not reached by N = " + std::to_string(a.world_size)).c_str());
   if (!a.json.empty()) write_file_atomic(a.json, report.dump(2) + "\n");
   if (!a.html.empty()) write_file_atomic(a.html, html::scaling_page(report));

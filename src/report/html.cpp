@@ -742,11 +742,13 @@ std::string scaling_page(const json& report) {
     b += "<p>model " + escape(opt_string(report, "model")) + ", batch " + escape(value_text(report.at("batch"))) +
          ", engine " + escape(opt_string(report, "engine")) + ", communicator " + escape(opt_string(report, "comm")) +
          "; " + escape(bytes_shown(report.at("gradient_bytes").get<double>())) + " of gradient, buckets of " +
-         escape(value_text(report.at("bucket_mb"))) + " MB</p>\n";
+         escape(value_text(report.at("bucket_mb"))) + " MiB</p>\n";
     if (has(report, "fit")) {
       const json& f = report.at("fit");
-      b += "<p>all-reduce fit: " + escape(shown(f.at("alpha_us").get<double>())) + " us + bytes / " +
-           escape(shown(f.at("beta_gbs").get<double>())) + " GB/s (rms relative error " +
+      const double beta = f.at("beta_gbs").get<double>();
+      b += "<p>all-reduce fit, a ring's 2(N-1) alpha + 2(N-1)/N S / beta: alpha " +
+           escape(shown(f.at("alpha_us").get<double>())) + " us, beta " +
+           (beta > 0 ? escape(shown(beta)) + " GB/s" : std::string("unbounded")) + " (rms relative error " +
            escape(percent(f.at("rms_relative_error").get<double>())) + ")</p>\n";
     }
 
