@@ -246,6 +246,11 @@ std::pair<double, double> compute_fit(const std::vector<int>& ranks, const std::
 }
 
 double ms(double seconds) { return seconds * 1e3; }
+std::string gbs_text(double bytes_per_second) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GB/s", bytes_per_second / 1e9);
+  return text;
+}
 nlohmann::json ms_or_null(std::optional<double> seconds) {
   return seconds ? nlohmann::json(ms(*seconds)) : nlohmann::json(nullptr);
 }
@@ -371,8 +376,7 @@ int run_scaling(const ScalingArgs& a) {
     std::printf("all-reduce, ring alpha-beta fit over %zu timings (N = 2..%d): alpha %.1f us, beta %s, "
                 "rms relative error %.0f%%\n",
                 fit->samples, a.world_size, fit->model.alpha * 1e6,
-                fit->model.beta > 0 ? (std::to_string(fit->model.beta / 1e9).substr(0, 6) + " GB/s").c_str()
-                                    : "unbounded (latency alone fits best)",
+                fit->model.beta > 0 ? gbs_text(fit->model.beta).c_str() : "unbounded (latency alone fits best)",
                 fit->rms_relative_error * 100);
   std::printf("times in ms per step; error = measured / predicted; exposed = communication the step did not hide\n");
   std::printf("%4s %9s %9s %9s | %9s %9s %6s %7s %7s | %9s %9s %6s %7s %7s | %8s %8s\n", "N", "compute", "allred",
