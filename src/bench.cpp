@@ -41,13 +41,6 @@ class AlignedBuffer {
   unsigned char* data_;
 };
 
-double median(std::vector<double> v) {
-  DPCHECK_ASSERT(!v.empty());
-  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return *mid;
-}
-
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Rank r's element j. Every partial sum is a small integer, so the float32 sum is exact in any order
@@ -151,6 +144,14 @@ std::vector<std::string_view> split_on(std::string_view list, char sep) {
 std::vector<std::string_view> split_commas(std::string_view list) { return split_on(list, ','); }
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  DPCHECK_ASSERT(!v.empty());
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
 
 BenchBackend local_backend(std::chrono::milliseconds timeout) {
   return {std::string(backend_local), [timeout](int ranks, const std::function<void(Communicator&)>& fn) {

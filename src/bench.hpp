@@ -29,6 +29,9 @@ struct BenchBackend {
   RankLauncher run;
 };
 
+// The median of a non-empty sample (the upper one of an even count): what every bench reports.
+double median(std::vector<double> v);
+
 // Ranks as threads of this process (src/comm/local_comm.hpp).
 BenchBackend local_backend(std::chrono::milliseconds timeout = Communicator::default_timeout);
 

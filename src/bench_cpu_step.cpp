@@ -2,6 +2,8 @@
 // table and its JSON form.
 #include "src/bench_cpu_step.hpp"
 
+#include "src/bench.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,11 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The median seconds of `repeats` calls of fn after `warmup` untimed ones.
 double time_median(int warmup, int repeats, const std::function<void()>& fn) {
   for (int i = 0; i < warmup; ++i) fn();
@@ -35,7 +32,7 @@ double time_median(int warmup, int repeats, const std::function<void()>& fn) {
     fn();
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return median(times);
+  return bench::median(times);
 }
 
 // A product's operands and result, filled (so touched) before anything is timed.

@@ -405,11 +405,7 @@ int run_trace_bench(TraceArgs& a) {
     }
   });
   std::filesystem::remove_all(dir);
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  const double p = median(plain), q = median(traced);
+  const double p = bench::median(plain), q = bench::median(traced);
   const double overhead = q / p - 1;
   std::printf("dpcheck bench trace: model %s, batch %lld, %d ranks, engine %s; median of %d steps after %d untimed\n",
               dims_string(t.model.dims).c_str(), static_cast<long long>(t.batch), a.world_size, a.engine.c_str(), a.steps,

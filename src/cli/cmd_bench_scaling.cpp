@@ -71,13 +71,6 @@ Target target_of(const ScalingArgs& a) {
   return target;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 // The all-reduce sweep: powers of four from 4 KiB below the gradient's size, and the gradient itself.
 std::vector<std::size_t> sweep_elements(std::size_t gradient) {
   std::vector<std::size_t> sizes;
@@ -162,15 +155,15 @@ nlohmann::json measure_world(const ScalingArgs& a, const Target& target, Communi
       *overlapped = r.buckets_overlapped;
       *buckets = r.buckets;
     }
-    *exposed = median(exposures);
-    return median(times);
+    *exposed = bench::median(exposures);
+    return bench::median(times);
   };
   double exposed = 0, exposed_bucketed = 0;
   std::size_t overlapped = 0, buckets = 0, unused = 0;
   const double step = steps(0, &exposed, &unused, &unused);
   const double step_bucketed = steps(a.bucket_mb, &exposed_bucketed, &overlapped, &buckets);
   return {{"ranks", n},
-          {"compute_s", median(compute)},
+          {"compute_s", bench::median(compute)},
           {"step_s", step},
           {"step_bucketed_s", step_bucketed},
           {"exposed_s", n > 1 ? exposed : 0.0},
