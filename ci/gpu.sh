@@ -82,10 +82,11 @@ tests       test-cuda_engine                  20    120
 tests       test-cuda_local_comm              12     60
 tests       test-nccl_comm                    12     60
 tests       test-gpu_properties               25    480
+tests       test-gpu_bucketing                12     60
 tests       test-backends                      8     30
 verify      verify-cuda-local                 30    300
 verify      verify-cuda-local-tf32            18    300
-verify      verify-nccl-1                     35    420
+verify      verify-nccl-1                     29    420
 verify      conform-comm-nccl                 12     60
 verify      verify-comm-nccl-plugin           18    420
 precision   verify-bf16                       12    300
@@ -95,7 +96,7 @@ mutants     mutant-bias-grad-atomic           12    120
 mutants     mutant-allreduce-rank-order       12    120
 mutants     mutant-allreduce-sum-no-average   12    120
 bench       bench-hash                        12     30
-bench       bench-step                        35     90
+bench       bench-step                        29     90
 bench       bench-scaling                     12     90
 sanitizer   memcheck-bias_grad                18     60
 sanitizer   memcheck-cuda_engine              25    180

@@ -37,6 +37,7 @@ CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
     : model_(model), layout_(model), options_(options), blas_(stream_.get(), options.tf32), memory_(stream_.get()),
       params_(layout_.size()), grads_(layout_.size()), z_(static_cast<std::size_t>(model.layers())),
       a_(static_cast<std::size_t>(model.layers())) {
+  DPCHECK_CUDA_CHECK(cudaGetDevice(&device_));  // the device its stream and buffers were made on
   widest_ = *std::max_element(model.dims.begin(), model.dims.end());
   if (low_precision()) {
     if (options.kernels)
@@ -213,6 +214,7 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
     if (plugin_backward) {
       k->linear_backward(input_of(l), w, delta, l > 0 ? h_.get() : nullptr, gw, gb, rows, dim(l), dim(l + 1),
                          accumulate, s);
+      layer_ready(l);
     } else if (low_precision()) {
       // The products take delta rounded; the bias gradient sums it in float32.
       const auto li = static_cast<std::size_t>(l);
@@ -221,11 +223,13 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
       linear_weight_grad_low(h, low_delta_.get(), low_in_[li].get(), gw, rows, dim(l), dim(l + 1), accumulate,
                              options_.precision);
       bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
+      layer_ready(l);
       if (l > 0)
         linear_input_grad_low(h, low_delta_.get(), low_w_[li].get(), h_.get(), rows, dim(l), dim(l + 1), options_.precision);
     } else {
       linear_weight_grad(h, delta, input_of(l), gw, rows, dim(l), dim(l + 1), accumulate);
       bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
+      layer_ready(l);  // queued, not run: the staging's event orders the bucket's copy after these kernels
       if (l > 0) linear_input_grad(h, delta, w, h_.get(), rows, dim(l), dim(l + 1));
     }
     if (l > 0) {
@@ -238,6 +242,77 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
       std::swap(delta, next);
     }
   }
+}
+
+namespace {
+
+// The buckets' buffer on the engine's device, a stream for their copies and all-reduces, and one event
+// per bucket recorded on the engine's stream when the hook fires.
+class CudaBucketStaging final : public BucketStaging {
+ public:
+  CudaBucketStaging(int device, cudaStream_t engine, std::size_t elements, std::size_t buckets)
+      : engine_(engine), device_(device), buffer_(std::max<std::size_t>(elements, 1)), events_(buckets + 1) {
+    try {
+      for (cudaEvent_t& e : events_) DPCHECK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    } catch (...) {
+      destroy_events();
+      throw;
+    }
+  }
+  ~CudaBucketStaging() override {
+    // The copies back (engine stream) and the buckets' (comm stream) read and write the buffer.
+    cudaStreamSynchronize(comm_.get());
+    cudaStreamSynchronize(engine_);
+    destroy_events();
+  }
+  void* comm_stream() override { return comm_.get(); }
+  void* engine_stream() override { return engine_; }
+  float* buffer() override { return buffer_.get(); }
+  void mark(std::size_t k) override {
+    DPCHECK_ASSERT(k + 1 < events_.size());
+    if (k == 0) waited_ = false;  // a new step: its copies back wait for its all-reduces
+    DPCHECK_CUDA_CHECK(cudaEventRecord(events_[k], engine_));
+  }
+  void stage(std::size_t k, const float* grads, std::size_t lo, std::size_t hi) override {
+    DPCHECK_ASSERT(k + 1 < events_.size() && lo <= hi && hi <= buffer_.size());
+    DPCHECK_CUDA_CHECK(cudaSetDevice(device_));  // the communication thread's first CUDA call may be this one
+    DPCHECK_CUDA_CHECK(cudaStreamWaitEvent(comm_.get(), events_[k], 0));
+    if (hi > lo)
+      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(buffer_.get() + lo, grads + lo, (hi - lo) * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, comm_.get()));
+  }
+  void unstage(float* grads, std::size_t lo, std::size_t hi) override {
+    DPCHECK_ASSERT(lo <= hi && hi <= buffer_.size());
+    if (!waited_) {  // once a step: the engine's stream waits for everything the buckets queued
+      DPCHECK_CUDA_CHECK(cudaEventRecord(events_.back(), comm_.get()));
+      DPCHECK_CUDA_CHECK(cudaStreamWaitEvent(engine_, events_.back(), 0));
+      waited_ = true;
+    }
+    if (hi > lo)
+      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(grads + lo, buffer_.get() + lo, (hi - lo) * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, engine_));
+  }
+
+ private:
+  void destroy_events() {
+    for (cudaEvent_t& e : events_)
+      if (e) cudaEventDestroy(e);
+    events_.clear();
+  }
+
+  cudaStream_t engine_;
+  int device_;
+  Stream comm_;
+  DeviceBuffer<float> buffer_;
+  std::vector<cudaEvent_t> events_;  // one a bucket, then the one the copies back wait for
+  bool waited_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<BucketStaging> CudaEngine::make_bucket_staging(std::size_t buckets) {
+  DPCHECK_CUDA_CHECK(cudaSetDevice(device_));  // the staging's stream on the engine's device
+  return std::make_unique<CudaBucketStaging>(device_, stream_.get(), layout_.size(), buckets);
 }
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineOptions& options) {

@@ -55,6 +55,8 @@ class CudaEngine final : public Engine {
   double forward_backward(const Batch& batch, float scale, bool accumulate) override;
   void zero_grads() override;
   void synchronize() override { stream_.synchronize(); }
+  // train --bucket-mb: a stream and a buffer for the buckets, ordered after the hook's point by events.
+  std::unique_ptr<BucketStaging> make_bucket_staging(std::size_t buckets) override;
 
   // For the benchmark: the batch stays on the device, and a step can be captured in a CUDA graph.
   void upload(const Batch& batch);
@@ -87,6 +89,7 @@ class CudaEngine final : public Engine {
   int capacity_rows_ = 0;
   int uploaded_rows_ = 0;
   int widest_ = 0;
+  int device_ = 0;
 };
 
 std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineOptions& options);

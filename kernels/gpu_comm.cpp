@@ -32,12 +32,17 @@ namespace {
 // collective starts with.
 class DeviceCommunicator : public Communicator {
  public:
-  explicit DeviceCommunicator(Communicator& host) : host_(host) { Communicator::set_timeout(host.timeout()); }
+  DeviceCommunicator(Communicator& host, int device) : host_(host), device_(device) {
+    Communicator::set_timeout(host.timeout());
+  }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   MemorySpace memory_space() const override { return MemorySpace::device; }
   Communicator& host() override { return host_; }
   bool shares_address_space() const override { return host_.shares_address_space(); }
+  // A bucketed all-reduce's communication thread (src/bucketing.hpp) may make the calls, one at a time:
+  // the host side must allow it, and each call selects its device itself (select_device).
+  bool callable_from_any_thread() const override { return host_.callable_from_any_thread(); }
   void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
   void set_timeout(std::chrono::milliseconds t) override {
     Communicator::set_timeout(t);
@@ -45,11 +50,13 @@ class DeviceCommunicator : public Communicator {
   }
   void to_host(const void* src, void* dst, std::size_t bytes) override {
     if (bytes == 0) return;
+    select_device();
     DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void from_host(const void* src, void* dst, std::size_t bytes) override {
     if (bytes == 0) return;
+    select_device();
     DPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -60,7 +67,12 @@ class DeviceCommunicator : public Communicator {
     const void* send = nullptr;  // allgather only
   };
 
-  void sync() { DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // The device is selected first in every call: it may come from a thread that has not selected it.
+  void select_device() { DPCHECK_CUDA_CHECK(cudaSetDevice(device_)); }
+  void sync() {
+    select_device();
+    DPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   // Every rank's call and buffers, gathered on the host and judged on every rank by the host backends'
   // own rules (src/comm/collective.hpp): calls that disagree (count, dtype, op, root, kind) or that no
@@ -106,12 +118,13 @@ class DeviceCommunicator : public Communicator {
   }
 
   Communicator& host_;
+  int device_;
   cudaStream_t stream_ = nullptr;
 };
 
 class CudaLocalCommunicator final : public DeviceCommunicator {
  public:
-  using DeviceCommunicator::DeviceCommunicator;
+  CudaLocalCommunicator(Communicator& host, int device) : DeviceCommunicator(host, device) {}
   std::string_view backend() const override { return "cuda-local"; }
 
   // Every collective: this replica's stream is synchronized first (its writes into the buffers are done
@@ -225,7 +238,7 @@ class NcclCommunicator final : public DeviceCommunicator {
   // Joins the NCCL communicator that `id` names as rank host.rank() of host.size(), on GPU `device`.
   // The communicator is nonblocking, so that a peer that never joins, or never makes a call, ends in a
   // timeout instead of a hang.
-  NcclCommunicator(Communicator& host, int device, const ncclUniqueId& id) : DeviceCommunicator(host), device_(device) {
+  NcclCommunicator(Communicator& host, int device, const ncclUniqueId& id) : DeviceCommunicator(host, device) {
     DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -349,7 +362,6 @@ class NcclCommunicator final : public DeviceCommunicator {
     }
   }
 
-  int device_;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
 };
@@ -372,7 +384,7 @@ void run_cuda_local(int n, const std::function<void(Communicator&)>& fn, std::ch
   require_device();
   run_local(n, [&](Communicator& host) {
     DPCHECK_CUDA_CHECK(cudaSetDevice(0));
-    CudaLocalCommunicator comm(host);
+    CudaLocalCommunicator comm(host, 0);
     fn(comm);
   }, timeout);
 }

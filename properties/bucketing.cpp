@@ -54,14 +54,17 @@ RunRecord train_recorded(const Scenario& s, const Target& target, const Dataset&
   run_world(target, s.world_size, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, c, comm, data);
     RunRecord mine;
+    // Where the communicator takes calls from a communication thread and the engine's gradient lives
+    // beside its buffers (a host gradient, copied at the hook; a GPU's, through its staging), the
+    // buckets must overlap: judged from the target, not from the trainer's own word.
     mine.overlapped = bucket_mb > 0 && comm.callable_from_any_thread() &&
-                      rt.engine->memory_space() == MemorySpace::host && comm.memory_space() == MemorySpace::host;
+                      rt.engine->memory_space() == comm.memory_space();
     while (rt.trainer->next_step() < c.steps) {
       const StepResult r = rt.trainer->step();
       // Every bucket's lowest layer is done inside the last micro-batch's backward pass, so each must
       // have started there; a rank with nothing to train on has no pass to start them in.
-      if (mine.overlapped && r.buckets_overlapped != r.buckets && !rt.trainer->local_indices(r.step).empty() &&
-          mine.not_overlapped < 0)
+      if (mine.overlapped && (!r.buckets_may_overlap || r.buckets_overlapped != r.buckets) &&
+          !rt.trainer->local_indices(r.step).empty() && mine.not_overlapped < 0)
         mine.not_overlapped = r.step;
       if (!r.replicas.synchronized && mine.out_of_sync < 0) {
         mine.out_of_sync = r.step;

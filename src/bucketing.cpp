@@ -35,10 +35,13 @@ std::vector<GradientBucket> plan_buckets(const ParamLayout& layout, std::size_t 
   return buckets;
 }
 
-BucketReducer::BucketReducer(Communicator& comm, std::vector<GradientBucket> buckets, DType dtype, bool threaded)
-    : comm_(comm), buckets_(std::move(buckets)), dtype_(dtype), threaded_(threaded), launched_(buckets_.size()) {
+BucketReducer::BucketReducer(Communicator& comm, std::vector<GradientBucket> buckets, DType dtype, bool threaded,
+                             std::unique_ptr<BucketStaging> staging)
+    : comm_(comm), buckets_(std::move(buckets)), dtype_(dtype), threaded_(threaded), staging_(std::move(staging)),
+      launched_(buckets_.size()) {
   DPCHECK_ASSERT(dtype == DType::f32 || dtype == DType::bf16);
   DPCHECK_ASSERT(!threaded || comm.callable_from_any_thread());
+  DPCHECK_ASSERT(!staging_ || (threaded && dtype == DType::f32));
   std::size_t total = 0;
   for (const GradientBucket& b : buckets_) {
     DPCHECK_ASSERT(b.lo <= b.hi);
@@ -48,7 +51,7 @@ BucketReducer::BucketReducer(Communicator& comm, std::vector<GradientBucket> buc
   // Unthreaded, a float32 bucket is reduced in the gradient itself.
   if (dtype_ == DType::bf16)
     low_.resize(total);
-  else if (threaded_)
+  else if (threaded_ && !staging_)
     f32_.resize(total);
   if (threaded_) thread_ = std::thread([this] { run(); });
 }
@@ -61,6 +64,9 @@ BucketReducer::~BucketReducer() {
   }
   cv_.notify_all();
   thread_.join();
+  // A step abandoned after its first launch left the communicator on the staging's stream, which goes
+  // with this reducer; the communicator outlives it.
+  if (staging_ && in_step_) comm_.set_stream(staging_->engine_stream());
 }
 
 void BucketReducer::begin(float* grads) {
@@ -79,11 +85,18 @@ void BucketReducer::begin(float* grads) {
 
 void BucketReducer::launch(std::size_t k) {
   DPCHECK_ASSERT(k == next_launch_ && k < buckets_.size() && !launched_[k]);
+  // The step's buckets go to the staging's stream from the first launch on, not from begin(): until
+  // then the rank's thread may still use the communicator (an observer at the whole local gradient).
+  // The communication thread is idle (finish() waited for it), and the mutex below orders this before
+  // its first call.
+  if (staging_ && k == 0) comm_.set_stream(staging_->comm_stream());
   launched_[k] = true;
   ++next_launch_;
   if (!threaded_) return;
   const GradientBucket& b = buckets_[k];
-  if (dtype_ == DType::f32)
+  if (staging_)
+    staging_->mark(k);
+  else if (dtype_ == DType::f32)
     std::copy(grads_ + b.lo, grads_ + b.hi, f32_.begin() + static_cast<std::ptrdiff_t>(b.lo));
   else
     for (std::size_t i = b.lo; i < b.hi; ++i) low_[i] = float_to_bf16_bits(grads_[i]);
@@ -104,6 +117,9 @@ void BucketReducer::reduce(std::size_t k) {
     for (std::size_t i = b.lo; i < b.hi; ++i) grads_[i] = bf16_bits_to_float(low_[i]);
   } else if (!threaded_) {
     comm_.allreduce(grads_ + b.lo, n, DType::f32, ReduceOp::avg);
+  } else if (staging_) {
+    staging_->stage(k, grads_, b.lo, b.hi);
+    comm_.allreduce(staging_->buffer() + b.lo, n, DType::f32, ReduceOp::avg);
   } else if (dtype_ == DType::f32) {
     comm_.allreduce(f32_.data() + b.lo, n, DType::f32, ReduceOp::avg);
   } else {
@@ -155,9 +171,12 @@ void BucketReducer::finish() {
   }
   last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   in_step_ = false;
+  if (staging_) comm_.set_stream(staging_->engine_stream());
   if (error) std::rethrow_exception(error);
   for (const GradientBucket& b : buckets_) {
-    if (dtype_ == DType::f32)
+    if (staging_)
+      staging_->unstage(grads_, b.lo, b.hi);
+    else if (dtype_ == DType::f32)
       std::copy(f32_.begin() + static_cast<std::ptrdiff_t>(b.lo), f32_.begin() + static_cast<std::ptrdiff_t>(b.hi),
                 grads_ + b.lo);
     else

@@ -10,29 +10,38 @@
 // buckets one after the other, in the same order on every rank; when the backward pass has returned
 // and every bucket is done, the reduced buckets are copied back into the gradient. So the engine's
 // gradient stays the rank's own until then (the loss scaler and the trace see it whole), and the
-// copies are taken from final values only: a bucket started too early is reduced from stale ones,
-// every time, not by chance of timing.
+// copies are taken from final values only: on the CPU a bucket started too early is reduced from
+// stale ones, every time, not by chance of timing (on a GPU its copy would race the kernels that
+// write it, so there it would show only by chance).
 //
 // Each element is reduced by one call of the communicator either way, so with a backend whose
 // reduction of an element depends on nothing but the inputs, in rank order (local, mpi, cuda-local),
 // bucketed training gives the bits of one all-reduce: the property bucketing_preserves_bits. A ring's
 // order depends on where in the call an element falls (nccl's chunks), so there the bits may differ.
 //
+// On a GPU (an engine with BucketStaging, src/engine.hpp) the hook fires as a layer's kernels are
+// queued: launching a bucket records an event on the engine's stream, and the communication thread
+// queues the bucket's copy after that event on a stream of its own and all-reduces it there, so the
+// device runs the all-reduce beside the rest of the backward pass; the reduced buckets are copied
+// back on the engine's stream after the communication stream's work.
+//
 // Where the communicator cannot be called from another thread (src/comm.hpp), or the gradient lives
-// on a device, the buckets are reduced in place on the rank's thread after the backward pass, in the
-// same order: bucketed, not overlapped.
+// on a device whose engine has no staging, the buckets are reduced in place on the rank's thread after
+// the backward pass, in the same order: bucketed, not overlapped.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "src/comm.hpp"
 #include "src/dtype.hpp"
+#include "src/engine.hpp"
 #include "src/model.hpp"
 
 namespace dpcheck {
@@ -52,17 +61,20 @@ std::vector<GradientBucket> plan_buckets(const ParamLayout& layout, std::size_t 
 // The layer holding flat element i.
 int layer_of(const ParamLayout& layout, std::size_t i);
 
-// One rank's bucketed all-reduce (avg) of a host gradient. Owns its communication thread when
-// `threaded`; the communicator must then be callable_from_any_thread().
+// One rank's bucketed all-reduce (avg) of the gradient. Owns its communication thread when
+// `threaded`; the communicator must then be callable_from_any_thread(). With `staging` (threaded and
+// float32 only) the copies and the all-reduces are queued on the staging's stream, after its marks.
 class BucketReducer {
  public:
-  BucketReducer(Communicator& comm, std::vector<GradientBucket> buckets, DType dtype, bool threaded);
+  BucketReducer(Communicator& comm, std::vector<GradientBucket> buckets, DType dtype, bool threaded,
+                std::unique_ptr<BucketStaging> staging = nullptr);
   ~BucketReducer();
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   bool threaded() const { return threaded_; }
+  bool staged() const { return staging_ != nullptr; }
 
   // A step begins: nothing launched yet; grads is the gradient's first element. Error when the last
   // step was left before finish() (an exception between the two): its buckets may still be in flight
@@ -70,8 +82,8 @@ class BucketReducer {
   void begin(float* grads);
   // The next bucket to launch (buckets().size() once all are).
   std::size_t next() const { return next_launch_; }
-  // Bucket k is ready: copies it from the gradient and queues it (in order; a bucket launched twice in
-  // a step is an error). Unthreaded, it only marks it.
+  // Bucket k is ready: copies it from the gradient (staged: marks the engine's stream) and queues it
+  // (in order; a bucket launched twice in a step is an error). Unthreaded, it only marks it.
   void launch(std::size_t k);
   // Launches every bucket not yet launched, waits for all, rethrows the error that stopped the
   // communication thread if one did, and writes the reduced buckets back into the gradient.
@@ -91,6 +103,7 @@ class BucketReducer {
   std::vector<GradientBucket> buckets_;
   DType dtype_;
   bool threaded_;
+  std::unique_ptr<BucketStaging> staging_;
   float* grads_ = nullptr;
   std::vector<float> f32_;          // the buckets' buffers, one after the other, for a float32 all-reduce
   std::vector<std::uint16_t> low_;  // the same in bf16

@@ -103,8 +103,9 @@ struct Plugin {
 // changed the Engine's virtual functions. Raised with every change to the types above.
 // 4: device_alloc and device_free, for conform's buffers. 5: a device kernel plugin in EngineOptions
 // and make_optimizer. 6: DType's bf16 and f16, which the plugin's communicators must reduce (an older
-// plugin would take them for another type).
-inline constexpr int kPluginAbi = 7;
+// plugin would take them for another type). 8: Engine::make_bucket_staging, a new virtual function
+// (src/engine.hpp), which an older plugin's engines lack: the trainer would call past their tables.
+inline constexpr int kPluginAbi = 8;
 
 }  // namespace dpcheck::cuda
 

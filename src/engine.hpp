@@ -23,6 +23,30 @@ namespace dpcheck {
 
 class Kernels;  // src/plugin/kernel_plugin.hpp
 
+// A device engine's part in a bucketed all-reduce that overlaps its backward pass (src/bucketing.hpp).
+// On a GPU the layer-ready hook fires when a layer's kernels are queued, not when they have run, so a
+// bucket cannot be copied then: its copy and its all-reduce go to a stream of their own, ordered after
+// the backward pass's kernels by an event, and the host thread that reduces it only queues and waits.
+// Element i of the gradient sits at element i of buffer(). Not thread-safe beyond what each call says.
+class BucketStaging {
+ public:
+  virtual ~BucketStaging() = default;
+  // The stream the buckets' copies and all-reduces are queued on; the communicator takes it for the
+  // step's buckets, and the engine's stream back at the end (a cudaStream_t for GPU engines).
+  virtual void* comm_stream() = 0;
+  virtual void* engine_stream() = 0;
+  virtual float* buffer() = 0;
+  // On the rank's thread, from the layer-ready hook: bucket k's gradient is final once the work queued
+  // on the engine's stream so far has run.
+  virtual void mark(std::size_t k) = 0;
+  // On the communication thread: queues on comm_stream(), after mark k, the copy of grads[lo, hi) into
+  // the buffer's [lo, hi).
+  virtual void stage(std::size_t k, const float* grads, std::size_t lo, std::size_t hi) = 0;
+  // On the rank's thread, once every bucket's all-reduce has returned: queues on the engine's stream,
+  // after everything on comm_stream(), the copy of the buffer's [lo, hi) back into grads[lo, hi).
+  virtual void unstage(float* grads, std::size_t lo, std::size_t hi) = 0;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -61,6 +85,11 @@ class Engine {
   // backward pass goes on (train --bucket-mb). An engine that never calls it stays correct: the trainer
   // takes whatever is left when forward_backward returns. Empty: no hook.
   void set_layer_ready_hook(std::function<void(int layer)> hook) { layer_ready_ = std::move(hook); }
+
+  // What a bucketed all-reduce of `buckets` buckets needs to overlap this engine's backward pass where
+  // the hook fires before the gradient is written (a GPU's queued kernels); nullptr where the gradient
+  // is final when the hook fires (the CPU), so the reducer copies it there and then.
+  virtual std::unique_ptr<BucketStaging> make_bucket_staging(std::size_t /*buckets*/) { return nullptr; }
 
  protected:
   void layer_ready(int layer) {

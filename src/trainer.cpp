@@ -163,15 +163,24 @@ double Trainer::compute_gradient(std::int64_t step) {
   const float loss_scale = scaler_.enabled() ? applied_loss_scale() : 1.0f;
 
   if (config_.bucket_mb > 0 && !reducer_) {
-    const bool threaded = engine_.memory_space() == MemorySpace::host && comm_.memory_space() == MemorySpace::host &&
-                          comm_.callable_from_any_thread();
-    reducer_ = std::make_unique<BucketReducer>(comm_, gradient_buckets(bucket_elements(config_.bucket_mb)),
-                                               config_.allreduce_dtype, threaded);
+    // A communication thread where the communicator takes calls from one, and the engine's gradient is
+    // on the host (copied at the hook) or has a staging of its own (a device's, ordered by events).
+    std::vector<GradientBucket> buckets = gradient_buckets(bucket_elements(config_.bucket_mb));
+    std::unique_ptr<BucketStaging> staging;
+    if (comm_.callable_from_any_thread() && config_.allreduce_dtype == DType::f32 &&
+        engine_.memory_space() == comm_.memory_space())
+      staging = engine_.make_bucket_staging(buckets.size());
+    const bool threaded = comm_.callable_from_any_thread() &&
+                          (staging || (engine_.memory_space() == MemorySpace::host &&
+                                       comm_.memory_space() == MemorySpace::host));
+    reducer_ = std::make_unique<BucketReducer>(comm_, std::move(buckets), config_.allreduce_dtype, threaded,
+                                               std::move(staging));
   }
   if (reducer_) reducer_->begin(engine_.grads());
   // The buckets start during the last micro-batch's backward pass, each once its layers are final;
   // an observer may talk over the communicator at local_gradient, so with one they start after it.
   const bool overlap = reducer_ && reducer_->threaded() && !observer_ && overlaps_backward();
+  overlap_ = overlap;
   const int layers = engine_.model().layers();
   const auto launch_ready = [&](int completed) {
     while (reducer_->next() < reducer_->buckets().size() && bucket_ready(reducer_->buckets()[reducer_->next()], completed))
@@ -329,7 +338,8 @@ std::string TrainConfig::resume_mismatch(const nlohmann::json& saved, int world_
   // Options recorded only when set (a loss scaler, a warm-up, a bf16 all-reduce) that this run lacks.
   if (saved.is_object())
     for (const auto& [key, value] : saved.items())
-      if (!now.contains(key)) return "the checkpoint was written with " + key + " " + value.dump() + ", this run has none";
+      if (!now.contains(key) && !ignored(key))
+        return "the checkpoint was written with " + key + " " + value.dump() + ", this run has none";
   return "";
 }
 
@@ -384,6 +394,7 @@ StepResult Trainer::step() {
   if (reducer_) {
     r.buckets = reducer_->buckets().size();
     r.buckets_overlapped = reducer_->launched_early();
+    r.buckets_may_overlap = overlap_;
   }
   if (observer_) observer_->updated(*this, r.step);
   r.replicas = check_replicas(comm_, engine_, optimizer_, r.step, scaler_.enabled() ? &scaler_.state() : nullptr);

@@ -109,8 +109,10 @@ struct StepResult {
   // not hide (all of it without buckets; with them, the wait once the backward pass has returned).
   double compute_seconds = 0;
   double exposed_comm_seconds = 0;
-  // With buckets: how many, and how many of them started during the backward pass.
+  // With buckets: how many, and how many of them started during the backward pass; and whether they
+  // could (a communication thread, a trainer without an observer that does not change the gradient).
   std::size_t buckets = 0, buckets_overlapped = 0;
+  bool buckets_may_overlap = false;
   ReplicaReport replicas;
 };
 
@@ -219,6 +221,7 @@ class Trainer {
   std::vector<Bf16> low_grads_;   // the gradient in bf16, for --allreduce-dtype bf16
   std::unique_ptr<BucketReducer> reducer_;  // --bucket-mb; made at the first step
   double compute_seconds_ = 0, exposed_comm_seconds_ = 0;  // the last compute_gradient's
+  bool overlap_ = false;                                    // the last compute_gradient's buckets could overlap
 };
 
 // array_split: n into `parts` sizes differing by at most one, larger first.

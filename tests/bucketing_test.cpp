@@ -1,14 +1,19 @@
 // Tests for src/bucketing: the bucket plan (covering the gradient once, from its end, each bucket ready
 // with its lowest layer), --bucket-mb's sizes, the reducer against one all-reduce (bitwise, threaded
-// and not, float32 and bf16), an error on the communication thread reaching the rank's thread, and the
-// trainer starting buckets during the backward pass and giving one all-reduce's bits.
+// and not, float32 and bf16), an error on the communication thread reaching the rank's thread, the
+// trainer starting buckets during the backward pass and giving one all-reduce's bits, and the staged
+// path a GPU engine takes (marks, copies on the communication thread, its own stream), on the host.
 #include "src/bucketing.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <span>
+#include <string_view>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -206,6 +211,136 @@ TEST(BucketedTrainer, OneAllReducesBitsAndStartsDuringTheBackwardPass) {
     EXPECT_EQ(buckets, 9u * 3u);
     EXPECT_EQ(overlapped, 9u * 3u);
   }
+}
+
+// The staged path (a GPU's, src/engine.hpp) on the host: a staging whose streams are two tags, which
+// checks that every bucket is marked before it is staged, staged on the communication thread before its
+// all-reduce, with the communicator on the staging's stream for the step's buckets and back on the
+// engine's afterwards, and unstaged once per bucket after all of them.
+class RecordingStaging final : public BucketStaging {
+ public:
+  RecordingStaging(std::size_t elements, std::size_t buckets) : buffer_(elements), marked_(buckets) {}
+  void* comm_stream() override { return &comm_tag; }
+  void* engine_stream() override { return &engine_tag; }
+  float* buffer() override { return buffer_.data(); }
+  void mark(std::size_t k) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    marked_.at(k) = true;
+  }
+  void stage(std::size_t k, const float* grads, std::size_t lo, std::size_t hi) override {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      if (!marked_.at(k)) ADD_FAILURE() << "bucket " << k << " staged before it was marked";
+      ++staged;
+    }
+    std::copy(grads + lo, grads + hi, buffer_.begin() + static_cast<std::ptrdiff_t>(lo));
+  }
+  void unstage(float* grads, std::size_t lo, std::size_t hi) override {
+    std::copy(buffer_.begin() + static_cast<std::ptrdiff_t>(lo), buffer_.begin() + static_cast<std::ptrdiff_t>(hi),
+              grads + lo);
+    ++unstaged;
+    const std::lock_guard<std::mutex> lock(mu_);
+    std::fill(marked_.begin(), marked_.end(), false);  // the next step marks again
+  }
+
+  static inline int comm_tag = 0, engine_tag = 0;
+  std::size_t staged = 0, unstaged = 0;
+
+ private:
+  std::mutex mu_;
+  std::vector<float> buffer_;
+  std::vector<bool> marked_;
+};
+
+// The cpu engine, with a staging of the kind above.
+class StagingEngine final : public Engine {
+ public:
+  explicit StagingEngine(const ModelConfig& model) : inner_(make_cpu_engine(model)) {
+    inner_->set_layer_ready_hook([this](int l) { layer_ready(l); });
+  }
+  std::string_view name() const override { return "staging"; }
+  const MemoryService& memory() const override { return inner_->memory(); }
+  const ModelConfig& model() const override { return inner_->model(); }
+  std::size_t param_count() const override { return inner_->param_count(); }
+  float* params() override { return inner_->params(); }
+  float* grads() override { return inner_->grads(); }
+  void load_params(std::span<const float> host) override { inner_->load_params(host); }
+  void store_params(std::span<float> host) const override { inner_->store_params(host); }
+  void store_grads(std::span<float> host) const override { inner_->store_grads(host); }
+  double forward_backward(const Batch& batch, float scale, bool accumulate) override {
+    return inner_->forward_backward(batch, scale, accumulate);
+  }
+  void zero_grads() override { inner_->zero_grads(); }
+  std::unique_ptr<BucketStaging> make_bucket_staging(std::size_t buckets) override {
+    auto s = std::make_unique<RecordingStaging>(param_count(), buckets);
+    staging = s.get();
+    return s;
+  }
+  RecordingStaging* staging = nullptr;
+
+ private:
+  std::unique_ptr<Engine> inner_;
+};
+
+// Which stream the communicator was told to use, and whether every data call came while it was the
+// staging's.
+class StreamRecorder final : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  void set_stream(void* stream) override { stream_ = stream; }
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    if (stream_ != &RecordingStaging::comm_tag) off_stream = true;
+    inner_.allreduce(buf, count, dtype, op);
+  }
+  void* stream() const { return stream_; }
+  bool off_stream = false;
+
+ private:
+  void* stream_ = &RecordingStaging::engine_tag;
+};
+
+TEST(BucketedTrainer, StagedBucketsGiveTheSameBitsOnTheirOwnStream) {
+  TrainConfig c;
+  c.model = model_of({8, 32, 32, 4});
+  c.batch = 12;
+  c.steps = 3;
+  c.seed = 9;
+  std::vector<float> params[2];
+  for (const double mb : {0.0, 200 * 4.0 / (1 << 20)}) {
+    TrainConfig cb = c;
+    cb.bucket_mb = mb;
+    run_local(2, [&](Communicator& comm) {
+      StreamRecorder recorder(comm);
+      const SyntheticDataset data(cb.data_size(), cb.model, cb.seed);
+      const DistributedSampler sampler(cb.sampler(comm.size()));
+      StagingEngine engine(cb.model);
+      engine.load_params(init_params(cb.model, cb.seed));
+      auto optimizer = make_cpu_optimizer(cb.optimizer_for(comm.size()), engine.param_count());
+      Trainer trainer(cb, mb > 0 ? static_cast<Communicator&>(recorder) : comm, engine, *optimizer, sampler, data);
+      for (int s = 0; s < cb.steps; ++s) {
+        const StepResult r = trainer.step();
+        EXPECT_TRUE(r.replicas.synchronized);
+        if (mb == 0) continue;
+        EXPECT_TRUE(r.buckets_may_overlap);
+        EXPECT_EQ(r.buckets_overlapped, r.buckets);
+        EXPECT_EQ(recorder.stream(), &RecordingStaging::engine_tag) << "step " << s;
+      }
+      if (mb > 0) {
+        ASSERT_NE(engine.staging, nullptr);
+        // 8*32+32 + 32*32+32 + 32*4+4 = 1476 elements: 8 buckets a step.
+        EXPECT_EQ(engine.staging->staged, 8u * 3u);
+        EXPECT_EQ(engine.staging->unstaged, 8u * 3u);
+        EXPECT_FALSE(recorder.off_stream) << "a bucket was all-reduced on the engine's stream";
+      }
+      if (comm.rank() == 0) {
+        params[mb > 0 ? 1 : 0].resize(engine.param_count());
+        engine.store_params(params[mb > 0 ? 1 : 0]);
+      }
+    });
+  }
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (std::size_t i = 0; i < params[0].size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(params[1][i]), std::bit_cast<std::uint32_t>(params[0][i])) << "element " << i;
 }
 
 TEST(BucketedTrainer, RefusesABadSize) {

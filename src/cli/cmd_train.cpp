@@ -138,8 +138,8 @@ int run_train(TrainOptions& o) {
     if (t.allreduce_dtype != DType::f32) std::printf("gradient all-reduce in bf16\n");
     if (t.bucket_mb > 0)
       std::printf("gradient all-reduced in buckets of at most %g MiB, each started as the backward pass produces it "
-                  "(on a host gradient, with a communicator callable from another thread, and no live check or "
-                  "trace; else after the pass)\n",
+                  "(with a communicator callable from another thread, and no live check or trace; else after "
+                  "the pass)\n",
                   t.bucket_mb);
     if (t.loss_scaling.enabled())
       std::printf("dynamic loss scaling from %g, doubled after %lld good steps, halved on a non-finite gradient\n",
