@@ -320,6 +320,9 @@ nlohmann::json TrainConfig::to_json(int world_size) const {
   // one still resume a run without one.
   if (warmup_steps > 0) j["warmup_steps"] = warmup_steps;
   if (allreduce_dtype != DType::f32) j["allreduce_dtype"] = std::string(allreduce_dtype_name(allreduce_dtype));
+  // Recorded so that a repro bundle replays with the same buckets (a ring may reduce an element
+  // differently wherever it falls in a call), but not held against a resume: see resume_mismatch.
+  if (bucket_mb > 0) j["bucket_mb"] = bucket_mb;
   if (loss_scaling.enabled()) {
     j["loss_scale"] = std::string(loss_scaling_name(loss_scaling.kind));
     j["loss_scale_init"] = loss_scaling.init_scale;
@@ -329,8 +332,12 @@ nlohmann::json TrainConfig::to_json(int world_size) const {
 }
 
 std::string TrainConfig::resume_mismatch(const nlohmann::json& saved, int world_size) const {
+  // The buckets are how the gradient travels, not what it is: with a backend that reduces in rank order
+  // they change no bit (bucketing_preserves_bits), so a run may resume with other buckets, or none.
+  const auto ignored = [](const std::string& key) { return key == "bucket_mb"; };
   const nlohmann::json now = to_json(world_size);
   for (const auto& [key, value] : now.items()) {
+    if (ignored(key)) continue;
     if (!saved.contains(key)) return "the checkpoint does not record " + key;
     if (saved.at(key) != value)
       return "the checkpoint was written with " + key + " " + saved.at(key).dump() + ", this run has " + value.dump();

@@ -261,6 +261,7 @@ std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
   const int world = static_cast<int>(f.integer("world_size", 1, kMaxInt));
   if (f.has("warmup_steps")) c.warmup_steps = f.integer("warmup_steps", 1, kMaxCount);
   if (f.has("allreduce_dtype")) c.allreduce_dtype = f.choice("allreduce_dtype", parse_allreduce_dtype);
+  if (f.has("bucket_mb")) c.bucket_mb = f.number("bucket_mb");  // validate() refuses a size --bucket-mb would
   if (f.has("loss_scale")) {
     c.loss_scaling.kind = f.choice("loss_scale", parse_loss_scaling);
     c.loss_scaling.init_scale = f.number("loss_scale_init");

@@ -89,6 +89,40 @@ TEST_F(Writer, CheckpointLoadsBackBitForBit) {
   EXPECT_NE(c.resume_mismatch(loaded.config, 2).find("world_size"), std::string::npos);
 }
 
+// --bucket-mb is recorded, so that a bundle replays with the same buckets, and read back; a resume may
+// change it (it changes no bit with a rank-order backend); a recorded size --bucket-mb would refuse is
+// refused, naming the field.
+TEST(RecordedConfig, BucketsAreRecordedReadBackAndFreeOnResume) {
+  TrainConfig c = small_config(OptimizerKind::sgd);
+  EXPECT_FALSE(c.to_json(2).contains("bucket_mb"));
+  c.bucket_mb = 0.25;
+  const nlohmann::json j = c.to_json(2);
+  ASSERT_TRUE(j.contains("bucket_mb"));
+  const auto [back, world] = recorded_config(j);
+  EXPECT_EQ(world, 2);
+  EXPECT_EQ(back.bucket_mb, 0.25);
+  TrainConfig none = c;
+  none.bucket_mb = 0;
+  EXPECT_EQ(none.resume_mismatch(j, 2), "");
+  EXPECT_EQ(c.resume_mismatch(none.to_json(2), 2), "");
+  TrainConfig other = c;
+  other.bucket_mb = 4;
+  EXPECT_EQ(other.resume_mismatch(j, 2), "");
+  for (const double bad : {-1.0, 4e6}) {
+    nlohmann::json b = j;
+    b["bucket_mb"] = bad;
+    try {
+      recorded_config(b);
+      ADD_FAILURE() << "bucket_mb " << bad << " accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--bucket-mb"), std::string::npos) << e.what();
+    }
+  }
+  nlohmann::json text = j;
+  text["bucket_mb"] = "1";
+  EXPECT_THROW(recorded_config(text), UsageError);
+}
+
 TEST_F(Writer, OnlyRankZeroWritesAndEveryRankCanReadAfterSave) {
   const TrainConfig c = small_config(OptimizerKind::momentum);
   const Checkpoint saved = trained(c, 1);
