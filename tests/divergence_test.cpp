@@ -220,6 +220,22 @@ TEST(Divergence, ReplayReproducesFailure) {
     EXPECT_NE(std::find(hit.begin(), hit.end(), must), hit.end()) << must << " was not hit";
 }
 
+// The bundle records the buckets: without them the broken bucket never runs and the replay would pass.
+TEST(Divergence, ABucketedRunReplaysWithItsBuckets) {
+  const ScratchDir dir;
+  const CommandResult run = run_command(std::string(DPCHECK_BINARY) +
+                                            " train --model 8,16,4 --batch 8 --world-size 2 --steps 3 --bucket-mb 0.0005"
+                                            " --mutant bucket-boundary-off-by-one --bundle-dir " + dir.path().string(),
+                                        60);
+  EXPECT_EQ(run.status, 1) << run.output;
+  const fs::path bundle = dir.path() / "dpcheck-bundle-step-00000000";
+  ASSERT_TRUE(fs::is_directory(bundle)) << run.output;
+  EXPECT_EQ(read_bundle(bundle).start.config.value("bucket_mb", 0.0), 0.0005);
+  const CommandResult again = run_command(std::string(DPCHECK_BINARY) + " replay " + bundle.string(), 60);
+  EXPECT_EQ(again.status, 1) << again.output;
+  EXPECT_NE(again.output.find("reproduced bit for bit"), std::string::npos) << again.output;
+}
+
 TEST(Divergence, CheckFiniteNamesTheRankBeforeTheAllReduce) {
   const ScratchDir dir;
   const CommandResult run = train(dir.path(), "rank-nan-gradient");
