@@ -19,6 +19,7 @@
 #include "src/error.hpp"
 #include "src/loss_scaler.hpp"
 #include "src/trainer.hpp"
+#include "tests/target_support.hpp"
 
 namespace dpcheck {
 namespace {
@@ -29,15 +30,6 @@ Target cuda_local(int world) {
   t.comm = "cuda-local";
   t.world_size = world;
   return t;
-}
-
-std::string unavailable(const Target& t) {
-  try {
-    validate_target(t);
-    return "";
-  } catch (const UsageError& e) {
-    return e.what();
-  }
 }
 
 struct TrainingRun {
@@ -71,7 +63,7 @@ TrainingRun train(const TrainConfig& c, int world) {
 }
 
 TEST(GpuBucketing, OverlappedBucketsGiveTheBitsOfOneAllReduce) {
-  const std::string why = unavailable(cuda_local(3));
+  const std::string why = target_unavailable(cuda_local(3));
   if (!why.empty()) GTEST_SKIP() << why;
   // Wide enough that a layer's kernels run for a while after they are queued: a bucket's copy that did
   // not wait for its event would read a gradient the kernels had not yet written.

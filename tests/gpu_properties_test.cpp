@@ -20,6 +20,7 @@
 #include "properties/runner.hpp"
 #include "properties/target.hpp"
 #include "src/error.hpp"
+#include "tests/target_support.hpp"
 
 namespace dpcheck {
 
@@ -38,16 +39,6 @@ Target gpu_target(bool tf32 = false, std::string mutant = {}) {
   t.tf32 = tf32;
   t.mutant = std::move(mutant);
   return t;
-}
-
-// Why the GPU target cannot run here ("no CUDA device: ...", or why the plugin did not load), or "".
-std::string unavailable(const Target& t) {
-  try {
-    validate_target(t);
-    return "";
-  } catch (const UsageError& e) {
-    return e.what();
-  }
 }
 
 RunOptions options(const PropertyDef& p) {
@@ -79,7 +70,7 @@ class OnCudaLocal : public testing::TestWithParam<PropertyCase> {};
 
 TEST_P(OnCudaLocal, CorrectImplementationPasses) {
   const Target target = gpu_target(GetParam().tf32);
-  if (const std::string why = unavailable(target); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = target_unavailable(target); !why.empty()) GTEST_SKIP() << why;
   const PropertyDef& p = find_property(GetParam().name);
   const PropertyResult r = run_property(p, target, options(p));
   if (!r.skipped.empty()) GTEST_SKIP() << p.name << " cannot run here: " << r.skipped;
@@ -109,7 +100,7 @@ class GpuKillMatrix : public testing::TestWithParam<MutantInfo> {};
 TEST_P(GpuKillMatrix, MutantIsCaughtByItsPropertyOnTheGpu) {
   const MutantInfo& m = GetParam();
   const Target target = gpu_target(false, std::string(m.name));
-  if (const std::string why = unavailable(target); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = target_unavailable(target); !why.empty()) GTEST_SKIP() << why;
   const PropertyDef& p = find_property(m.caught_by);
   const PropertyResult r = run_property(p, target, options(p));
   if (!r.skipped.empty()) GTEST_SKIP() << p.name << " cannot run here: " << r.skipped;
