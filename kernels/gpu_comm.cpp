@@ -124,7 +124,7 @@ class DeviceCommunicator : public Communicator {
 
 class CudaLocalCommunicator final : public DeviceCommunicator {
  public:
-  CudaLocalCommunicator(Communicator& host, int device) : DeviceCommunicator(host, device) {}
+  using DeviceCommunicator::DeviceCommunicator;
   std::string_view backend() const override { return "cuda-local"; }
 
   // Every collective: this replica's stream is synchronized first (its writes into the buffers are done

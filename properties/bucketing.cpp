@@ -126,20 +126,20 @@ BucketingOutcome check_bucketing(const Scenario& s, const Target& target, std::s
   }
   for (std::size_t t = 0; t < one.params.size() && o.passed; ++t) {
     const std::string at = with + "after step " + std::to_string(t) + ", ";
-    if (std::size_t g = first_bit_difference(bucketed.grads[t], one.grads[t]); g < one.grads[t].size()) {
-      o.message = at + "the all-reduced gradient at " + layout.describe_element(g) + " is " +
-                  value_text(bucketed.grads[t][g], one.grads[t][g]);
-      for (std::size_t k = 0; k < plan.size(); ++k)
-        if (plan[k].lo <= g && g < plan[k].hi)
-          o.message += "; it is element " + std::to_string(g - plan[k].lo) + " of bucket " + std::to_string(k) + " [" +
-                       std::to_string(plan[k].lo) + ", " + std::to_string(plan[k].hi) + ")";
-    } else if (std::size_t i = first_bit_difference(bucketed.params[t], one.params[t]); i < one.params[t].size()) {
-      o.message = at + "parameter " + layout.describe_element(i) + " is " + value_text(bucketed.params[t][i], one.params[t][i]);
-      // Name the bucket that holds it, the first clue to which bucket went wrong.
+    // The bucket that holds flat element i, the first clue to which bucket went wrong.
+    const auto in_bucket = [&](std::size_t i) {
       for (std::size_t k = 0; k < plan.size(); ++k)
         if (plan[k].lo <= i && i < plan[k].hi)
-          o.message += "; it is element " + std::to_string(i - plan[k].lo) + " of bucket " + std::to_string(k) + " [" +
-                       std::to_string(plan[k].lo) + ", " + std::to_string(plan[k].hi) + ")";
+          return "; it is element " + std::to_string(i - plan[k].lo) + " of bucket " + std::to_string(k) + " [" +
+                 std::to_string(plan[k].lo) + ", " + std::to_string(plan[k].hi) + ")";
+      return std::string();
+    };
+    if (std::size_t g = first_bit_difference(bucketed.grads[t], one.grads[t]); g < one.grads[t].size()) {
+      o.message = at + "the all-reduced gradient at " + layout.describe_element(g) + " is " +
+                  value_text(bucketed.grads[t][g], one.grads[t][g]) + in_bucket(g);
+    } else if (std::size_t i = first_bit_difference(bucketed.params[t], one.params[t]); i < one.params[t].size()) {
+      o.message = at + "parameter " + layout.describe_element(i) + " is " +
+                  value_text(bucketed.params[t][i], one.params[t][i]) + in_bucket(i);
     } else if (std::size_t j = first_bit_difference(bucketed.state[t], one.state[t]); j < one.state[t].size()) {
       o.message = at + "the optimizer state at " + std::to_string(j) + " is " + value_text(bucketed.state[t][j], one.state[t][j]);
     } else if (std::bit_cast<std::uint64_t>(bucketed.losses[t]) != std::bit_cast<std::uint64_t>(one.losses[t])) {

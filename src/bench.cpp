@@ -152,7 +152,6 @@ double median(std::vector<double> v) {
   return *mid;
 }
 
-
 BenchBackend local_backend(std::chrono::milliseconds timeout) {
   return {std::string(backend_local), [timeout](int ranks, const std::function<void(Communicator&)>& fn) {
             run_local(ranks, fn, timeout);

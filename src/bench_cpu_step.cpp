@@ -2,8 +2,6 @@
 // table and its JSON form.
 #include "src/bench_cpu_step.hpp"
 
-#include "src/bench.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +11,7 @@
 #include <numeric>
 #include <ostream>
 
+#include "src/bench.hpp"
 #include "src/data.hpp"
 #include "src/engine.hpp"
 #include "src/optimizer.hpp"

@@ -179,8 +179,7 @@ double Trainer::compute_gradient(std::int64_t step) {
   if (reducer_) reducer_->begin(engine_.grads());
   // The buckets start during the last micro-batch's backward pass, each once its layers are final;
   // an observer may talk over the communicator at local_gradient, so with one they start after it.
-  const bool overlap = reducer_ && reducer_->threaded() && !observer_ && overlaps_backward();
-  overlap_ = overlap;
+  const bool overlap = buckets_overlap();
   const int layers = engine_.model().layers();
   const auto launch_ready = [&](int completed) {
     while (reducer_->next() < reducer_->buckets().size() && bucket_ready(reducer_->buckets()[reducer_->next()], completed))
@@ -401,7 +400,7 @@ StepResult Trainer::step() {
   if (reducer_) {
     r.buckets = reducer_->buckets().size();
     r.buckets_overlapped = reducer_->launched_early();
-    r.buckets_may_overlap = overlap_;
+    r.buckets_may_overlap = buckets_overlap();
   }
   if (observer_) observer_->updated(*this, r.step);
   r.replicas = check_replicas(comm_, engine_, optimizer_, r.step, scaler_.enabled() ? &scaler_.state() : nullptr);

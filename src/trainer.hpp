@@ -197,6 +197,9 @@ class Trainer {
   // Whether the buckets may start during the backward pass. A trainer that changes the local gradient
   // once it is whole (local_gradient_ready) says no: its buckets start when that is done.
   virtual bool overlaps_backward() const { return true; }
+  // Whether the buckets start during the last micro-batch's backward pass: a communication thread, no
+  // observer (it may talk over the communicator at local_gradient) and a trainer that overlaps.
+  bool buckets_overlap() const { return reducer_ && reducer_->threaded() && !observer_ && overlaps_backward(); }
   // Whether the engine's gradient holds an infinity or a NaN.
   bool gradient_non_finite();
   // Multiplies the engine's gradient by factor (a power of two: exact).
@@ -221,7 +224,6 @@ class Trainer {
   std::vector<Bf16> low_grads_;   // the gradient in bf16, for --allreduce-dtype bf16
   std::unique_ptr<BucketReducer> reducer_;  // --bucket-mb; made at the first step
   double compute_seconds_ = 0, exposed_comm_seconds_ = 0;  // the last compute_gradient's
-  bool overlap_ = false;                                    // the last compute_gradient's buckets could overlap
 };
 
 // array_split: n into `parts` sizes differing by at most one, larger first.
