@@ -2,7 +2,9 @@
 
 #include "properties/mutants.hpp"
 #include "src/error.hpp"
+#include "src/comm/plugin_comm.hpp"
 #include "src/cuda_plugin.hpp"
+#include "src/plugin/plugin_loader.hpp"
 #include "src/plugin/kernel_plugin.hpp"
 
 #include <vector>
@@ -13,6 +15,32 @@ std::string Target::describe() const {
   const std::string format = tf32 ? " (tf32)" : precision != Precision::fp32 ? " (" + std::string(precision_name(precision)) + ")" : "";
   return "engine " + engine + format + ", comm " + comm + (kernels.empty() ? "" : ", kernels " + kernels) +
          ", mutant " + (mutant.empty() ? "none" : mutant);
+}
+
+std::string PluginIdentity::text() const {
+  return "plugin '" + name + "'" + (version.empty() ? std::string() : " " + version) + ", ABI " + std::to_string(abi) +
+         " (" + path + ")";
+}
+
+std::vector<PluginIdentity> target_plugins(const Target& target) {
+  std::vector<PluginIdentity> out;
+  if (looks_like_plugin_path(target.comm)) {
+    const dpcheck_comm_plugin_t& t = load_comm_plugin(target.comm);
+    PluginIdentity p{"--comm", target.comm, t.name, t.abi >= 3 && t.version ? t.version : "", t.abi,
+                     comm_plugin_capabilities(t), {}, {}};
+    for (DType d : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16})
+      if (comm_plugin_has_dtype(t, d)) p.dtypes.emplace_back(dtype_name(d));
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max})
+      if (comm_plugin_supports(t, DType::f32, op) || comm_plugin_supports(t, DType::f64, op) ||
+          comm_plugin_supports(t, DType::i64, op))
+        p.ops.emplace_back(reduce_op_name(op));
+    out.push_back(std::move(p));
+  }
+  if (!target.kernels.empty()) {
+    const KernelPlugin& k = load_kernel_plugin(target.kernels);
+    out.push_back({"--kernels", target.kernels, std::string(k.name()), std::string(k.version()), k.table().abi, "", {}, {}});
+  }
+  return out;
 }
 
 namespace {
@@ -35,7 +63,14 @@ std::string shell_quoted(const std::string& text) {
   return quoted + "'";
 }
 
-void validate_target(const Target& target) {
+std::string gradient_allreduce_unsupported(const Target& target) {
+  if (!looks_like_plugin_path(target.comm)) return "";
+  const dpcheck_comm_plugin_t& plugin = load_comm_plugin(target.comm);
+  if (comm_plugin_supports(plugin, target.allreduce_dtype, ReduceOp::avg)) return "";
+  return comm_plugin_lacks(plugin, target.comm, target.allreduce_dtype, ReduceOp::avg);
+}
+
+void validate_target(const Target& target, GradientAllreduce gradient) {
   const Backend& backend = backend_of(target);
   (void)world_of_processes(backend, target.process_world);
   if (target.tf32 && target.engine != "cuda") throw UsageError("--tf32 is for the cuda engine's matrix products");
@@ -61,6 +96,8 @@ void validate_target(const Target& target) {
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
   if (const EngineRow& engine = find_engine(target.engine); engine.require) engine.require();
   if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), target.engine);
+  if (gradient == GradientAllreduce::required)
+    if (const std::string why = gradient_allreduce_unsupported(target); !why.empty()) throw UsageError(why);
 }
 
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {

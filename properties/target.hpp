@@ -37,10 +37,35 @@ struct Target {
   std::string describe() const;  // "engine cpu, comm local, mutant none" ("engine cpu (bf16), ...")
 };
 
+// A plugin the target runs, as reports name it: the option and path it was given with, and what its
+// table says of itself.
+struct PluginIdentity {
+  std::string option;        // "--comm" or "--kernels"
+  std::string path;          // as given
+  std::string name;          // the table's name
+  std::string version;       // the table's version (plugin ABI 3 and later); "" when none
+  unsigned abi = 0;          // the table's plugin ABI
+  std::string capabilities;  // a communicator's dtypes and ops ("dtypes float32, ...; all-reduce ops sum, ...")
+  std::vector<std::string> dtypes, ops;  // the same, as lists
+  // "plugin 'gloo ring' Gloo 0.5.0, ABI 3 (./libgloo.so)"
+  std::string text() const;
+};
+
+// The target's plugins: its communicator's (when --comm is a path) and its kernels' (when --kernels is
+// given), loading them if need be.
+std::vector<PluginIdentity> target_plugins(const Target& target);
+
 // Checks that the engine, backend and mutant names are known and go together (backend_for), that a
 // backend that needs a launcher has one, that a GPU engine has a device, and that a kernel plugin loads
-// and suits the engine; UsageError otherwise ("no CUDA device: <the runtime's reason>").
-void validate_target(const Target& target);
+// and suits the engine, and that a communicator plugin declares the gradient all-reduce (avg of
+// target.allreduce_dtype) that training needs; UsageError otherwise ("no CUDA device: <the runtime's
+// reason>"). conform, which reports what a plugin lacks row by row, leaves the last check out.
+enum class GradientAllreduce { required, not_required };
+void validate_target(const Target& target, GradientAllreduce gradient = GradientAllreduce::required);
+
+// "" when the target's communicator takes the gradient all-reduce training does (avg of
+// target.allreduce_dtype), else why not, naming the plugin, the dtype and the remedy.
+std::string gradient_allreduce_unsupported(const Target& target);
 
 // The element counts at which the target's communicator changes algorithm for a world of this size
 // (its row's thresholds, float32), so that scenarios can be drawn on both sides.

@@ -1,15 +1,20 @@
-// Communicator plugins (src/comm/plugin_comm.hpp) across the plugin ABIs (include/dpcheck/plugin.h): a
-// plugin of ABI 2 (examples/comm_ring, which rounds at every hop, and tests/plugins/comm's correct
-// plugin, which rounds once) reduces and moves bfloat16 and float16 through the conformance suite's
-// 16-bit checks; a plugin of ABI 1 still loads and runs its own dtypes, and a 16-bit collective on it
-// is a UsageError naming the plugin, the dtype and both ABIs, on every rank, before the plugin is
-// called (the ABI-1 test plugin fails any call of a dtype it should never see, saying so).
+// Communicator plugins (src/comm/plugin_comm.hpp) across the plugin ABIs (include/dpcheck/plugin.h): the
+// table of ABIs (what each is handed: ABI 1 its own dtypes, ABI 2 the 16-bit ones too, ABI 3 what its
+// masks declare, 0 meaning ABI 1's, so that a source recompiled unchanged is never handed a newer
+// dtype); plugins that declare the 16-bit floats (examples/comm_ring, which rounds at every hop, and
+// tests/plugins/comm's correct plugin, which rounds once) reduce and move them through the conformance
+// suite's 16-bit checks; a collective a plugin does not declare is a UsageError naming the plugin, the
+// dtype and the remedy, on every rank, before the plugin is called (the test plugins fail any call of a
+// dtype or op they should never see, saying so); and finalize's contract: a normal end finalizes no
+// rank before every rank's last call has returned, with the bootstrap still usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
 
+#include "src/backends.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/comm/plugin_comm.hpp"
 #include "src/error.hpp"
@@ -23,6 +28,11 @@ using namespace std::chrono_literals;
 const std::string kRing = DPCHECK_RING_PLUGIN;
 const std::string kCorrect = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/libdpcheck_comm_correct.so";
 const std::string kAbi1 = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/libdpcheck_comm_abi-1.so";
+const std::string kAbi2 = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/libdpcheck_comm_abi-2.so";
+const std::string kUnchanged = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/libdpcheck_comm_unchanged-source.so";
+const std::string kFloat32Sum = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/libdpcheck_comm_float32-sum.so";
+const std::string kClosesEarly = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/libdpcheck_comm_closes-early.so";
+const std::string kFinalizeBarrier = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/libdpcheck_comm_finalize-barrier.so";
 
 // fn on every rank of n threads, each with a communicator of the plugin at `path`.
 void run_plugin(const std::string& path, int n, const std::function<void(Communicator&)>& fn) {
@@ -33,22 +43,123 @@ void run_plugin(const std::string& path, int n, const std::function<void(Communi
   }, 30s);
 }
 
-TEST(PluginComm, TheExamplesAndTestPluginsDeclareTheAbiTheyWereBuiltFor) {
-  EXPECT_EQ(load_comm_plugin(kRing).abi, 2u);
-  EXPECT_EQ(load_comm_plugin(kCorrect).abi, 2u);
-  EXPECT_EQ(load_comm_plugin(kAbi1).abi, 1u);
-  EXPECT_TRUE(comm_plugin_has_dtype(load_comm_plugin(kRing), DType::bf16));
-  EXPECT_TRUE(comm_plugin_has_dtype(load_comm_plugin(kRing), DType::f16));
-  for (DType t : {DType::f32, DType::f64, DType::i64}) EXPECT_TRUE(comm_plugin_has_dtype(load_comm_plugin(kAbi1), t));
-  EXPECT_FALSE(comm_plugin_has_dtype(load_comm_plugin(kAbi1), DType::bf16));
-  EXPECT_FALSE(comm_plugin_has_dtype(load_comm_plugin(kAbi1), DType::f16));
-  EXPECT_FALSE(comm_plugin_has_dtype(load_comm_plugin(kRing), DType::u8));  // dpcheck's own control messages
+// The table of ABIs: what each table declares, and so what dpcheck hands it.
+TEST(PluginComm, EachAbiIsHandedWhatItDeclares) {
+  struct Row {
+    std::string path;
+    unsigned abi;
+    std::vector<DType> dtypes;
+    std::vector<ReduceOp> ops;
+  };
+  const std::vector<DType> abi1 = {DType::f32, DType::f64, DType::i64};
+  const std::vector<DType> all = {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16};
+  const std::vector<ReduceOp> every = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
+  const std::vector<Row> rows = {
+      {kAbi1, 1, abi1, every},        // ABI 1: its own dtypes, even with masks set past its table
+      {kAbi2, 2, all, every},         // ABI 2: every dtype there was
+      {kUnchanged, 3, abi1, every},   // an ABI-2 source recompiled unchanged: masks 0, ABI 1's set
+      {kFloat32Sum, 3, {DType::f32}, {ReduceOp::sum}},
+      {kCorrect, 3, all, every},
+      {kRing, 3, all, every},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.path);
+    const dpcheck_comm_plugin_t& p = load_comm_plugin(row.path);
+    EXPECT_EQ(p.abi, row.abi);
+    for (DType t : all) {
+      const bool declared = std::find(row.dtypes.begin(), row.dtypes.end(), t) != row.dtypes.end();
+      EXPECT_EQ(comm_plugin_has_dtype(p, t), declared) << dtype_name(t);
+      for (ReduceOp op : every) {
+        const bool op_declared = std::find(row.ops.begin(), row.ops.end(), op) != row.ops.end();
+        EXPECT_EQ(comm_plugin_supports(p, t, op), declared && op_declared) << dtype_name(t) << " " << reduce_op_name(op);
+      }
+    }
+    EXPECT_FALSE(comm_plugin_has_dtype(p, DType::u8));  // dpcheck's own control messages
+  }
+  EXPECT_EQ(comm_plugin_label(load_comm_plugin(kRing)), "'ring' example 1.0");
+  EXPECT_EQ(comm_plugin_label(load_comm_plugin(kAbi2)), "'broken'");  // no version before ABI 3
+  EXPECT_EQ(comm_plugin_capabilities(load_comm_plugin(kFloat32Sum)), "dtypes float32; all-reduce ops sum");
+}
+
+// The test plugins fail a call of a dtype or op they do not declare, so each ABI's set, run through
+// dpcheck, shows that nothing else arrives.
+TEST(PluginComm, AnUndeclaredCollectiveIsRefusedBeforeThePluginIsCalled) {
+  for (const std::string& path : {kUnchanged, kFloat32Sum}) {
+    SCOPED_TRACE(path);
+    run_plugin(path, 3, [&](Communicator& c) {
+      std::vector<Bf16> b(4, conformance::narrow<Bf16>(1.0f));
+      try {
+        c.allreduce(std::span<Bf16>(b), ReduceOp::avg);
+        ADD_FAILURE() << "bfloat16 reached a plugin that does not declare it";
+      } catch (const UsageError& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("plugin 'broken' (" + path + ")"), std::string::npos) << m;
+        EXPECT_NE(m.find("bfloat16"), std::string::npos) << m;
+        EXPECT_NE(m.find("DPCHECK_BFLOAT16"), std::string::npos) << m;  // the remedy
+      }
+      std::vector<float> f(4, 1.0f);
+      if (path == kFloat32Sum) {
+        EXPECT_THROW(c.allreduce(std::span<float>(f), ReduceOp::avg), UsageError);
+        std::vector<double> d(2, 1.0);
+        EXPECT_THROW(c.broadcast(std::span<double>(d), 0), UsageError);
+      }
+      c.allreduce(std::span<float>(f), ReduceOp::sum);  // still in step: no rank called the plugin
+      EXPECT_EQ(f[0], 3.0f);
+    });
+  }
+}
+
+// The plugin's ranks close their "connections" in finalize at once, and its last rank reads every
+// peer's 50 ms after the others returned from an all-reduce: right only because dpcheck finalizes no
+// rank before every rank's last call has returned. Through the backend row, as every command runs it;
+// each world ends with an all-reduce and nothing after it.
+TEST(PluginComm, NoRankIsFinalizedWhileAPeerIsStillInACollective) {
+  const Backend& row = register_comm_plugin(kClosesEarly);
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE("N = " + std::to_string(n));
+    EXPECT_NO_THROW(row.run_threads(
+        n,
+        [](Communicator& c) {
+          std::vector<float> f(16, 1.0f);
+          c.allreduce(std::span<float>(f), ReduceOp::sum);
+        },
+        30s));
+  }
+}
+
+// finalize may use the bootstrap (the plugin aborts the process if its barrier fails there).
+TEST(PluginComm, TheBootstrapIsUsableInsideFinalize) {
+  const Backend& row = register_comm_plugin(kFinalizeBarrier);
+  EXPECT_NO_THROW(row.run_threads(
+      3,
+      [](Communicator& c) {
+        std::vector<float> f(4, 1.0f);
+        c.allreduce(std::span<float>(f), ReduceOp::sum);
+        EXPECT_EQ(f[0], 3.0f);
+      },
+      30s));
+}
+
+// After a failure the ranks are finalized without waiting for each other: a rank whose peer has
+// failed is not held at a barrier until the timeout.
+TEST(PluginComm, AfterAFailureFinalizeDoesNotWaitForThePeers) {
+  const Backend& row = register_comm_plugin(kCorrect);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(row.run_threads(
+                   3,
+                   [](Communicator& c) {
+                     if (c.rank() == 1) throw Error("rank 1 fails");
+                     c.host().barrier();  // the other ranks learn of the failure here
+                   },
+                   30s),
+               Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
 }
 
 // Sums of small integers are exact whether the plugin rounds once or at every hop; broadcast and
 // allgather move the patterns untouched.
-TEST(PluginComm, AbiTwoPluginsReduceAndMoveSixteenBitFloats) {
-  for (const std::string& path : {kRing, kCorrect})
+TEST(PluginComm, PluginsThatDeclareSixteenBitFloatsReduceAndMoveThem) {
+  for (const std::string& path : {kRing, kCorrect, kAbi2})
     for (int n : {1, 2, 3, 5}) {
       SCOPED_TRACE(path + " N=" + std::to_string(n));
       run_plugin(path, n, [](Communicator& c) {
@@ -97,8 +208,8 @@ TEST(PluginComm, ASixteenBitCollectiveOnAnAbiOnePluginIsAUsageErrorNamingPluginD
       const std::string m = e.what();
       EXPECT_NE(m.find("plugin 'broken' (" + kAbi1 + ")"), std::string::npos) << m;
       EXPECT_NE(m.find("plugin ABI 1, which has no " + std::string(dtype)), std::string::npos) << m;
-      EXPECT_NE(m.find("need ABI 2"), std::string::npos) << m;
-      EXPECT_NE(m.find("DPCHECK_BFLOAT16"), std::string::npos) << m;
+      EXPECT_NE(m.find("this dpcheck's plugin.h (ABI 3)"), std::string::npos) << m;
+      EXPECT_NE(m.find("declare it in its table's dtypes"), std::string::npos) << m;
     } catch (const std::exception& e) {
       ADD_FAILURE() << where << ": " << dtype << ": not a UsageError: " << e.what();
     }

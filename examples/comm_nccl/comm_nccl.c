@@ -168,9 +168,24 @@ static void p_finalize(void* h) {
   free(p);
 }
 
-static const dpcheck_comm_plugin_t nccl_plugin = {
+/* NCCL reduces every dtype of the ABI, with every op (ncclAvg since NCCL 2.10). The version is the
+   library's own, read when dpcheck first asks for the table. */
+static dpcheck_comm_plugin_t nccl_plugin = {
     DPCHECK_PLUGIN_ABI, "nccl", DPCHECK_CUDA, p_init, p_allreduce, p_broadcast, p_allgather,
     p_barrier, p_last_error, p_finalize,
+    NULL,
+    DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16),
+    DPCHECK_ABI1_OPS,
 };
 
-const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) { return &nccl_plugin; }
+static char nccl_version[32];
+
+const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) {
+  int v = 0;
+  if (!nccl_plugin.version && ncclGetVersion(&v) == ncclSuccess) {
+    /* NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9 */
+    snprintf(nccl_version, sizeof nccl_version, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    nccl_plugin.version = nccl_version;
+  }
+  return &nccl_plugin;
+}

@@ -15,7 +15,7 @@
  * Every rank ends with the same bits: each chunk is summed once, in one order, by the ranks around the
  * ring, and the finished chunk is copied, not recomputed.
  *
- * bfloat16 and float16 (plugin ABI 2) travel as their 16-bit patterns; each hop widens both operands
+ * bfloat16 and float16 (declared in the table's dtypes) travel as their 16-bit patterns; each hop widens both operands
  * to float, adds them there and rounds the sum back to the format (to nearest, ties to even), as
  * NCCL's ring does. */
 #include <dpcheck/plugin.h>
@@ -286,6 +286,8 @@ static int ring_barrier(void* comm) {
 
 static const char* ring_last_error(void* comm) { return comm ? ((ring_t*)comm)->error : "init failed"; }
 
+/* dpcheck calls finalize on every rank once every rank has returned from its last collective
+   (plugin.h, "Finalize"), and this transport keeps nothing in flight: there is nothing to wait for. */
 static void ring_finalize(void* comm) {
   ring_t* r = (ring_t*)comm;
   if (!r) return;
@@ -293,9 +295,14 @@ static void ring_finalize(void* comm) {
   free(r);
 }
 
+/* Plugin ABI 3 asks a plugin to say what it takes: every dtype of the ABI, every op. A plugin that
+   leaves the masks 0 is handed float32, float64 and int64 only. */
 static const dpcheck_comm_plugin_t ring_plugin = {
     DPCHECK_PLUGIN_ABI, "ring", DPCHECK_HOST, ring_init, ring_allreduce, ring_broadcast, ring_allgather,
     ring_barrier, ring_last_error, ring_finalize,
+    "example 1.0",
+    DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16),
+    DPCHECK_ABI1_OPS,
 };
 
 const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) { return &ring_plugin; }

@@ -153,6 +153,7 @@ static const dpcheck_kernel_plugin_t naive = {
     naive_adam_step,
     naive_last_error,
     NULL, /* finalize: nothing to release */
+    "example 1.0", /* version (plugin ABI 3), shown in dpcheck's reports */
 };
 
 const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) { return &naive; }

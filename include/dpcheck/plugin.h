@@ -8,13 +8,35 @@
  *   dpcheck conform --kernels ./libmy_kernels.so
  *
  * Versioning: `abi` is DPCHECK_PLUGIN_ABI of the header the plugin was built with. dpcheck refuses a
- * table whose abi it does not know and says both numbers. The shape of a table never changes within
- * one abi; a change raises DPCHECK_PLUGIN_ABI.
- *   1  the tables below; dtypes float32, float64, int64.
- *   2  adds the 16-bit floating dtypes DPCHECK_BFLOAT16 and DPCHECK_FLOAT16 (mixed-precision gradient
- *      all-reduces). The tables' shape is unchanged, and dpcheck still loads abi-1 tables: an abi-1
- *      communicator is never passed the new dtypes (dpcheck refuses a 16-bit collective on it, naming
- *      the plugin, and `conform` skips its 16-bit checks).
+ * table whose abi it does not know and says both numbers, and loads every older one: it reads no field
+ * that the table's abi does not have. A change raises DPCHECK_PLUGIN_ABI.
+ *   1  the tables below up to `finalize`; dtypes float32, float64, int64; ops sum, avg, min, max.
+ *   2  adds the 16-bit floating dtypes DPCHECK_BFLOAT16 and DPCHECK_FLOAT16. An abi-2 communicator
+ *      takes every dtype and op there is in abi 2 (so a plugin built for float32 and recompiled against
+ *      the abi-2 header was handed 16-bit buffers: abi 3 ends that).
+ *   3  adds, after `finalize`, `version` and the capability masks `dtypes` and `ops`, and specifies
+ *      finalize (below). Support is opt-in: a mask of 0 means the dtypes and ops of abi 1 (float32,
+ *      float64, int64; sum, avg, min, max) and nothing newer, so a source written before a dtype or an
+ *      op existed, recompiled against a newer header unchanged, is never handed it.
+ *
+ * Capabilities (abi 3): a communicator lists the dtypes its collectives take in `dtypes`
+ * (DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | ...) and the all-reduce ops it takes in `ops`
+ * (DPCHECK_OP_BIT(DPCHECK_SUM) | ...). dpcheck never passes it anything else: `conform` reports the
+ * other rows as "unsupported: the plugin says so" (neither a failure nor a pass), and `train` or
+ * `verify` asked for a gradient all-reduce the plugin does not declare (`--allreduce-dtype bf16` on a
+ * plugin without DPCHECK_BFLOAT16) refuse before they start, naming the plugin, the dtype and the
+ * remedy (exit 2). dpcheck's gradient all-reduce is an avg: a plugin for training declares DPCHECK_AVG
+ * at least with float32.
+ *
+ * Finalize (specified with abi 3, and kept for plugins of every abi): finalize is collective. Every
+ * rank that returned from init is finalized once. When the run ends normally, dpcheck first waits for
+ * every rank at a barrier of its own transport, so every rank's last call into the plugin has
+ * returned before any rank's finalize starts; the bootstrap stays valid until every finalize has
+ * returned, and finalize may call it (its barrier, say, when the ranks must close together). Before it
+ * closes its connections, a plugin must complete what it started itself: sends that are still in
+ * flight after a collective returned, and receives its peers may still be serving. After a failure (a
+ * rank's error, a timeout) finalize runs without that barrier, the bootstrap's calls may fail, and a
+ * peer may be gone: release the resources without waiting for anyone.
  *
  * Errors: every entry point that returns int returns 0 on success; after a non-zero return, dpcheck
  * reports the plugin's name, the call, the rank and last_error()'s text, and ends the run.
@@ -46,7 +68,7 @@ extern "C" {
 #pragma GCC diagnostic ignored "-Wshadow"
 #endif
 
-#define DPCHECK_PLUGIN_ABI 2
+#define DPCHECK_PLUGIN_ABI 3
 
 /* DPCHECK_BFLOAT16 (8 significant bits, float32's exponent range) and DPCHECK_FLOAT16 (IEEE binary16)
    buffers hold the formats' 16-bit patterns, a uint16_t per element; abi 2 and later. */
@@ -59,6 +81,15 @@ typedef enum {
 } dpcheck_dtype_t;
 typedef enum { DPCHECK_SUM = 0, DPCHECK_AVG = 1, DPCHECK_MIN = 2, DPCHECK_MAX = 3 } dpcheck_op_t;
 typedef enum { DPCHECK_HOST = 0, DPCHECK_CUDA = 1 } dpcheck_memory_t;
+
+/* The capability masks of a communicator's table (abi 3): a bit per dtype, a bit per all-reduce op. */
+#define DPCHECK_DTYPE_BIT(dtype) (1u << (unsigned)(dtype))
+#define DPCHECK_OP_BIT(op) (1u << (unsigned)(op))
+/* What a mask of 0 means: abi 1's dtypes and ops, never one added later. */
+#define DPCHECK_ABI1_DTYPES \
+  (DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT64) | DPCHECK_DTYPE_BIT(DPCHECK_INT64))
+#define DPCHECK_ABI1_OPS \
+  (DPCHECK_OP_BIT(DPCHECK_SUM) | DPCHECK_OP_BIT(DPCHECK_AVG) | DPCHECK_OP_BIT(DPCHECK_MIN) | DPCHECK_OP_BIT(DPCHECK_MAX))
 
 /* ---- communicators ------------------------------------------------------------------------------ */
 
@@ -80,7 +111,7 @@ typedef struct dpcheck_bootstrap {
    and its averages within rounding; min and max must return one of the inputs. For DPCHECK_CUDA plugins
    the buffers are device pointers and `stream` is the engine's cudaStream_t, on which the work must be
    ordered (after what is queued there already); for DPCHECK_HOST plugins `stream` is NULL. The
-   bootstrap handed to init stays valid until finalize. */
+   bootstrap handed to init stays valid until every rank's finalize has returned. */
 typedef struct dpcheck_comm_plugin {
   unsigned abi; /* DPCHECK_PLUGIN_ABI */
   const char* name;
@@ -92,7 +123,12 @@ typedef struct dpcheck_comm_plugin {
   int (*allgather)(void* comm, const void* send, void* recv, size_t count, dpcheck_dtype_t dtype, void* stream);
   int (*barrier)(void* comm);
   const char* (*last_error)(void* comm); /* the message for the last non-zero return */
-  void (*finalize)(void* comm);
+  void (*finalize)(void* comm);          /* collective: see "Finalize" above */
+
+  /* ---- abi 3 and later (a table of an earlier abi ends above; dpcheck does not read on) ---- */
+  const char* version; /* the plugin's or its library's version, shown in every report; NULL: none */
+  uint32_t dtypes;     /* DPCHECK_DTYPE_BIT()s its collectives take; 0: DPCHECK_ABI1_DTYPES */
+  uint32_t ops;        /* DPCHECK_OP_BIT()s its all-reduce takes; 0: DPCHECK_ABI1_OPS */
 } dpcheck_comm_plugin_t;
 
 const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void); /* the one exported symbol */
@@ -146,6 +182,9 @@ typedef struct dpcheck_kernel_plugin {
 
   const char* (*last_error)(void* kernels); /* the message for the last non-zero return */
   void (*finalize)(void* kernels);          /* NULL: nothing to release */
+
+  /* ---- abi 3 and later (a table of an earlier abi ends above; dpcheck does not read on) ---- */
+  const char* version; /* the plugin's or its library's version, shown in every report; NULL: none */
 } dpcheck_kernel_plugin_t;
 
 const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void); /* the one exported symbol */

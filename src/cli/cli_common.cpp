@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -26,6 +27,45 @@
 #include "src/npy.hpp"
 
 namespace dpcheck::cli {
+
+nlohmann::json plugins_json(const Target& target) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PluginIdentity& p : target_plugins(target)) {
+    nlohmann::json j{{"option", p.option},
+                     {"path", p.path},
+                     {"name", p.name},
+                     {"version", p.version.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.version)},
+                     {"abi", p.abi}};
+    if (p.option == "--comm") {
+      j["dtypes"] = p.dtypes;
+      j["ops"] = p.ops;
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::string plugins_text(const Target& target) {
+  std::string out;
+  for (const PluginIdentity& p : target_plugins(target)) out += "; " + p.text();
+  return out;
+}
+
+std::string plugins_junit(const Target& target) {
+  const std::vector<PluginIdentity> plugins = target_plugins(target);
+  if (plugins.empty()) return "";
+  std::string out = "  <properties>\n";
+  for (const PluginIdentity& p : plugins) {
+    const std::string key = p.option == "--comm" ? "comm_plugin" : "kernel_plugin";
+    out += "    <property name=\"" + key + "\" value=\"" + xml_escape(p.name) + "\"/>\n";
+    out += "    <property name=\"" + key + "_version\" value=\"" + xml_escape(p.version) + "\"/>\n";
+    out += "    <property name=\"" + key + "_abi\" value=\"" + std::to_string(p.abi) + "\"/>\n";
+    out += "    <property name=\"" + key + "_path\" value=\"" + xml_escape(p.path) + "\"/>\n";
+    if (!p.capabilities.empty())
+      out += "    <property name=\"" + key + "_capabilities\" value=\"" + xml_escape(p.capabilities) + "\"/>\n";
+  }
+  return out + "  </properties>\n";
+}
 
 void ModelOptions::add_to(CLI::App& sub, bool required) {
   CLI::Option* m = sub.add_option("--model", dims, "Layer widths, input first, e.g. 784,256,10");

@@ -16,11 +16,21 @@
 #include "src/replica_check.hpp"  // float_text
 #include "src/sampler.hpp"
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace CLI {
 class App;
 }
 
 namespace dpcheck::cli {
+
+// The target's plugins for a JSON report: [{"option": "--comm", "path", "name", "version" (null when
+// none), "abi", "dtypes", "ops"}, ...] (a kernel plugin's without dtypes and ops); [] when it runs none.
+nlohmann::json plugins_json(const Target& target);
+// The same as text for a report's header: "" or "; plugin 'gloo ring' Gloo 0.5.0, ABI 3 (./libgloo.so)".
+std::string plugins_text(const Target& target);
+// The same for a JUnit testsuite: <properties> with a property per plugin ("" when it runs none).
+std::string plugins_junit(const Target& target);
 
 struct ModelOptions {
   std::string dims;

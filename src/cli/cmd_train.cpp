@@ -131,7 +131,7 @@ int run_train(TrainOptions& o) {
                 std::string(loss_name(t.model.loss)).c_str(), world, static_cast<long long>(t.batch),
                 static_cast<long long>(t.data_size()), o.optimizer.c_str(), t.optimizer_for(world).lr,
                 t.linear_scaling ? " (linear scaling)" : "", t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(),
-                t.shuffle ? ", shuffled" : "", target.describe().c_str());
+                t.shuffle ? ", shuffled" : "", (target.describe() + plugins_text(target)).c_str());
     if (t.warmup_steps > 0)
       std::printf("warm-up: the learning rate rises from %g to %g over %lld steps\n", t.optimizer.lr,
                   t.optimizer_for(world).lr, static_cast<long long>(t.warmup_steps));

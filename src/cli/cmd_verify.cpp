@@ -80,6 +80,7 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                      {"seconds", r.seconds},
                      {"counterexample", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.counterexample)},
                      {"failure", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.failure)},
+                     {"not_judged", !r.passed && r.not_judged},
                      {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr)
                                                        : nlohmann::json(replay_command(o.target, r.reproduce))},
                      {"runs", r.runs > 0 ? nlohmann::json({{"failing", r.failing_runs}, {"total", r.runs}})
@@ -113,7 +114,8 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
            {{"engine", o.target.engine},
             {"comm", o.target.comm},
             {"mutant", o.target.mutant.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.target.mutant)},
-            {"world_size", o.target.world_size > 0 ? nlohmann::json(o.target.world_size) : nlohmann::json("drawn")}}},
+            {"world_size", o.target.world_size > 0 ? nlohmann::json(o.target.world_size) : nlohmann::json("drawn")},
+            {"plugins", plugins_json(o.target)}}},
           {"properties", props}};
 }
 
@@ -126,8 +128,9 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
   }
   std::ostringstream x;
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-    << "<testsuites>\n<testsuite name=\"dpcheck verify (" << xml_escape(o.target.describe()) << ")\" tests=\""
-    << results.size() << "\" failures=\"" << failures << "\" time=\"" << seconds << "\">\n";
+    << "<testsuites>\n<testsuite name=\"dpcheck verify (" << xml_escape(o.target.describe() + plugins_text(o.target))
+    << ")\" tests=\"" << results.size() << "\" failures=\"" << failures << "\" time=\"" << seconds << "\">\n"
+    << plugins_junit(o.target);
   const auto property = [&](const std::string& name, const std::string& value) {
     x << "      <property name=\"" << name << "\" value=\"" << xml_escape(value) << "\"/>\n";
   };
@@ -231,7 +234,7 @@ int run_verify(VerifyOptions& o) {
     return std::string(buf);
   };
   Progress progress(printing && Progress::wanted(o.quiet));
-  say("dpcheck verify: " + o.target.describe() + ", world size " +
+  say("dpcheck verify: " + o.target.describe() + plugins_text(o.target) + ", world size " +
       (o.target.world_size > 0 ? std::to_string(o.target.world_size) : std::string("drawn from 1-8")) + ", " +
       (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
       ", seed " + std::to_string(o.seed) + "\n\n");
@@ -307,6 +310,9 @@ int run_verify(VerifyOptions& o) {
     if (!r.reproduce.empty()) details << ", shrunk " << r.shrinks << " times";
     if (r.runs > 0) details << "; the minimal case " << runs_text(r) << (r.flaky() ? " (a failure that comes and goes)" : "");
     details << "\n";
+    if (r.not_judged)
+      details << "  (what the property runs failed before its promise could be judged: the promise itself is not "
+                 "shown broken)\n";
     if (!r.counterexample.empty()) details << indented("  minimal case: ", r.counterexample);
     details << indented("  why: ", r.failure);
     if (!r.reproduce.empty())

@@ -2,6 +2,7 @@
 // guarded calls, and their rows in the backend table.
 #include "src/comm/plugin_comm.hpp"
 
+#include <bit>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -16,6 +17,27 @@
 namespace dpcheck {
 
 namespace {
+
+const char* abi_dtype_macro(DType t) {
+  switch (t) {
+    case DType::f32: return "DPCHECK_FLOAT32";
+    case DType::f64: return "DPCHECK_FLOAT64";
+    case DType::i64: return "DPCHECK_INT64";
+    case DType::bf16: return "DPCHECK_BFLOAT16";
+    case DType::f16: return "DPCHECK_FLOAT16";
+    default: return "?";
+  }
+}
+
+const char* abi_op_macro(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "DPCHECK_SUM";
+    case ReduceOp::avg: return "DPCHECK_AVG";
+    case ReduceOp::min: return "DPCHECK_MIN";
+    case ReduceOp::max: return "DPCHECK_MAX";
+  }
+  return "?";
+}
 
 dpcheck_op_t abi_op(ReduceOp op) {
   switch (op) {
@@ -42,8 +64,24 @@ bool abi_dtype(DType t, dpcheck_dtype_t* out) {
   return false;
 }
 
-// The first ABI with each of the ABI's dtypes.
-unsigned abi_of_dtype(DType t) { return is_16bit_float(t) ? 2 : 1; }
+// The dtypes and ops a table declares (include/dpcheck/plugin.h, "Capabilities"): abi 1 has its own
+// dtypes and ops; abi 2 every dtype and op of abi 2; abi 3 and later its masks, 0 meaning abi 1's.
+std::uint32_t declared_dtypes(const dpcheck_comm_plugin_t& plugin) {
+  if (plugin.abi == 1) return DPCHECK_ABI1_DTYPES;
+  if (plugin.abi == 2) return DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
+  return plugin.dtypes ? plugin.dtypes : DPCHECK_ABI1_DTYPES;
+}
+
+std::uint32_t declared_ops(const dpcheck_comm_plugin_t& plugin) {
+  if (plugin.abi < 3 || plugin.ops == 0) return DPCHECK_ABI1_OPS;
+  return plugin.ops;
+}
+
+constexpr std::uint32_t kAllDtypes = DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) |
+                                     DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
+
+constexpr DType kAbiDtypes[] = {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16};
+constexpr ReduceOp kAbiOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
 
 class PluginCommunicator final : public Communicator {
  public:
@@ -60,9 +98,15 @@ class PluginCommunicator final : public Communicator {
     guarded("init", [&] { return plugin_.init(&boot_, &comm_); });
   }
 
-  ~PluginCommunicator() override {
-    PluginCall call(plugin_.name, "finalize", rank(), timeout());
-    plugin_.finalize(comm_);
+  // After a failure: finalize without waiting for the other ranks (plugin.h, "Finalize").
+  ~PluginCommunicator() override { finalize(); }
+
+  // The normal end of a run: once every rank's last call into the plugin has returned (a barrier on
+  // dpcheck's own transport, which the plugin cannot break), every rank's finalize, the bootstrap still
+  // valid. A barrier that fails (another rank failed) leaves the finalize to the destructor.
+  void close() {
+    base_.host().barrier();
+    finalize();
   }
 
   int rank() const override { return base_.rank(); }
@@ -87,6 +131,8 @@ class PluginCommunicator final : public Communicator {
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     dpcheck_dtype_t t;
     if (!plugin_dtype(dtype, &t)) return base_.host().allreduce(buf, count, dtype, op);
+    if (!comm_plugin_supports(plugin_, dtype, op))
+      throw UsageError(comm_plugin_lacks(plugin_, backend_, dtype, op));
     guarded("allreduce", [&] { return plugin_.allreduce(comm_, buf, count, t, abi_op(op), stream_); });
   }
 
@@ -108,12 +154,19 @@ class PluginCommunicator final : public Communicator {
 
  private:
   // The plugin's dtype for a collective of `dtype`; false for dpcheck's own control messages, which go
-  // over host(). A dtype newer than the plugin's ABI is refused on every rank alike, before any rank
+  // over host(). A dtype the plugin does not declare is refused on every rank alike, before any rank
   // calls the plugin (which would read it as a dtype it does not know).
   bool plugin_dtype(DType dtype, dpcheck_dtype_t* out) const {
     if (!abi_dtype(dtype, out)) return false;
-    if (!comm_plugin_has_dtype(plugin_, dtype)) throw UsageError(comm_plugin_lacks_dtype(plugin_, backend_, dtype));
+    if (!comm_plugin_has_dtype(plugin_, dtype)) throw UsageError(comm_plugin_lacks(plugin_, backend_, dtype));
     return true;
+  }
+
+  void finalize() {
+    if (finalized_) return;
+    finalized_ = true;
+    PluginCall call(plugin_.name, "finalize", rank(), timeout());
+    plugin_.finalize(comm_);
   }
 
   // The bootstrap's transport: a communicator of its own under a launcher (a timeout there must not
@@ -183,6 +236,7 @@ class PluginCommunicator final : public Communicator {
   void* comm_ = nullptr;
   void* stream_ = nullptr;
   std::string bootstrap_error_;
+  bool finalized_ = false;
 };
 
 // A plugin with a transport of its own learns the timeout from the environment. Set while one thread
@@ -214,21 +268,62 @@ const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::stri
   require_entry(reinterpret_cast<const void*>(table->barrier), "barrier", what, kind);
   require_entry(reinterpret_cast<const void*>(table->last_error), "last_error", what, kind);
   require_entry(reinterpret_cast<const void*>(table->finalize), "finalize", what, kind);
+  if (table->abi >= 3) {
+    if (const std::uint32_t unknown = table->dtypes & ~kAllDtypes)
+      throw UsageError(what + ": its table's dtypes hold bit " + std::to_string(std::countr_zero(unknown)) +
+                       ", which is no dtype of plugin ABI " + std::to_string(DPCHECK_PLUGIN_ABI) +
+                       " (use DPCHECK_DTYPE_BIT of a dpcheck_dtype_t)");
+    if (const std::uint32_t unknown = table->ops & ~static_cast<std::uint32_t>(DPCHECK_ABI1_OPS))
+      throw UsageError(what + ": its table's ops hold bit " + std::to_string(std::countr_zero(unknown)) +
+                       ", which is no op of plugin ABI " + std::to_string(DPCHECK_PLUGIN_ABI) +
+                       " (use DPCHECK_OP_BIT of a dpcheck_op_t)");
+  }
   loaded.emplace(path, table);
   return *table;
 }
 
 bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype) {
   dpcheck_dtype_t t;
-  return abi_dtype(dtype, &t) && plugin.abi >= abi_of_dtype(dtype);
+  return abi_dtype(dtype, &t) && (declared_dtypes(plugin) & DPCHECK_DTYPE_BIT(t)) != 0;
 }
 
-std::string comm_plugin_lacks_dtype(const dpcheck_comm_plugin_t& plugin, const std::string& path, DType dtype) {
+bool comm_plugin_supports(const dpcheck_comm_plugin_t& plugin, DType dtype, ReduceOp op) {
+  return comm_plugin_has_dtype(plugin, dtype) && (declared_ops(plugin) & DPCHECK_OP_BIT(abi_op(op))) != 0;
+}
+
+std::string comm_plugin_capabilities(const dpcheck_comm_plugin_t& plugin) {
+  std::string dtypes, ops;
+  for (DType t : kAbiDtypes)
+    if (comm_plugin_has_dtype(plugin, t)) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(t));
+  for (ReduceOp op : kAbiOps)
+    if (declared_ops(plugin) & DPCHECK_OP_BIT(abi_op(op))) ops += (ops.empty() ? "" : ", ") + std::string(reduce_op_name(op));
+  return "dtypes " + (dtypes.empty() ? std::string("none") : dtypes) + "; all-reduce ops " +
+         (ops.empty() ? std::string("none") : ops);
+}
+
+std::string comm_plugin_label(const dpcheck_comm_plugin_t& plugin) {
+  std::string label = "'" + std::string(plugin.name) + "'";
+  if (plugin.abi >= 3 && plugin.version && *plugin.version) label += " " + std::string(plugin.version);
+  return label;
+}
+
+std::string comm_plugin_lacks(const dpcheck_comm_plugin_t& plugin, const std::string& path, DType dtype,
+                              std::optional<ReduceOp> op) {
   const std::string name(dtype_name(dtype));
-  return "plugin '" + std::string(plugin.name) + "' (" + path + ") is of plugin ABI " + std::to_string(plugin.abi) +
-         ", which has no " + name + ": " + name + " collectives need ABI " + std::to_string(abi_of_dtype(dtype)) +
-         " (rebuild the plugin against this dpcheck's plugin.h, whose ABI is " + std::to_string(DPCHECK_PLUGIN_ABI) +
-         ", and handle DPCHECK_BFLOAT16 and DPCHECK_FLOAT16)";
+  const std::string who = "plugin '" + std::string(plugin.name) + "' (" + path + ")";
+  if (!comm_plugin_has_dtype(plugin, dtype)) {
+    if (plugin.abi < 3 && is_16bit_float(dtype))
+      return who + " is of plugin ABI " + std::to_string(plugin.abi) + ", which has no " + name +
+             ": rebuild it against this dpcheck's plugin.h (ABI " + std::to_string(DPCHECK_PLUGIN_ABI) +
+             "), handle " + name + " and declare it in its table's dtypes";
+    return who + " does not support " + name + " collectives (it declares " + comm_plugin_capabilities(plugin) +
+           "): use a dtype it declares" + (op ? " (--allreduce-dtype f32)" : "") +
+           ", or add DPCHECK_DTYPE_BIT(" + abi_dtype_macro(dtype) + ") to its table's dtypes once it handles them";
+  }
+  const std::string op_name(reduce_op_name(*op));
+  return who + " does not support " + op_name + " all-reduces (it declares " + comm_plugin_capabilities(plugin) +
+         "): dpcheck's gradient all-reduce is an avg; add DPCHECK_OP_BIT(" + abi_op_macro(*op) +
+         ") to its table's ops once it handles them";
 }
 
 std::unique_ptr<Communicator> make_plugin_communicator(const dpcheck_comm_plugin_t& plugin, std::string backend,
@@ -253,6 +348,7 @@ const Backend& register_comm_plugin(const std::string& path) {
           [&](Communicator& base) {
             PluginCommunicator comm(plugin, name, base, nullptr);
             fn(comm);
+            comm.close();
           },
           timeout);
     };
@@ -263,6 +359,7 @@ const Backend& register_comm_plugin(const std::string& path) {
       transport->set_timeout(world.timeout());
       PluginCommunicator comm(plugin, name, world, std::move(transport));
       fn(comm);
+      comm.close();
     };
     row.launcher = "mpirun -np";
   } else {
@@ -278,6 +375,7 @@ const Backend& register_comm_plugin(const std::string& path) {
           [&](Communicator& base) {
             PluginCommunicator comm(plugin, name, base, nullptr);
             fn(comm);
+            comm.close();
           },
           timeout);
     };

@@ -7,11 +7,13 @@
 // hashes, verdicts, counts) go through host(), dpcheck's own transport, so that a broken plugin cannot
 // corrupt the evidence against it. Every call into the plugin is guarded (src/plugin/plugin_call.hpp):
 // a non-zero return is an Error naming the plugin, the call, the rank and the plugin's last_error; a
-// call that outlives the timeout ends the run. A bfloat16 or float16 collective on a plugin of ABI 1,
-// which predates those dtypes, is a UsageError before the plugin is called.
+// call that outlives the timeout ends the run. A collective of a dtype or op the plugin does not
+// declare is a UsageError before the plugin is called. A run that ends normally finalizes every rank
+// after a barrier of dpcheck's own, so that no rank closes while a peer is still inside a collective.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <dpcheck/plugin.h>
@@ -30,14 +32,24 @@ const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::stri
 // that cannot be loaded.
 const Backend& register_comm_plugin(const std::string& path);
 
-// Whether the plugin's ABI has `dtype` as a dtype of its collectives: float32, float64 and int64
-// from ABI 1, bfloat16 and float16 from ABI 2. dpcheck's own control messages (uint8, int32, uint64)
-// never go to a plugin.
+// Whether the plugin takes collectives of `dtype` (and all-reduces of `op`): what its table declares
+// (include/dpcheck/plugin.h, "Capabilities"): abi 1 float32, float64 and int64 with every op; abi 2
+// those and the 16-bit floats; abi 3 its masks, a mask of 0 meaning abi 1's. dpcheck's own control
+// messages (uint8, int32, uint64) never go to a plugin.
 bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype);
+bool comm_plugin_supports(const dpcheck_comm_plugin_t& plugin, DType dtype, ReduceOp op);
 
-// Why a plugin of ABI 1 takes no 16-bit collective, naming the plugin (`path` as given), the dtype and
-// both ABIs: the text of the UsageError that refuses one, and of conform's skipped rows.
-std::string comm_plugin_lacks_dtype(const dpcheck_comm_plugin_t& plugin, const std::string& path, DType dtype);
+// "dtypes float32, float64, int64; all-reduce ops sum, avg, min, max": what the plugin declares.
+std::string comm_plugin_capabilities(const dpcheck_comm_plugin_t& plugin);
+
+// "'gloo ring' Gloo 0.5.0": the plugin's name, quoted, and its version where its table has one.
+std::string comm_plugin_label(const dpcheck_comm_plugin_t& plugin);
+
+// Why the plugin takes no collective of `dtype` (with `op`: no all-reduce of op on dtype), naming the
+// plugin (`path` as given), what it declares and the remedy: the text of the UsageError that refuses
+// one, and of conform's "unsupported" rows.
+std::string comm_plugin_lacks(const dpcheck_comm_plugin_t& plugin, const std::string& path, DType dtype,
+                              std::optional<ReduceOp> op = std::nullopt);
 
 // A communicator of the plugin over the ranks of `base` (bootstrap, control messages and copies to
 // and from the host go through base). Calls init; finalize on destruction. `backend` is the row name.

@@ -36,6 +36,10 @@ class KernelPlugin {
  public:
   const std::string& path() const { return path_; }
   std::string_view name() const { return table_->name; }
+  // The table's version string (plugin ABI 3 and later); "" when it has none.
+  std::string_view version() const {
+    return table_->abi >= 3 && table_->version ? std::string_view(table_->version) : std::string_view();
+  }
   dpcheck_memory_t memory() const { return table_->memory; }
   const dpcheck_kernel_plugin_t& table() const { return *table_; }
   bool provides(KernelOp op) const;

@@ -18,12 +18,13 @@ bool looks_like_plugin_path(std::string_view value);
 // dpcheck_comm_plugin (it exports dpcheck_kernel_plugin: pass it with --kernels)".
 void* plugin_symbol(const std::string& path, const char* symbol, std::string_view option);
 
-// The plugin ABIs this dpcheck loads (include/dpcheck/plugin.h): from the first to the header's.
-// The tables' shape has not changed since 1; 2 added the 16-bit floating dtypes, which a communicator
-// of ABI 1 is never passed (src/comm/plugin_comm.hpp).
+// The plugin ABIs this dpcheck loads (include/dpcheck/plugin.h): from the first to the header's. 2
+// added the 16-bit floating dtypes, which a communicator of ABI 1 is never passed; 3 appended the
+// version and a communicator's capability masks, which dpcheck reads only from a table of ABI 3 or
+// later (src/comm/plugin_comm.hpp).
 inline constexpr unsigned kOldestPluginAbi = 1;
 
-// "ABI 1 and 2": the ABIs this dpcheck knows, as its messages say them.
+// "ABI 1 to 3": the ABIs this dpcheck knows, as its messages say them.
 std::string known_plugin_abis();
 
 // The checks every table shares: a table at all, an abi dpcheck knows (the message names the table's

@@ -2,6 +2,8 @@
  *   1 wrong-abi     a table from a future dpcheck (abi 99)
  *   2 null-entry    no allreduce
  *   3 null-table    the function returns NULL
+ *   4 unknown-dtype   its dtypes mask holds a bit that is no dtype of the ABI
+ *   5 unknown-op      its ops mask holds a bit that is no op of the ABI
  */
 #include <dpcheck/plugin.h>
 #include <stddef.h>
@@ -34,7 +36,14 @@ static const dpcheck_comm_plugin_t plugin = {
 #else
     ok_allreduce,
 #endif
-    ok_broadcast, ok_allgather, ok_barrier, ok_error, ok_finalize,
+    ok_broadcast, ok_allgather, ok_barrier, ok_error, ok_finalize, NULL,
+#if BAD == 4
+    DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | (1u << 9), 0,
+#elif BAD == 5
+    0, DPCHECK_OP_BIT(DPCHECK_SUM) | (1u << 7),
+#else
+    0, 0,
+#endif
 };
 
 const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) {

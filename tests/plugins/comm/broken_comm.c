@@ -21,18 +21,32 @@
  *                     call 1 still marked done and returns without reducing
  *  15 half-as-bfloat16  float16 buffers are widened and narrowed as bfloat16 (a kernel written for
  *                     bfloat16 reused): the patterns survive a copy, but their sums are wrong
+ *  18 float64-unwired  declares float64 (copied from a table that had it) but its all-reduce returns
+ *                     an error for it, "not implemented": a row fails with the plugin's own error
  *
  * And one that is correct in another way than BREAK 0:
  *  13 avg-by-reciprocal  avg multiplies every input by a rounded 1/N before the sum, as NCCL's ncclAvg
  *                     does: within rounding of the mean, not the bits of sum / N
+ *
+ * And two that are correct but for how they end, for finalize's contract (include/dpcheck/plugin.h,
+ * "Finalize"; tests/plugin_comm_test.cpp):
+ *  16 closes-early    with the ranks as threads, the last rank reads every peer's "connection" 50 ms
+ *                     after the others have returned from an all-reduce, and a rank's finalize closes
+ *                     its connection at once: right only if no rank is finalized before every rank's
+ *                     last call has returned
+ *  17 finalize-barrier  finalize waits for the other ranks at the bootstrap's barrier, and aborts the
+ *                     process if the bootstrap is no longer usable
  *
  * And two that fault rather than compute wrong, for the run's own ending (cli tests):
  *  10 crash           dereferences NULL in allreduce
  *  11 stall           rank 1 never returns from an allreduce of more than one element
  *
  * bfloat16 and float16 are summed in float and rounded to the format once, as dpcheck's own backends
- * do. Built with -DPLUGIN_ABI=1 (BREAK 0), the table declares ABI 1, the ABI before those dtypes: the
- * plugin dpcheck must never pass a 16-bit collective, which fails saying so if it arrives.
+ * do. The table declares (plugin ABI 3) every dtype and op, unless built with DECLARED_DTYPES or
+ * DECLARED_OPS (masks), or with UNCHANGED_SOURCE (the table as a source written for ABI 2 has it, the
+ * new fields left out, so 0: the ABI-1 dtypes and ops). Built with -DPLUGIN_ABI=1 or 2, the table
+ * declares that ABI. Whatever it declares is all it takes: a collective of another dtype or op fails,
+ * saying so, so that dpcheck passing one is seen.
  */
 #include <dpcheck/plugin.h>
 
@@ -48,6 +62,24 @@
 #ifndef PLUGIN_ABI
 #define PLUGIN_ABI DPCHECK_PLUGIN_ABI
 #endif
+#define ALL_DTYPES (DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16))
+#ifndef DECLARED_DTYPES
+#define DECLARED_DTYPES ALL_DTYPES
+#endif
+#ifndef DECLARED_OPS
+#define DECLARED_OPS DPCHECK_ABI1_OPS
+#endif
+/* What the table's ABI and masks give it (plugin.h, "Capabilities"). */
+#if PLUGIN_ABI == 1 || defined(UNCHANGED_SOURCE)
+#define TAKES_DTYPES DPCHECK_ABI1_DTYPES
+#define TAKES_OPS DPCHECK_ABI1_OPS
+#elif PLUGIN_ABI == 2
+#define TAKES_DTYPES ALL_DTYPES
+#define TAKES_OPS DPCHECK_ABI1_OPS
+#else
+#define TAKES_DTYPES (DECLARED_DTYPES ? DECLARED_DTYPES : DPCHECK_ABI1_DTYPES)
+#define TAKES_OPS (DECLARED_OPS ? DECLARED_OPS : DPCHECK_ABI1_OPS)
+#endif
 
 typedef struct comm {
   const dpcheck_bootstrap_t* boot;
@@ -56,6 +88,11 @@ typedef struct comm {
   unsigned char sequence;
   char error[256];
 } comm_t;
+
+#if BREAK == 16
+/* One "connection" per rank of a world of threads, open from init to finalize. */
+static int connection_open[64];
+#endif
 
 static size_t dtype_bytes(dpcheck_dtype_t t) {
   return t == DPCHECK_FLOAT32 ? 4 : t == DPCHECK_BFLOAT16 || t == DPCHECK_FLOAT16 ? 2 : 8;
@@ -223,17 +260,43 @@ static int c_init(const dpcheck_bootstrap_t* boot, void** out) {
   c->boot = boot;
   c->rank = boot->rank;
   c->size = boot->size;
+#if BREAK == 16
+  if (boot->same_process && c->size <= 64) __atomic_store_n(&connection_open[c->rank], 1, __ATOMIC_RELEASE);
+#endif
   *out = c;
   return 0;
 }
 
-/* An ABI-1 table is never passed a dtype of ABI 2: if it were, the call fails saying so. */
+/* A dtype or op the table does not declare is never passed: if it were, the call fails saying so. */
 static int newer_dtype(comm_t* c, const char* call, dpcheck_dtype_t t) {
-  if (PLUGIN_ABI >= 2 || !is_16bit(t)) return 0;
-  snprintf(c->error, sizeof c->error, "%s: dtype %d is of plugin ABI 2, but this table declares ABI %d", call, (int)t,
-           PLUGIN_ABI);
+  if (TAKES_DTYPES & DPCHECK_DTYPE_BIT(t)) return 0;
+  snprintf(c->error, sizeof c->error, "%s: dtype %d is not among the dtypes this table (plugin ABI %d) declares", call,
+           (int)t, PLUGIN_ABI);
   return 1;
 }
+
+static int undeclared_op(comm_t* c, dpcheck_op_t op) {
+  if (TAKES_OPS & DPCHECK_OP_BIT(op)) return 0;
+  snprintf(c->error, sizeof c->error, "allreduce: op %d is not among the ops this table declares", (int)op);
+  return 1;
+}
+
+#if BREAK == 16
+static int read_every_peer(comm_t* c) {
+  int r;
+  if (!c->boot->same_process || c->rank != c->size - 1 || c->size > 64) return 0;
+  {
+    struct timespec t = {0, 50000000};
+    nanosleep(&t, NULL);
+  }
+  for (r = 0; r < c->size; ++r)
+    if (r != c->rank && !__atomic_load_n(&connection_open[r], __ATOMIC_ACQUIRE)) {
+      snprintf(c->error, sizeof c->error, "allreduce: connection closed by peer (rank %d) before its message was read", r);
+      return 1;
+    }
+  return 0;
+}
+#endif
 
 static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t, dpcheck_op_t op, void* stream) {
   comm_t* c = (comm_t*)handle;
@@ -242,7 +305,13 @@ static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t,
   int first = 0;
   char* all;
   (void)stream;
-  if (newer_dtype(c, "allreduce", t)) return 1;
+  if (newer_dtype(c, "allreduce", t) || undeclared_op(c, op)) return 1;
+#if BREAK == 18
+  if (t == DPCHECK_FLOAT64) {
+    snprintf(c->error, sizeof c->error, "allreduce: float64 is not implemented");
+    return 1;
+  }
+#endif
 #if BREAK == 10
   if (count > 0) *(volatile int*)stream = 1;
 #elif BREAK == 11
@@ -271,6 +340,9 @@ static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t,
   ++c->calls;
   for (i = 0; i < end; ++i) reduce_element(c, all, bytes, i, buf, t, op, first);
   free(all);
+#if BREAK == 16
+  if (count > 0) return read_every_peer(c);
+#endif
   return 0;
 }
 
@@ -311,11 +383,25 @@ static int c_barrier(void* handle) {
 }
 
 static const char* c_last_error(void* handle) { return handle ? ((comm_t*)handle)->error : "init failed"; }
-static void c_finalize(void* handle) { free(handle); }
+static void c_finalize(void* handle) {
+  comm_t* c = (comm_t*)handle;
+#if BREAK == 16
+  if (c && c->boot->same_process && c->size <= 64) __atomic_store_n(&connection_open[c->rank], 0, __ATOMIC_RELEASE);
+#elif BREAK == 17
+  if (c && c->boot->barrier(c->boot->ctx) != 0) {
+    fprintf(stderr, "finalize-barrier: the bootstrap's barrier failed inside finalize on rank %d\n", c->rank);
+    abort();
+  }
+#endif
+  free(c);
+}
 
 static const dpcheck_comm_plugin_t plugin = {
     PLUGIN_ABI, "broken", DPCHECK_HOST, c_init, c_allreduce, c_broadcast, c_allgather,
     c_barrier, c_last_error, c_finalize,
+#ifndef UNCHANGED_SOURCE
+    "test 1", DECLARED_DTYPES, DECLARED_OPS,
+#endif
 };
 
 const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) { return &plugin; }
