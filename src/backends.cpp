@@ -9,6 +9,7 @@
 #include "src/choice.hpp"
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/comm/mpi_comm.hpp"
 #include "src/comm/plugin_comm.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/error.hpp"
@@ -55,6 +56,22 @@ std::deque<Backend> built_in_rows() {
     return world ? world->algorithm_thresholds(DType::f32) : std::vector<std::size_t>{};
   };
   rows.push_back(std::move(mpi));
+
+  // MPI's own collectives, whose all-reduce algorithm Open MPI's MCA parameters choose: what a user's
+  // MPI_Allreduce does, checked as a plugin is. Its sums are in the order its algorithm takes.
+  Backend mpi_native;
+  mpi_native.name = "mpi-native";
+  mpi_native.engine = "cpu";
+  mpi_native.memory = MemorySpace::host;
+  mpi_native.help = "one process per rank, under mpirun, with MPI's own MPI_Allreduce (the algorithm MPI picks, or "
+                    "the one its MCA parameters force)";
+  mpi_native.run_processes = [](Communicator& world, const RankFunction& fn) {
+    const std::unique_ptr<Communicator> native = make_mpi_native_communicator(&world);  // collective
+    native->set_timeout(world.timeout());
+    fn(*native);
+  };
+  mpi_native.launcher = kMpiLauncher;
+  rows.push_back(std::move(mpi_native));
 
   Backend cuda_local;
   cuda_local.name = "cuda-local";

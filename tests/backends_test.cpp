@@ -155,9 +155,10 @@ TEST(Backends, TheLauncherDecidesThreadsOrProcessesByTheRow) {
       EXPECT_EQ(world_of_processes(b, &one.comm(0)), nullptr);
       const std::string m = usage_error([&] { world_of_processes(b, &two.comm(0)); });
       EXPECT_TRUE(contains(m, "started by a launcher with 2 processes but --comm is " + b.name)) << m;
+      EXPECT_TRUE(contains(m, ": add --comm ")) << m;
       for (const Backend& instead : backends())
         if (instead.engine == b.engine && instead.may_run_under_launcher()) {
-          EXPECT_TRUE(contains(m, "add --comm " + instead.name)) << m;
+          EXPECT_TRUE(contains(m, " " + instead.name)) << m;
         }
     }
   }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "src/comm.hpp"
 
@@ -19,6 +20,10 @@ namespace dpcheck {
 
 // True when this build has the MPI backend.
 bool mpi_available();
+
+// The MPI library's own name and version ("Open MPI v4.1.4"); "" without MPI. Callable before
+// MPI_Init.
+std::string mpi_library_version();
 
 // True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK in the environment).
@@ -51,8 +56,11 @@ class MpiSession {
 std::unique_ptr<Communicator> make_mpi_communicator();
 
 // A communicator over the same ranks whose collectives are MPI's own (MPI_Allreduce, MPI_Bcast,
-// MPI_Allgather, MPI_Barrier; avg is MPI_SUM divided by size() afterwards): the baseline rows of
-// `dpcheck bench allreduce`. It neither times out nor checks that the ranks' calls agree.
-std::unique_ptr<Communicator> make_mpi_native_communicator();
+// MPI_Allgather, MPI_Barrier; avg is MPI_SUM divided by size() afterwards, int64's toward zero): the
+// "mpi-native" backend, and the baseline rows of `dpcheck bench allreduce`. Its collectives neither time
+// out nor check that the ranks' calls agree; its host() is `host` when given (dpcheck's control
+// messages then time out), else itself. Open MPI's MCA parameters choose its all-reduce algorithm
+// (coll_tuned_use_dynamic_rules, coll_tuned_allreduce_algorithm).
+std::unique_ptr<Communicator> make_mpi_native_communicator(Communicator* host = nullptr);
 
 }  // namespace dpcheck

@@ -89,12 +89,15 @@ class MpiNativeComm final : public Communicator {
   int size() const override { return size_; }
   bool callable_from_any_thread() const override { return mpi_calls_from_any_thread(); }
   std::string_view backend() const override { return "mpi-native"; }
+  // dpcheck's own control messages (replica hashes, verdicts) go over `host` when one was given: the
+  // "mpi" communicator, which times out where MPI's own calls would wait forever.
+  Communicator& host() override { return host_ ? *host_ : *this; }
+  void set_host(Communicator* host) { host_ = host; }
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     if (dtype == DType::u8) throw Error("allreduce does not support uint8");
-    if (op == ReduceOp::avg && !is_floating(dtype))
-      throw Error("avg is for the floating dtypes (float32, float64, bfloat16, float16), not " +
-                  std::string(dtype_name(dtype)));
+    if (op == ReduceOp::avg && !is_floating(dtype) && dtype != DType::i64)
+      throw Error("avg is for the floating dtypes and int64, not " + std::string(dtype_name(dtype)));
     const int which = op == ReduceOp::min ? 1 : op == ReduceOp::max ? 2 : 0;  // avg: the sum, divided below
     MPI_Op mop = op == ReduceOp::min ? MPI_MIN : op == ReduceOp::max ? MPI_MAX : MPI_SUM;
     if (is_16bit_float(dtype)) mop = ops_[dtype == DType::bf16 ? 0 : 1][which];
@@ -115,6 +118,9 @@ class MpiNativeComm final : public Communicator {
       case DType::f16:
         for (std::uint16_t& v : std::span(static_cast<std::uint16_t*>(buf), count))
           v = narrow<DType::f16>(widen<DType::f16>(v) / n);
+        return;
+      case DType::i64:  // as a plugin's int64 avg: the sum divided by N, toward zero
+        for (std::int64_t& v : std::span(static_cast<std::int64_t*>(buf), count)) v /= size_;
         return;
       default: DPCHECK_ASSERT(false);  // refused above
     }
@@ -138,6 +144,7 @@ class MpiNativeComm final : public Communicator {
 
  private:
   MPI_Comm comm_;
+  Communicator* host_ = nullptr;
   int rank_ = 0;
   int size_ = 0;
   // The 16-bit formats' operations: [bfloat16, float16][sum, min, max].
@@ -146,8 +153,10 @@ class MpiNativeComm final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_native_communicator() {
-  return make_on_world_duplicate<MpiNativeComm>("make_mpi_native_communicator");
+std::unique_ptr<Communicator> make_mpi_native_communicator(Communicator* host) {
+  std::unique_ptr<Communicator> comm = make_on_world_duplicate<MpiNativeComm>("make_mpi_native_communicator");
+  static_cast<MpiNativeComm&>(*comm).set_host(host);
+  return comm;
 }
 
 }  // namespace dpcheck

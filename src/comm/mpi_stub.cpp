@@ -16,6 +16,7 @@ namespace {
 }  // namespace
 
 bool mpi_available() { return false; }
+std::string mpi_library_version() { return ""; }
 
 MpiSession::MpiSession(int*, char***) { refuse_without_mpi(); }
 
@@ -26,6 +27,6 @@ Communicator& MpiSession::world() { return *world_; }
 void MpiSession::abort(int) { throw_call_error("MpiSession::abort", 0, "this build has no MPI backend", __FILE__, __LINE__); }
 
 std::unique_ptr<Communicator> make_mpi_communicator() { refuse_without_mpi(); }
-std::unique_ptr<Communicator> make_mpi_native_communicator() { refuse_without_mpi(); }
+std::unique_ptr<Communicator> make_mpi_native_communicator(Communicator*) { refuse_without_mpi(); }
 
 }  // namespace dpcheck

@@ -3,6 +3,7 @@
 // stands in without it).
 #include "src/comm/mpi_world.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -35,6 +36,17 @@ MPI_Comm duplicate_world(std::string_view what) {
 }
 
 bool mpi_available() { return true; }
+
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  if (MPI_Get_library_version(text, &length) != MPI_SUCCESS) return "";
+  std::string v(text, static_cast<std::size_t>(std::max(length, 0)));
+  // The first line ("Open MPI v4.1.4, package: ..."), up to its first comma.
+  v = v.substr(0, v.find_first_of(",\n"));
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\0')) v.pop_back();
+  return v;
+}
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;
