@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,10 @@
 
 namespace dpcheck {
 
-enum class ConformVerdict { pass, fail, info, skip };
-std::string_view conform_verdict_name(ConformVerdict v);  // "pass", "FAIL", "info", "skip"
+// unsupported: the plugin declares that it does not take what the check asks (a dtype, an op; see
+// include/dpcheck/plugin.h, "Capabilities"), so the check is neither passed nor failed.
+enum class ConformVerdict { pass, fail, info, skip, unsupported };
+std::string_view conform_verdict_name(ConformVerdict v);  // "pass", "FAIL", "info", "skip", "unsupported"
 
 struct ConformRow {
   std::string section;  // "collectives", "robustness", "fingerprint", "kernels", "properties"
@@ -27,6 +30,9 @@ struct ConformRow {
   std::string minimal;  // failure: the minimal case, as --case takes it ("count=5 offset=1")
   std::string replay;   // failure: the command that replays the minimal case (or verify's replay line)
   double seconds = 0;
+  // Kernel checks: the largest error ratio (error / derived bound) in each class of shapes drawn
+  // ("tiny", "odd", "past a power of two", "rows = 0", ...), for the report.
+  std::map<std::string, double> ratio_by_shape_class;
 };
 
 struct ConformOptions {
@@ -37,6 +43,10 @@ struct ConformOptions {
   std::string case_text;  // with check: that one case (a row's `minimal`)
   bool properties = true; // run verify's properties after the plugin's own checks
   std::size_t max_bytes = std::size_t{64} << 20;  // the largest buffer a collective check passes
+  // Kernel checks: the largest dimension (rows, in, out) a drawn shape reaches.
+  int max_kernel_size = 1024;
+  // The full sweep (every count up to max_bytes on every world size) rather than the quick default.
+  bool thorough = false;
   // World sizes besides the main one that the collective checks also run on (ranks as threads), with
   // counts up to 2^20 elements: a tree or ring that only works for some N meets the others.
   std::vector<int> extra_world_sizes;
@@ -55,8 +65,9 @@ struct ConformOptions {
 };
 
 // The kernels of `target.kernels` (a plugin path): each op it provides against the float64 reference
-// within the derived bound, on random shapes (1, odd, unaligned) with outputs poisoned with NaN before
-// each call, accumulate both ways; run-to-run bitwise determinism; then, with options.properties,
+// within the derived bound, on shapes drawn in classes up to options.max_kernel_size (tiny, tile
+// edges, odd, past a power of two, large, rows = 0), at unaligned offsets, with outputs poisoned with
+// NaN before each call, accumulate both ways; run-to-run bitwise determinism; then, with options.properties,
 // every property of verify with the plugin's kernels in the engine. UsageError when the plugin cannot
 // be loaded; Error on a runtime fault.
 std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptions& options);

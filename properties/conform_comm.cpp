@@ -12,6 +12,7 @@
 // exact inputs. So random inputs check that every rank holds the same bits, and that a second run
 // gives them again.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +35,7 @@
 #include "src/low_precision.hpp"
 #include "src/plugin/plugin_loader.hpp"
 #include "src/process.hpp"
+#include "src/replica_check.hpp"
 #include "src/rng.hpp"
 
 namespace dpcheck {
@@ -139,14 +141,27 @@ double small_value(int rank, std::size_t i) {
   return static_cast<double>(static_cast<long long>((i * 7 + static_cast<std::size_t>(rank) * 13) % 61) - 30) * 0.25;
 }
 
+// min and max of 16-bit formats: patterns drawn over the format's whole range of normal numbers, both
+// signs, every binade (no zero, whose sign min and max may take either way; no subnormal; no infinity or
+// NaN). Their min and max are exact in any order, and so many pairs of values meet that a plugin which
+// keeps a stale value for some of them (an assignment that compares before it stores, say) shows it.
+template <class H> float random_normal16(int rank, std::size_t i) {
+  constexpr std::uint16_t exponent = std::is_same_v<H, Bf16> ? 0x7f80 : 0x7c00;
+  constexpr std::uint16_t lowest = exponent & static_cast<std::uint16_t>(-exponent);  // the exponent's low bit
+  auto bits = static_cast<std::uint16_t>(random_u64(mix_key(0x3116, static_cast<std::uint64_t>(rank)), 1, i));
+  if ((bits & exponent) == 0) bits = static_cast<std::uint16_t>(bits | lowest);
+  if ((bits & exponent) == exponent) bits = static_cast<std::uint16_t>(bits & ~lowest);
+  return widen16(H{bits});
+}
+
 // A 16-bit input, as the float32 value it holds. Sums: integers in [-k, k], with N k no more than the
 // integers the format holds exactly (2^8 in bfloat16, 2^11 in float16), so that every partial sum in
-// any order is exact, even one rounded to the format at every hop. min and max: small_value's
-// quarters, exact in both. Either times a power of two per element (2^-6, 1, 2^4): a plugin that adds
-// the patterns as integers, or drops the exponent, gets these wrong.
+// any order is exact, even one rounded to the format at every hop, times a power of two per element
+// (2^-6, 1, 2^4): a plugin that adds the patterns as integers, or drops the exponent, gets these wrong.
+// min and max: random_normal16.
 template <class H> float value16(int rank, std::size_t i, ReduceOp op, int n) {
   const float scale = i % 3 == 0 ? 0x1p-6f : i % 3 == 1 ? 1.0f : 0x1p4f;
-  if (op == ReduceOp::min || op == ReduceOp::max) return static_cast<float>(small_value(rank, i)) * scale;
+  if (op == ReduceOp::min || op == ReduceOp::max) return random_normal16<H>(rank, i);
   const std::size_t k = (std::is_same_v<H, Bf16> ? 256u : 2048u) / static_cast<std::size_t>(std::max(n, 1));
   const auto v = static_cast<long long>((i * 7 + static_cast<std::size_t>(rank) * 13) % (2 * k + 1)) -
                  static_cast<long long>(k);
@@ -203,6 +218,28 @@ template <class T> std::string value_text(T v) {
     s << v;
   }
   return s.str();
+}
+
+// How far apart two values are, for a failure's text: " (3 ulps apart)" for floats of any width (in
+// the format's own units in the last place), " (off by 5)" for integers; "" for a NaN or infinity.
+template <class T> std::string distance_text(T got, T want) {
+  std::uint64_t ulps = 0;
+  if constexpr (is_16bit_v<T>) {
+    if (!std::isfinite(widen16(got)) || !std::isfinite(widen16(want))) return "";
+    // Sign and magnitude onto one line of integers, as ulp_distance does for float32.
+    const auto ordered = [](std::uint16_t b) -> std::int64_t { return b & 0x8000u ? -std::int64_t(b & 0x7fffu) : b; };
+    const std::int64_t d = ordered(got.bits) - ordered(want.bits);
+    ulps = static_cast<std::uint64_t>(d < 0 ? -d : d);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(got) || !std::isfinite(want)) return "";
+    ulps = ulp_distance(got, want);
+  } else {
+    const auto d = static_cast<long double>(got) - static_cast<long double>(want);
+    std::ostringstream s;
+    s << " (off by " << static_cast<long long>(d) << ")";
+    return s.str();
+  }
+  return " (" + std::to_string(ulps) + (ulps == 1 ? " ulp" : " ulps") + " apart)";
 }
 
 // What a rank fills what it does not expect to be written with: a NaN payload for floats (in both
@@ -282,7 +319,7 @@ template <class T, class Want> std::string compare(const T* buf, std::size_t cou
     const T w = want(i);
     if (std::memcmp(&buf[i], &w, sizeof(T)) != 0)
       return std::string(what) + " element " + std::to_string(i) + " is " + value_text(buf[i]) + ", expected " +
-             value_text(w);
+             value_text(w) + distance_text(buf[i], w);
   }
   return {};
 }
@@ -297,62 +334,123 @@ struct CommCheck {
   // Builds the rank's state (its arenas) and returns the function that runs one case on it.
   std::function<CaseFn()> make;
   std::string covered;  // the row's detail when it passes
+  // What it asks of the plugin (include/dpcheck/plugin.h, "Capabilities"): collectives of `dtype`, and
+  // all-reduces of `op` where set. The barrier asks for neither.
+  std::optional<DType> dtype;
+  std::optional<ReduceOp> op;
 };
 
-ConformRow run_check(const Target& target, int n, const CommCheck& check, const ConformOptions& o) {
+// The minimal case of a row whose world failed before its first case ran (the plugin's init, say).
+constexpr const char* kBeforeFirstCase = "none: it failed before its first case, as the ranks started";
+
+std::string world_flag(const Target& target, int n) {
+  return target.process_world ? std::string() : " --world-size " + std::to_string(n);
+}
+
+// A check's row on a world of n ranks: passed, or failed at case `failed_at` (none: before its first
+// case) for `failure`.
+ConformRow check_row(const Target& target, int n, const CommCheck& check, const ConformOptions& o, bool failed,
+                     std::optional<std::size_t> failed_at, const std::string& failure, double seconds) {
   ConformRow row;
   row.section = check.section;
   row.check = check.name;
-  const auto t0 = Clock::now();
-  std::mutex mutex;
-  std::optional<std::size_t> failed_at;
-  std::size_t in_flight = 0;
-  std::string failure;
-  try {
-    run_world(target, n, [&](Communicator& comm) {
-      const CaseFn run = check.make();
-      for (std::size_t k = 0; k < check.cases.size(); ++k) {
-        if (records(target, comm)) {
-          std::lock_guard lock(mutex);
-          in_flight = k;
-        }
-        const std::vector<std::string> all = allgather_strings(comm.host(), run(comm, check.cases[k]));
-        for (std::size_t r = 0; r < all.size(); ++r) {
-          if (all[r].empty()) continue;
-          if (records(target, comm)) {
-            std::lock_guard lock(mutex);
-            failed_at = k;
-            failure = "rank " + std::to_string(r) + ": " + all[r];
-          }
-          return;  // every rank saw the same texts: all stop here
-        }
-      }
-    });
-  } catch (const std::exception& e) {
-    failed_at = in_flight;
-    failure = e.what();
-  }
-  row.seconds = seconds_since(t0);
-  if (!failed_at) {
+  row.seconds = seconds;
+  if (!failed) {
     row.verdict = ConformVerdict::pass;
     row.detail = check.covered;
     return row;
   }
   row.verdict = ConformVerdict::fail;
+  row.detail = "N = " + std::to_string(n) + ", " + failure;
+  if (!failed_at) {
+    row.promise = "the plugin's communicator starts on every rank";
+    row.minimal = kBeforeFirstCase;
+    row.replay = o.replay_prefix + world_flag(target, n) + " --check '" + check.name + "'";
+    return row;
+  }
   row.promise = check.promise;
   row.minimal = check.cases[*failed_at].text();
-  row.detail = failure;
-  row.replay = o.replay_prefix + (target.process_world ? std::string() : " --world-size " + std::to_string(n)) +
-               " --check '" + check.name + "' --case '" + row.minimal + "'";
-  row.detail = "N = " + std::to_string(n) + ", " + row.detail;
+  row.replay = o.replay_prefix + world_flag(target, n) + " --check '" + check.name + "' --case '" + row.minimal + "'";
   return row;
+}
+
+// The checks on one world of n ranks, in the order given, each check's cases in turn, on one
+// communicator: a plugin's start-up (a TCP mesh, an NCCL communicator) is paid once a world, not once a
+// check. Each check's row goes to `done` (on the thread of the rank that records) as it is decided. A
+// check that ends in an exception (the plugin's own error, a timeout) ends that communicator, and the
+// checks after it run on a new one. Returns why the rest cannot run, or "": the ranks did not start
+// (the first check's row says so), or the launcher's world broke (a plugin left messages behind).
+std::string run_checks_on_world(const Target& target, int n, const std::vector<const CommCheck*>& checks,
+                                const ConformOptions& o, const std::function<void(std::size_t, ConformRow)>& done) {
+  std::size_t next = 0;
+  while (next < checks.size()) {
+    std::mutex mutex;
+    std::optional<std::size_t> current, in_flight;  // the check and case in progress (none: not begun)
+    Clock::time_point started = Clock::now();
+    bool finished = false;
+    try {
+      run_world(target, n, [&](Communicator& comm) {
+        const bool recording = records(target, comm);
+        for (std::size_t c = next; c < checks.size(); ++c) {
+          const CommCheck& check = *checks[c];
+          if (recording) {
+            std::lock_guard lock(mutex);
+            current = c;
+            in_flight.reset();
+            started = Clock::now();
+          }
+          const CaseFn run = check.make();
+          std::optional<std::size_t> failed_at;
+          std::string failure;
+          for (std::size_t k = 0; k < check.cases.size() && !failed_at; ++k) {
+            if (recording) {
+              std::lock_guard lock(mutex);
+              in_flight = k;
+            }
+            const std::vector<std::string> all = allgather_strings(comm.host(), run(comm, check.cases[k]));
+            for (std::size_t r = 0; r < all.size() && !failed_at; ++r)
+              if (!all[r].empty()) {  // every rank saw the same texts: all stop this check here
+                failed_at = k;
+                failure = "rank " + std::to_string(r) + ": " + all[r];
+              }
+          }
+          if (recording) done(c, check_row(target, n, check, o, failed_at.has_value(), failed_at, failure, seconds_since(started)));
+        }
+        if (recording) {
+          std::lock_guard lock(mutex);
+          finished = true;
+        }
+      });
+      next = checks.size();
+    } catch (const std::exception& e) {
+      if (finished) throw;  // every check was decided: an error at the end of the world is the run's own
+      if (!current) {
+        done(next, check_row(target, n, *checks[next], o, true, std::nullopt, e.what(), seconds_since(started)));
+        return "the plugin's communicator did not start at '" + checks[next]->name + "' (its failure says why)";
+      }
+      done(*current, check_row(target, n, *checks[*current], o, true, in_flight.value_or(0), e.what(),
+                               seconds_since(started)));
+      next = *current + 1;
+      if (target.process_world) {
+        try {
+          target.process_world->barrier();
+        } catch (const std::exception&) {
+          return "the ranks' world broke at '" + checks[*current]->name + "' (its failure says why)";
+        }
+      }
+    }
+  }
+  return "";
 }
 
 std::string covered_text(const std::vector<CommCase>& cases, std::size_t element) {
   std::size_t most = 0;
   for (const CommCase& c : cases) most = std::max(most, c.count);
-  return std::to_string(cases.size()) + " cases, counts 0.." + std::to_string(most) + " (" +
-         std::to_string(most * element >> 20) + " MiB), offsets 0, 1, 3";
+  const std::size_t bytes = most * element;
+  const std::string size = bytes >= (std::size_t{1} << 20) ? std::to_string(bytes >> 20) + " MiB"
+                                                            : std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(cases.size()) + " cases, counts 0.." + std::to_string(most) + " (" + size +
+         "), offsets 0, 1, 3";
 }
 
 // ---- the checks ---------------------------------------------------------------------------------------
@@ -396,6 +494,8 @@ template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vect
   CommCheck c;
   c.section = "collectives";
   c.name = "allreduce " + std::string(dtype_name(dtype_of<T>())) + " " + std::string(reduce_op_name(op));
+  c.dtype = dtype_of<T>();
+  c.op = op;
   c.promise = op == ReduceOp::avg && is_float_like_v<T>
                   ? "every rank holds the mean: the exact sum over N, within the N + 2 roundings that dividing or "
                     "multiplying by 1/N before or after the sum may take, and nothing outside the buffer changes"
@@ -427,6 +527,8 @@ CommCheck reuse_check(int n, const std::vector<CommCase>& cases) {
   CommCheck c;
   c.section = "collectives";
   c.name = "allreduce buffer reused";
+  c.dtype = DType::f32;
+  c.op = ReduceOp::sum;
   c.promise = "a buffer passed again holds its new contents: the second sum of a sum is exact";
   c.cases = cases;
   c.covered = covered_text(cases, sizeof(float)) + ", three calls each";
@@ -452,6 +554,7 @@ template <class T> CommCheck broadcast_check(int n, const std::vector<CommCase>&
   CommCheck c;
   c.section = "collectives";
   c.name = "broadcast " + std::string(dtype_name(dtype_of<T>()));
+  c.dtype = dtype_of<T>();
   c.promise = "every rank holds the root's buffer, from every root";
   for (const CommCase& k : counts)
     if (k.root >= 0)
@@ -479,6 +582,7 @@ template <class T> CommCheck allgather_check(int n, const std::vector<CommCase>&
   CommCheck c;
   c.section = "collectives";
   c.name = "allgather " + std::string(dtype_name(dtype_of<T>()));
+  c.dtype = dtype_of<T>();
   c.promise = "rank r's block lands at r * count on every rank, in rank order";
   c.cases = cases;
   c.covered = covered_text(cases, sizeof(T));
@@ -506,6 +610,22 @@ template <class T> CommCheck allgather_check(int n, const std::vector<CommCase>&
   return c;
 }
 
+// Where rank r's result (known to differ, by its hash) first differs from rank 0's: every rank's buffer
+// gathered over dpcheck's own transport (collective: every rank calls it), the element, both values and
+// how many ulps apart they are.
+template <class T> std::string first_rank_difference(Communicator& comm, const T* buf, std::size_t count, std::size_t r) {
+  std::vector<T> all(count * static_cast<std::size_t>(comm.size()));
+  comm.host().allgather(buf, all.data(), count * sizeof(T), DType::u8);
+  const T* zero = all.data();
+  const T* other = all.data() + r * count;
+  for (std::size_t i = 0; i < count; ++i)
+    if (std::memcmp(&zero[i], &other[i], sizeof(T)) != 0)
+      return "rank " + std::to_string(r) + "'s result differs from rank 0's: element " + std::to_string(i) + " is " +
+             value_text(other[i]) + " on rank " + std::to_string(r) + ", " + value_text(zero[i]) + " on rank 0" +
+             distance_text(other[i], zero[i]);
+  return "rank " + std::to_string(r) + "'s result hashes differently from rank 0's";
+}
+
 // Random inputs over many binades: a correct backend's ranks hold the same bits, and a second call
 // on the same inputs gives them again.
 template <class T> CommCheck identical_bits_check(ReduceOp op, bool twice, std::uint64_t seed, const std::vector<CommCase>& cases) {
@@ -513,6 +633,8 @@ template <class T> CommCheck identical_bits_check(ReduceOp op, bool twice, std::
   c.section = "determinism";
   c.name = std::string(twice ? "run-to-run " : "same bits on every rank ") + std::string(dtype_name(dtype_of<T>())) +
            " " + std::string(reduce_op_name(op));
+  c.dtype = dtype_of<T>();
+  c.op = op;
   c.promise = twice ? "the same inputs give the same bits on a second run"
                     : "every rank holds the same bits (random inputs, whose sum depends on the order)";
   c.cases = cases;
@@ -541,9 +663,7 @@ template <class T> CommCheck identical_bits_check(ReduceOp op, bool twice, std::
       }
       const std::vector<std::uint64_t> hashes = comm.host().allgather_value(first);
       for (std::size_t r = 0; r < hashes.size(); ++r)
-        if (hashes[r] != hashes[0])
-          return std::string("rank ") + std::to_string(r) + "'s result differs from rank 0's (hashes " +
-                 std::to_string(hashes[r]) + " and " + std::to_string(hashes[0]) + ")";
+        if (hashes[r] != hashes[0]) return first_rank_difference(comm, buf, k.count, r);
       return arena->guards(k, k.count);
     });
   };
@@ -585,6 +705,8 @@ CommCheck calls_in_a_row_check(int n, const std::vector<CommCase>& cases) {
   CommCheck c;
   c.section = "collectives";
   c.name = "calls in a row";
+  c.dtype = DType::f32;
+  c.op = ReduceOp::sum;
   c.promise = "the 900th call on a communicator is as right as the first, whatever came before it";
   c.cases = cases;
   c.covered = std::to_string(cases.size()) + " counts, " + std::to_string(calls) +
@@ -727,7 +849,9 @@ template <class T> std::string fingerprint(Communicator& comm, int n) {
   return text;
 }
 
-ConformRow fingerprint_row(const Target& target, int n) {
+// The probes in float32, and in float64 where the plugin takes float64 sums (a plugin that declares no
+// float32 sum gets an "unsupported" row before this runs).
+ConformRow fingerprint_row(const Target& target, int n, const dpcheck_comm_plugin_t* plugin, const ConformOptions& o) {
   ConformRow row;
   row.section = "fingerprint";
   row.check = "summation order and width";
@@ -736,20 +860,27 @@ ConformRow fingerprint_row(const Target& target, int n) {
     row.detail = "needs 3 ranks or more (with fewer, every order of addition gives the same sum)";
     return row;
   }
+  const bool f64 = !plugin || comm_plugin_supports(*plugin, DType::f64, ReduceOp::sum);
   const auto t0 = Clock::now();
   std::mutex mutex;
   try {
     run_world(target, n, [&](Communicator& comm) {
-      const std::string f32 = fingerprint<float>(comm, n), f64 = fingerprint<double>(comm, n);
+      std::string text = fingerprint<float>(comm, n);
+      if (f64) text += "; " + fingerprint<double>(comm, n);
       if (records(target, comm)) {
         std::lock_guard lock(mutex);
-        row.detail = f32 + "; " + f64;
+        row.detail = text;
       }
     });
   } catch (const std::exception& e) {
+    const std::size_t probes = static_cast<std::size_t>(n) * static_cast<std::size_t>(n - 1) * static_cast<std::size_t>(n - 2);
     row.verdict = ConformVerdict::fail;
     row.promise = "the probes' all-reduce completes";
-    row.detail = e.what();
+    row.detail = "N = " + std::to_string(n) + ", " + e.what();
+    row.minimal = "the probes' all-reduce sum of " + std::to_string(probes) + " elements (float32" +
+                  (f64 ? std::string(", then float64") : std::string()) + "), the check's one case";
+    row.replay = o.replay_prefix + (target.process_world ? std::string() : " --world-size " + std::to_string(n)) +
+                 " --check '" + row.check + "'";
   }
   row.seconds = seconds_since(t0);
   return row;
@@ -872,6 +1003,14 @@ namespace {
 constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();
 constexpr std::size_t kSmall = std::size_t{1} << 20;  // elements: the cap of every check but sum's
 
+// How far each run goes, in elements. --thorough: every check but the sums and allgathers to 2^20 on
+// the main world, and every check to 2^20 on the other worlds. The quick default keeps every kind of
+// case (tails, chunk edges, primes, the neighbours of powers of two, every world size) but stops
+// sooner: 2^18 on the main world, 2^14 on the others; the sums and allgathers still reach --max-mib.
+std::size_t small_cap(const ConformOptions& o) { return o.thorough ? kSmall : std::size_t{1} << 18; }
+std::size_t other_world_cap(const ConformOptions& o) { return o.thorough ? kSmall : std::size_t{1} << 14; }
+int log2_of(std::size_t power) { return std::countr_zero(power); }
+
 // The check `name` for a world of n ranks, its counts capped at `cap` elements (and options.max_bytes),
 // or the one case options.case_text gives. nullopt for a name that is not a collective check.
 std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t cap, const ConformOptions& o) {
@@ -880,22 +1019,23 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
     return cases_of(interesting_counts(n, std::min({cap, limit, o.max_bytes / element})));
   };
   const auto un = static_cast<std::size_t>(n);
+  const std::size_t small = small_cap(o);
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max}) {
     const std::string suffix = " " + std::string(reduce_op_name(op));
-    const std::size_t limit = op == ReduceOp::sum ? kAll : kSmall;
+    const std::size_t limit = op == ReduceOp::sum ? kAll : small;
     if (name == "allreduce float32" + suffix) return allreduce_check<float>(op, n, cases(4, limit, false));
     if (name == "allreduce float64" + suffix) return allreduce_check<double>(op, n, cases(8, limit, false));
     if (name == "allreduce int64" + suffix) return allreduce_check<std::int64_t>(op, n, cases(8, limit, false));
     if (name == "allreduce bfloat16" + suffix) return allreduce_check<Bf16>(op, n, cases(2, limit, false));
     if (name == "allreduce float16" + suffix) return allreduce_check<Fp16>(op, n, cases(2, limit, false));
   }
-  if (name == "allreduce buffer reused") return reuse_check(n, cases(4, kSmall, false));
+  if (name == "allreduce buffer reused") return reuse_check(n, cases(4, small, false));
   // Broadcast from every root multiplies the cases by n; a case given with --case keeps its root.
-  if (name == "broadcast float32") return broadcast_check<float>(n, cases(4, kSmall, true));
-  if (name == "broadcast float64") return broadcast_check<double>(n, cases(8, kSmall, true));
-  if (name == "broadcast int64") return broadcast_check<std::int64_t>(n, cases(8, kSmall, true));
-  if (name == "broadcast bfloat16") return broadcast_check<Bf16>(n, cases(2, kSmall, true));
-  if (name == "broadcast float16") return broadcast_check<Fp16>(n, cases(2, kSmall, true));
+  if (name == "broadcast float32") return broadcast_check<float>(n, cases(4, small, true));
+  if (name == "broadcast float64") return broadcast_check<double>(n, cases(8, small, true));
+  if (name == "broadcast int64") return broadcast_check<std::int64_t>(n, cases(8, small, true));
+  if (name == "broadcast bfloat16") return broadcast_check<Bf16>(n, cases(2, small, true));
+  if (name == "broadcast float16") return broadcast_check<Fp16>(n, cases(2, small, true));
   if (name == "allgather float32") return allgather_check<float>(n, cases(4 * un, kAll, false));
   if (name == "allgather float64") return allgather_check<double>(n, cases(8 * un, kAll, false));
   if (name == "allgather int64") return allgather_check<std::int64_t>(n, cases(8 * un, kAll, false));
@@ -912,59 +1052,35 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
     for (bool twice : {false, true}) {
       const std::string prefix = twice ? "run-to-run " : "same bits on every rank ";
       const std::string suffix = " " + std::string(reduce_op_name(op));
-      if (name == prefix + "float32" + suffix) return identical_bits_check<float>(op, twice, o.seed, cases(4, kSmall, false));
-      if (name == prefix + "float64" + suffix) return identical_bits_check<double>(op, twice, o.seed, cases(8, kSmall, false));
+      if (name == prefix + "float32" + suffix) return identical_bits_check<float>(op, twice, o.seed, cases(4, small, false));
+      if (name == prefix + "float64" + suffix) return identical_bits_check<double>(op, twice, o.seed, cases(8, small, false));
     }
   return std::nullopt;
 }
 
-// A check over every world size: the smaller ones first (a failure there is the simpler case), each
-// at counts up to 2^20 elements but the main world, which goes to options.max_bytes. The first
-// failure is the row; a pass says what it covered.
-ConformRow run_over_worlds(const Target& target, int main_world, const std::string& name, const ConformOptions& o) {
-  std::vector<int> worlds = o.extra_world_sizes;
-  worlds.push_back(main_world);
-  std::sort(worlds.begin(), worlds.end());
-  worlds.erase(std::unique(worlds.begin(), worlds.end()), worlds.end());
-  ConformRow passed;
-  double seconds = 0;
-  std::string others;
-  for (int n : worlds) {
-    const std::optional<CommCheck> check = make_check(name, n, n == main_world ? kAll : kSmall, o);
-    ConformRow row = run_check(target, n, *check, o);
-    seconds += row.seconds;
-    if (row.verdict == ConformVerdict::fail) {
-      row.seconds = seconds;
-      return row;
-    }
-    if (n == main_world)
-      passed = row;
-    else
-      others += (others.empty() ? "" : ", ") + std::to_string(n);
-  }
-  passed.seconds = seconds;
-  passed.detail = "N = " + std::to_string(main_world) + ": " + passed.detail +
-                  (others.empty() ? std::string() : "; also N = " + others + " (counts to 2^20)");
-  return passed;
+// A check of something the plugin does not declare (include/dpcheck/plugin.h, "Capabilities"): not
+// run, neither a pass nor a failure. "" when the plugin takes what the check asks.
+std::string unsupported_reason(const dpcheck_comm_plugin_t& plugin, const std::string& path, const CommCheck& check) {
+  if (!check.dtype) return "";
+  if (check.op ? comm_plugin_supports(plugin, *check.dtype, *check.op) : comm_plugin_has_dtype(plugin, *check.dtype))
+    return "";
+  return comm_plugin_lacks(plugin, path, *check.dtype, check.op);
 }
 
-// The 16-bit dtype a check's name ends in ("allreduce bfloat16 sum", "broadcast float16"), if any.
-std::optional<DType> sixteen_bit_dtype(const std::string& name) {
-  if (name.find(" bfloat16") != std::string::npos) return DType::bf16;
-  if (name.find(" float16") != std::string::npos) return DType::f16;
-  return std::nullopt;
+// What the fingerprint and the absent-rank probe ask: a float32 sum.
+CommCheck fingerprint_needs() {
+  CommCheck c;
+  c.dtype = DType::f32;
+  c.op = ReduceOp::sum;
+  return c;
 }
 
-// A check of a dtype newer than the plugin's ABI: skipped, saying why (a 16-bit collective on such a
-// plugin is a UsageError, src/comm/plugin_comm.hpp).
-ConformRow unsupported_dtype_row(const std::string& name, const dpcheck_comm_plugin_t& plugin, DType dtype) {
+ConformRow unsupported_row(std::string section, std::string name, const std::string& why) {
   ConformRow row;
-  row.section = "collectives";
-  row.check = name;
-  row.verdict = ConformVerdict::skip;
-  row.detail = "plugin ABI " + std::to_string(plugin.abi) + " has no " + std::string(dtype_name(dtype)) +
-               ", which ABI 2 added: rebuild the plugin against this dpcheck's plugin.h (ABI " +
-               std::to_string(DPCHECK_PLUGIN_ABI) + ")";
+  row.section = std::move(section);
+  row.check = std::move(name);
+  row.verdict = ConformVerdict::unsupported;
+  row.detail = "the plugin says so: " + why;
   return row;
 }
 
@@ -979,23 +1095,124 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
   };
   const auto wanted = [&](const std::string& name) { return o.check.empty() || o.check == name; };
   const dpcheck_comm_plugin_t* plugin = looks_like_plugin_path(target.comm) ? &load_comm_plugin(target.comm) : nullptr;
+  // Once the ranks cannot start (the plugin's init fails) or the launcher's world is broken (a plugin
+  // left messages behind), the later rows would fail for that same reason: they are not run, and say
+  // which row to read.
+  std::string stopped;
+  const auto not_run_row = [&](const std::string& section, const std::string& name) {
+    ConformRow row;
+    row.section = section;
+    row.check = name;
+    row.verdict = ConformVerdict::skip;
+    row.detail = "not run: " + stopped;
+    return row;
+  };
+  const auto not_run = [&](const std::string& section, const std::string& name) { emit(not_run_row(section, name)); };
+
+  // Every collective check, in order: its row when decided without running (unsupported), else its
+  // check on the main world. A replayed case runs on the world it failed on (the command line's) alone.
+  struct Slot {
+    std::string name;
+    std::optional<CommCheck> check;    // the main world's
+    std::optional<ConformRow> row;     // decided
+    double seconds = 0;                // on the other worlds
+    std::vector<int> worlds;           // the other worlds it passed on
+  };
+  std::vector<Slot> slots;
   for (const std::string& name : conform_comm_checks()) {
-    if (!wanted(name) || !make_check(name, n, kSmall, ConformOptions{})) continue;
-    if (const std::optional<DType> dtype = sixteen_bit_dtype(name); plugin && dtype && !comm_plugin_has_dtype(*plugin, *dtype)) {
-      emit(unsupported_dtype_row(name, *plugin, *dtype));
-      continue;
-    }
-    // A replayed case runs on the world it failed on (the command line's) alone.
-    if (!o.case_text.empty()) {
-      emit(run_check(target, n, *make_check(name, n, kAll, o), o));
-      continue;
-    }
-    emit(run_over_worlds(target, n, name, o));
+    if (!wanted(name)) continue;
+    std::optional<CommCheck> check = make_check(name, n, kAll, o);
+    if (!check) continue;
+    Slot slot{name, std::nullopt, std::nullopt, 0, {}};
+    if (const std::string why = plugin ? unsupported_reason(*plugin, target.comm, *check) : ""; !why.empty())
+      slot.row = unsupported_row(check->section, name, why);
+    else
+      slot.check = std::move(check);
+    slots.push_back(std::move(slot));
   }
-  if (wanted("a rank that never arrives")) emit(absent_rank_row(n, o));
-  if (wanted("summation order and width")) emit(fingerprint_row(target, n));
-  if (o.properties && (o.check.empty() || o.check.starts_with("property ")))
-    for (ConformRow& row : conform_properties(target, o)) rows.push_back(std::move(row));  // on_row called there
+  std::size_t emitted = 0;
+  const auto emit_ready = [&] {
+    for (; emitted < slots.size() && slots[emitted].row; ++emitted) emit(*slots[emitted].row);
+  };
+
+  if (o.case_text.empty()) {
+    // The other worlds first, smaller first (a failure there is the simpler case), at counts up to
+    // other_world_cap; a check's first failure is its row. The quick default makes its 900 calls in a row
+    // on the main world alone: what wraps there wraps in any world.
+    std::vector<int> others = o.extra_world_sizes;
+    std::sort(others.begin(), others.end());
+    others.erase(std::unique(others.begin(), others.end()), others.end());
+    others.erase(std::remove(others.begin(), others.end(), n), others.end());
+    for (int w : others) {
+      if (!stopped.empty()) break;
+      std::vector<CommCheck> here;
+      std::vector<std::size_t> slot_of;
+      for (std::size_t i = 0; i < slots.size(); ++i) {
+        if (slots[i].row || (!o.thorough && slots[i].name == "calls in a row")) continue;
+        here.push_back(*make_check(slots[i].name, w, other_world_cap(o), o));
+        slot_of.push_back(i);
+      }
+      std::vector<const CommCheck*> pointers;
+      for (const CommCheck& c : here) pointers.push_back(&c);
+      stopped = run_checks_on_world(target, w, pointers, o, [&](std::size_t k, ConformRow row) {
+        Slot& slot = slots[slot_of[k]];
+        slot.seconds += row.seconds;
+        if (row.verdict == ConformVerdict::fail) {
+          row.seconds = slot.seconds;
+          slot.row = std::move(row);
+        } else {
+          slot.worlds.push_back(w);
+        }
+      });
+    }
+  }
+  // Then the main world, each row printed as it is decided.
+  if (stopped.empty()) {
+    std::vector<const CommCheck*> pointers;
+    std::vector<std::size_t> slot_of;
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (!slots[i].row) {
+        pointers.push_back(&*slots[i].check);
+        slot_of.push_back(i);
+      }
+    stopped = run_checks_on_world(target, n, pointers, o, [&](std::size_t k, ConformRow row) {
+      Slot& slot = slots[slot_of[k]];
+      row.seconds += slot.seconds;
+      if (row.verdict == ConformVerdict::pass && !slot.worlds.empty()) {
+        std::string others;
+        for (int w : slot.worlds) others += (others.empty() ? "" : ", ") + std::to_string(w);
+        row.detail = "N = " + std::to_string(n) + ": " + row.detail + "; also N = " + others + " (counts to 2^" +
+                     std::to_string(log2_of(other_world_cap(o))) + ")";
+      } else if (row.verdict == ConformVerdict::pass) {
+        row.detail = "N = " + std::to_string(n) + ": " + row.detail;
+      }
+      slot.row = std::move(row);
+      emit_ready();
+    });
+  }
+  for (Slot& slot : slots)
+    if (!slot.row) slot.row = not_run_row(slot.check->section, slot.name);
+  emit_ready();
+  if (wanted("a rank that never arrives")) {
+    const std::string why = plugin ? unsupported_reason(*plugin, target.comm, fingerprint_needs()) : "";
+    if (!why.empty()) emit(unsupported_row("robustness", "a rank that never arrives", why));
+    else if (!stopped.empty()) not_run("robustness", "a rank that never arrives");
+    else emit(absent_rank_row(n, o));
+  }
+  if (wanted("summation order and width")) {
+    const std::string why = plugin ? unsupported_reason(*plugin, target.comm, fingerprint_needs()) : "";
+    if (!why.empty()) emit(unsupported_row("fingerprint", "summation order and width", why));
+    else if (!stopped.empty()) not_run("fingerprint", "summation order and width");
+    else emit(fingerprint_row(target, n, plugin, o));
+  }
+  if (o.properties && (o.check.empty() || o.check.starts_with("property "))) {
+    if (!stopped.empty()) {
+      for (const PropertyDef& p : properties())
+        if (wanted("property " + std::string(p.name))) not_run("properties", "property " + std::string(p.name));
+    } else {
+      for (ConformRow& row : conform_properties(target, o)) rows.push_back(std::move(row));  // on_row called there
+    }
+  }
   return rows;
 }
 

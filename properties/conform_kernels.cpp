@@ -1,11 +1,28 @@
 // dpcheck conform --kernels: each op a kernel plugin provides, against the float64 reference within the
-// derived bound (reference/kernel_bound.hpp, reference/optimizer.hpp), on drawn shapes that include 1,
-// odd sizes and sizes off every tile width, buffers a few floats off their allocation's alignment, and
-// outputs filled with a NaN before each call so that an element the kernel never writes cannot pass (and
-// guard elements around each buffer, so that one written outside it is caught too). Accumulating
-// outputs are checked both ways. Every op runs each case twice more for run-to-run bitwise determinism.
-// A failing case is shrunk (each size and option in turn, while it still fails) to the minimal case
-// that `--check NAME --case TEXT` replays alone. Then verify's properties run with the plugin's kernels.
+// derived bound (reference/kernel_bound.hpp, reference/optimizer.hpp), on drawn shapes, buffers a few
+// floats off their allocation's alignment, and outputs filled with a NaN before each call so that an
+// element the kernel never writes cannot pass (and guard elements around each buffer, so that one written
+// outside it is caught too). Accumulating outputs are checked both ways. Every op runs each case twice
+// more for run-to-run bitwise determinism. A failing case is shrunk (each size and option in turn, while
+// it still fails) to the minimal case that `--check NAME --case TEXT` replays alone. Then verify's
+// properties run with the plugin's kernels.
+//
+// Each drawn case belongs to one class of shapes, since kernels (BLAS libraries above all) switch code
+// paths with size and their bugs live on the paths small shapes never take:
+//   tiny                 every size 1-8, below one vector of floats;
+//   tile edges           sizes just around the widths kernels tile by (15-17, 31-33, 63-65) and any up to 70;
+//   odd                  one or two sizes odd in the hundreds (101-999), the others odd below 100;
+//   past a power of two  one or two sizes of 2^k - 1, 2^k + 1 or 2^k + 3 for k = 7..10, where blocked and
+//                        threaded paths leave a remainder of one;
+//   large                one or two sizes in 513 up to the size limit, the others moderate (the first
+//                        large case of a run has every size past 512, rows, in and out each 513-640);
+//   rows = 0             an empty batch for the linear ops: y has no elements, dw and db come back zero
+//                        (written) or exactly as they were (accumulated).
+// A class's other sizes are moderate (tile edges; odd ones for the odd class), so that a case costs a few
+// times 10^8 multiply-adds at most even in a naive kernel. ConformOptions::max_kernel_size caps every drawn size: a
+// class shrinks to it or, with no size left below it, is dropped (the row's detail says so) and its turns
+// go to the next class. Vectors (n) and the loss's rows and columns take the same classes but rows = 0.
+// Each row reports the largest error ratio of each class.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -80,6 +97,8 @@ std::int64_t* int_field(Case& c, Field f) {
   }
 }
 
+const std::int64_t* int_field(const Case& c, Field f) { return int_field(const_cast<Case&>(c), f); }
+
 double* real_field(Case& c, Field f) {
   switch (f) {
     case Field::scale: return &c.scale;
@@ -116,12 +135,19 @@ std::string case_text(Case c, std::span<const Field> fields) {
   return out;
 }
 
-// The limits a case must keep: sizes at least 1 (and small enough to allocate), flags 0 or 1.
-void check_case(const Case& c, const std::string& what) {
-  const auto size = [&](std::int64_t v, std::string_view name) {
-    if (v < 1 || v > (1 << 20)) throw UsageError(what + ": " + std::string(name) + " must be in [1, 1048576]");
+// Whether a check's rows may be 0 (an empty batch): a linear op's may, a loss over no rows has no mean.
+bool allows_empty_batch(std::span<const Field> fields) {
+  return std::find(fields.begin(), fields.end(), Field::in) != fields.end();
+}
+
+// The limits a case must keep: sizes at least 1 (rows at least 0 where `empty_batch`) and small enough to
+// allocate, flags 0 or 1.
+void check_case(const Case& c, const std::string& what, bool empty_batch) {
+  const auto size = [&](std::int64_t v, std::string_view name, std::int64_t least = 1) {
+    if (v < least || v > (1 << 20))
+      throw UsageError(what + ": " + std::string(name) + " must be in [" + std::to_string(least) + ", 1048576]");
   };
-  size(c.rows, "rows");
+  size(c.rows, "rows", empty_batch ? 0 : 1);
   size(c.in, "in");
   size(c.out, "out");
   size(c.n, "n");
@@ -176,7 +202,7 @@ Case parse_case(const std::string& text, std::span<const Field> fields, const st
     }
   }
   if (!any) throw UsageError(what + ": empty (give NAME=VALUE pairs: " + names + ")");
-  check_case(c, what);
+  check_case(c, what, allows_empty_batch(fields));
   return c;
 }
 
@@ -482,26 +508,187 @@ std::vector<OpCheck> op_checks() {
   };
 }
 
-// Sizes around tile and vector widths, and any size up to 70.
-std::int64_t draw_dim(std::uint64_t key, std::uint64_t index) {
-  static constexpr std::int64_t kEdges[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 70};
-  if (random_below(key, 1, index, 2) == 0)
-    return kEdges[random_below(key, 2, index, std::size(kEdges))];
-  return 1 + static_cast<std::int64_t>(random_below(key, 3, index, 70));
+// ---- shapes ------------------------------------------------------------------------------------------
+
+// The classes of shapes a case is drawn from (the file's header says what each holds and why).
+enum class ShapeClass { tiny, tile_edges, odd, past_power_of_two, large, empty_batch };
+constexpr ShapeClass kShapeClasses[] = {ShapeClass::tiny, ShapeClass::tile_edges, ShapeClass::odd,
+                                        ShapeClass::past_power_of_two, ShapeClass::large, ShapeClass::empty_batch};
+
+std::string shape_class_name(ShapeClass s) {
+  switch (s) {
+    case ShapeClass::tiny: return "tiny";
+    case ShapeClass::tile_edges: return "tile edges";
+    case ShapeClass::odd: return "odd";
+    case ShapeClass::past_power_of_two: return "past a power of two";
+    case ShapeClass::large: return "large";
+    case ShapeClass::empty_batch: return "rows = 0";
+  }
+  return "?";
 }
 
-// Case i of a check: the first has every size 1; the others are drawn.
-Case draw_case(const OpCheck& check, std::uint64_t seed, int i) {
+constexpr std::int64_t kTinyMax = 8;
+constexpr std::int64_t kEdgeMax = 70;
+constexpr std::int64_t kEdges[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 70};
+constexpr std::int64_t kOddMin = 101, kOddMax = 999, kOddSmallMax = 99;
+constexpr std::int64_t kLargeMin = 513;
+// The case with rows, in and out all large keeps them to 640: three products of 1024^3 take a naive
+// kernel (and the reference) tens of seconds.
+constexpr std::int64_t kAllLargeMax = 640;
+// The most max_kernel_size may be: two sizes at it keep a matrix within check_case's 2^24 elements, so
+// that every drawn case replays.
+constexpr std::int64_t kMaxSizeLimit = 4096;
+
+// The sizes a check's shape has: rows, in and out (linear ops), rows and out (the loss), or n (vectors).
+std::vector<Field> size_fields(std::span<const Field> fields) {
+  std::vector<Field> sizes;
+  for (Field f : fields)
+    if (f == Field::rows || f == Field::in || f == Field::out || f == Field::n) sizes.push_back(f);
+  return sizes;
+}
+
+// 2^k - 1, 2^k + 1 and 2^k + 3 for k = 7..10, those up to max_size.
+std::vector<std::int64_t> past_powers_of_two(std::int64_t max_size) {
+  std::vector<std::int64_t> sizes;
+  for (int k = 7; k <= 10; ++k)
+    for (const std::int64_t d : {-1, 1, 3})
+      if ((std::int64_t{1} << k) + d <= max_size) sizes.push_back((std::int64_t{1} << k) + d);
+  return sizes;
+}
+
+// Whether a class has a size up to max_size (a class without one is dropped).
+bool fits(ShapeClass s, std::int64_t max_size) {
+  switch (s) {
+    case ShapeClass::odd: return max_size >= kOddMin;
+    case ShapeClass::past_power_of_two: return !past_powers_of_two(max_size).empty();
+    case ShapeClass::large: return max_size >= kLargeMin;
+    default: return true;
+  }
+}
+
+bool drawn_for(ShapeClass s, std::span<const Field> fields, std::int64_t max_size) {
+  return fits(s, max_size) && (s != ShapeClass::empty_batch || allows_empty_batch(fields));
+}
+
+// The classes cases 1, 2, ... take in turn (case 0 has every size 1, a tiny case): a run of 30 has five or
+// six of each and three empty batches. The length, 11, is odd, so that each class meets accumulate (odd
+// cases) and write (even ones) in turn; a class a check does not draw gives its turn to the next one.
+constexpr ShapeClass kRotation[] = {ShapeClass::tile_edges, ShapeClass::past_power_of_two, ShapeClass::empty_batch,
+                                    ShapeClass::large, ShapeClass::odd, ShapeClass::tiny, ShapeClass::tile_edges,
+                                    ShapeClass::large, ShapeClass::past_power_of_two, ShapeClass::odd, ShapeClass::tiny};
+
+ShapeClass shape_class_of(int i, std::span<const Field> fields, std::int64_t max_size) {
+  if (i == 0) return ShapeClass::tiny;
+  const std::size_t slot = static_cast<std::size_t>(i - 1) % std::size(kRotation);
+  for (std::size_t j = 0;; ++j) {
+    const ShapeClass s = kRotation[(slot + j) % std::size(kRotation)];
+    if (drawn_for(s, fields, max_size)) return s;  // tile edges always is
+  }
+}
+
+// The class a replayed case falls in, by its sizes (a drawn case's is the one it was drawn from): rows = 0,
+// then any size past a power of two, then the largest size's range (71-512 counting as odd's, the
+// hundreds).
+ShapeClass shape_class_of(const Case& c, std::span<const Field> fields) {
+  const std::vector<std::int64_t> powers = past_powers_of_two(kMaxSizeLimit);
+  std::int64_t largest = 0;
+  bool past_power = false;
+  for (Field f : size_fields(fields)) {
+    const std::int64_t v = *int_field(c, f);
+    largest = std::max(largest, v);
+    past_power = past_power || std::find(powers.begin(), powers.end(), v) != powers.end();
+  }
+  if (allows_empty_batch(fields) && c.rows == 0) return ShapeClass::empty_batch;
+  if (past_power) return ShapeClass::past_power_of_two;
+  if (largest >= kLargeMin) return ShapeClass::large;
+  if (largest > kEdgeMax) return ShapeClass::odd;
+  return largest > kTinyMax ? ShapeClass::tile_edges : ShapeClass::tiny;
+}
+
+std::int64_t uniform_size(std::uint64_t key, std::uint64_t stream, std::uint64_t index, std::int64_t lo,
+                          std::int64_t hi) {
+  return lo + static_cast<std::int64_t>(random_below(key, stream, index, static_cast<std::uint64_t>(hi - lo + 1)));
+}
+
+// An odd size in [lo, hi], lo odd.
+std::int64_t odd_size(std::uint64_t key, std::uint64_t stream, std::uint64_t index, std::int64_t lo,
+                      std::int64_t hi) {
+  return lo + 2 * uniform_size(key, stream, index, 0, (hi - lo) / 2);
+}
+
+// Sizes around tile and vector widths, and any size up to 70; none past max_size.
+std::int64_t tile_edge_size(std::uint64_t key, std::uint64_t index, std::int64_t max_size) {
+  if (random_below(key, 20, index, 2) == 0) {
+    std::vector<std::int64_t> edges;
+    for (std::int64_t e : kEdges)
+      if (e <= max_size) edges.push_back(e);
+    return edges[random_below(key, 21, index, edges.size())];
+  }
+  return uniform_size(key, 22, index, 1, std::min(kEdgeMax, max_size));
+}
+
+// The sizes of a case of class s (`all_large`: the run's case with every size large). Odd, past a power of
+// two and large give one or two sizes (of three; one of one) their own kind and the others moderate ones,
+// which keeps a case's cost to a few times 10^8 multiply-adds.
+void draw_sizes(Case& c, ShapeClass s, std::span<const Field> fields, bool all_large, std::int64_t max_size,
+                std::uint64_t key, std::uint64_t idx) {
+  const std::vector<Field> sizes = size_fields(fields);
+  const std::size_t dims = sizes.size();
+  const auto index = [&](std::size_t d) { return idx * 8 + d; };
+  // Which sizes are the class's own: a random one or two of them, in a random order.
+  std::vector<bool> own(dims, false);
+  std::size_t count = all_large ? dims : std::min<std::size_t>(dims, 1 + random_below(key, 23, idx, 2));
+  std::vector<std::size_t> order(dims);
+  for (std::size_t d = 0; d < dims; ++d) order[d] = d;
+  for (std::size_t d = dims; d > 1; --d) std::swap(order[d - 1], order[random_below(key, 24, index(d), d)]);
+  for (std::size_t d = 0; d < count; ++d) own[order[d]] = true;
+  for (std::size_t d = 0; d < dims; ++d) {
+    std::int64_t& v = *int_field(c, sizes[d]);
+    switch (s) {
+      case ShapeClass::tiny: v = uniform_size(key, 25, index(d), 1, std::min(kTinyMax, max_size)); break;
+      case ShapeClass::tile_edges: v = tile_edge_size(key, index(d), max_size); break;
+      case ShapeClass::odd:
+        v = own[d] ? odd_size(key, 26, index(d), kOddMin, std::min(kOddMax, max_size))
+                   : odd_size(key, 26, index(d), 1, std::min(kOddSmallMax, max_size));
+        break;
+      case ShapeClass::past_power_of_two: {
+        const std::vector<std::int64_t> powers = past_powers_of_two(max_size);
+        v = own[d] ? powers[random_below(key, 27, index(d), powers.size())] : tile_edge_size(key, index(d), max_size);
+        break;
+      }
+      case ShapeClass::large: {
+        const std::int64_t hi = all_large && dims == 3 ? std::min(kAllLargeMax, max_size) : max_size;
+        v = own[d] ? uniform_size(key, 28, index(d), kLargeMin, hi) : tile_edge_size(key, index(d), max_size);
+        break;
+      }
+      case ShapeClass::empty_batch:
+        // Products of nothing: in and out cost only their dw, so any size up to the limit.
+        if (sizes[d] == Field::rows) v = 0;
+        else if (random_below(key, 29, index(d), 2) == 0) v = tile_edge_size(key, index(d), max_size);
+        else v = uniform_size(key, 30, index(d), 1, max_size);
+        break;
+    }
+  }
+}
+
+struct Drawn {
+  Case c;
+  ShapeClass shape;
+};
+
+// Case i of a check: the first has every size 1; the others are drawn, their shapes from the class whose
+// turn it is (shape_class_of).
+Drawn draw_case(const OpCheck& check, std::uint64_t seed, int i, std::int64_t max_size) {
   const std::uint64_t key = mix_key(seed, static_cast<std::uint64_t>(check.op) + 1);
   const auto idx = static_cast<std::uint64_t>(i);
   Case c;
   c.seed = random_u64(key, 10, idx) >> 16;  // short enough to read and type
-  if (i == 0) return c;
-  c.rows = draw_dim(key, idx * 8 + 0);
-  c.in = draw_dim(key, idx * 8 + 1);
-  c.out = draw_dim(key, idx * 8 + 2);
-  // Vectors: up to a few tiles of 64 past 70 too.
-  c.n = random_below(key, 4, idx, 2) == 0 ? draw_dim(key, idx * 8 + 3) : 1 + static_cast<std::int64_t>(random_below(key, 5, idx, 300));
+  if (i == 0) return {c, ShapeClass::tiny};
+  const ShapeClass shape = shape_class_of(i, check.fields, max_size);
+  bool first_large = shape == ShapeClass::large;
+  for (int j = 1; j < i && first_large; ++j)
+    first_large = shape_class_of(j, check.fields, max_size) != ShapeClass::large;
+  draw_sizes(c, shape, check.fields, first_large, max_size, key, idx);
   c.offset = static_cast<std::int64_t>(random_below(key, 6, idx, 4));
   c.accumulate = static_cast<std::int64_t>(i % 2);  // both ways, in turn
   c.dx = random_below(key, 7, idx, 4) == 0 ? 0 : 1;
@@ -521,11 +708,13 @@ Case draw_case(const OpCheck& check, std::uint64_t seed, int i) {
   c.beta2 = kBeta2[random_below(key, 14, idx, std::size(kBeta2))];
   static constexpr double kEps[] = {1e-8, 1e-6, 1e-3};
   c.eps = kEps[random_below(key, 15, idx, std::size(kEps))];
-  return c;
+  return {c, shape};
 }
 
-// Smaller cases than c, the simplest first: each size down to 1, halved or less one; offset 0; written
-// rather than accumulated; an earlier step; scale 1.
+// Smaller cases than c, the simplest first: each size down to 1 (a linear op's rows to 0 before that: an
+// empty batch), to half, and then ever closer below it (now - now/4, now - now/8, ..., now - 1), so that a
+// bug that needs a size past some threshold (in > 512, say) shrinks to just past it in a few rounds of a
+// few tries; offset 0; written rather than accumulated; an earlier step; scale 1.
 std::vector<Case> shrinks_of(const Case& c, std::span<const Field> fields) {
   std::vector<Case> out;
   for (Field f : fields) {
@@ -533,10 +722,16 @@ std::vector<Case> shrinks_of(const Case& c, std::span<const Field> fields) {
     std::int64_t* v = int_field(d, f);
     if (f == Field::rows || f == Field::in || f == Field::out || f == Field::n || f == Field::step) {
       const std::int64_t now = *v;
-      for (std::int64_t to : {std::int64_t{1}, now / 2, now - 1})
-        if (to >= 1 && to < now && (out.empty() || int_field(out.back(), f) == nullptr || *int_field(out.back(), f) != to)) {
+      const std::int64_t least = f == Field::rows && allows_empty_batch(fields) ? 0 : 1;
+      std::vector<std::int64_t> to = {least, 1, now / 2};
+      for (std::int64_t gap = now / 4; gap >= 1; gap /= 2) to.push_back(now - gap);
+      to.push_back(now - 1);
+      std::vector<std::int64_t> tried;
+      for (const std::int64_t t : to)
+        if (t >= least && t < now && std::find(tried.begin(), tried.end(), t) == tried.end()) {
+          tried.push_back(t);
           Case e = c;
-          *int_field(e, f) = to;
+          *int_field(e, f) = t;
           out.push_back(e);
         }
     } else if ((f == Field::offset || f == Field::accumulate) && *v != 0) {
@@ -601,23 +796,56 @@ std::string check_name(const OpCheck& check, bool determinism) {
   return std::string(kernel_op_name(check.op)) + (determinism ? " determinism" : "");
 }
 
-// What the drawn cases covered, for a passing row.
-std::string coverage(const OpCheck& check, const std::vector<Case>& cases) {
-  std::int64_t rows = 0, in = 0, out = 0, n = 0, step = 0;
-  for (const Case& c : cases) {
-    rows = std::max(rows, c.rows);
-    in = std::max(in, c.in);
-    out = std::max(out, c.out);
-    n = std::max(n, c.n);
-    step = std::max(step, c.step);
+// The class with the largest ratio of all (none when every ratio is 0).
+std::string worst_class(const std::map<std::string, double>& ratios) {
+  std::string worst;
+  double largest = 0;
+  for (const auto& [name, ratio] : ratios)
+    if (ratio > largest) {
+      largest = ratio;
+      worst = name;
+    }
+  return worst;
+}
+
+// What the drawn cases covered, for a passing row: the cases of each class, the classes the size limit
+// dropped, the range of each size.
+std::string coverage(const OpCheck& check, const std::vector<Drawn>& cases, std::int64_t max_size) {
+  const std::vector<Field> sizes = size_fields(check.fields);
+  std::string text = std::to_string(cases.size()) + " cases:";
+  std::string dropped;
+  bool first = true;
+  for (ShapeClass s : kShapeClasses) {
+    if (!drawn_for(s, check.fields, max_size)) {
+      if (s != ShapeClass::empty_batch || allows_empty_batch(check.fields))
+        dropped += (dropped.empty() ? "" : ", ") + shape_class_name(s);
+      continue;
+    }
+    const auto n = std::count_if(cases.begin(), cases.end(), [&](const Drawn& d) { return d.shape == s; });
+    if (n == 0) continue;
+    text += (first ? " " : ", ") + shape_class_name(s) + " " + std::to_string(n);
+    first = false;
+    const auto all_large = [](const Drawn& d) {
+      return d.c.rows >= kLargeMin && d.c.in >= kLargeMin && d.c.out >= kLargeMin;
+    };
+    if (s == ShapeClass::large && sizes.size() == 3 && std::any_of(cases.begin(), cases.end(), all_large))
+      text += " (one with rows, in and out past 512)";
+  }
+  if (!dropped.empty()) text += " (max size " + std::to_string(max_size) + ": no " + dropped + ")";
+  text += ";";
+  for (Field f : sizes) {
+    std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = 0;
+    for (const Drawn& d : cases) {
+      lo = std::min(lo, *int_field(d.c, f));
+      hi = std::max(hi, *int_field(d.c, f));
+    }
+    // The loss's out is its columns.
+    const std::string name = f == Field::out && sizes.size() == 2 ? "cols" : std::string(field_name(f));
+    text += " " + name + " " + std::to_string(lo) + "-" + std::to_string(hi);
   }
   const auto has = [&](Field f) { return std::find(check.fields.begin(), check.fields.end(), f) != check.fields.end(); };
-  std::string text = std::to_string(cases.size()) + " cases";
-  if (has(Field::rows) && has(Field::in))
-    text += ", rows 1-" + std::to_string(rows) + " in 1-" + std::to_string(in) + " out 1-" + std::to_string(out);
-  else if (has(Field::rows))
-    text += ", rows 1-" + std::to_string(rows) + " cols 1-" + std::to_string(out);
-  if (has(Field::n)) text += ", n 1-" + std::to_string(n);
+  std::int64_t step = 0;
+  for (const Drawn& d : cases) step = std::max(step, d.c.step);
   if (has(Field::step)) text += ", steps 1-" + std::to_string(step);
   if (has(Field::accumulate)) text += ", accumulate 0 and 1";
   if (has(Field::act)) text += ", relu and tanh";
@@ -638,33 +866,51 @@ ConformRow check_row(const OpCheck& check, bool determinism, const Kernels& k, c
     row.detail = s.v.why + (determinism ? "" : "; largest error ratio over the outputs " + ratio_text(s.v.ratio));
     row.replay = options.replay_prefix + " --check '" + row.check + "' --case '" + row.minimal + "'";
   };
+  // The largest ratio of each class (the determinism rows compare bits, not ratios).
+  const auto note_ratio = [&](ShapeClass s, double ratio) {
+    if (determinism) return;
+    double& largest = row.ratio_by_shape_class[shape_class_name(s)];
+    largest = std::max(largest, ratio);
+  };
   if (!options.case_text.empty()) {
     const Case c = parse_case(options.case_text, check.fields, row.check);
+    const ShapeClass shape = shape_class_of(c, check.fields);
     const Verdict v = judge(check, determinism, k, c, bo);
+    note_ratio(shape, v.ratio);
     if (v.failed)
       fail({c, v});
     else
-      row.detail = "the case passes" + (determinism ? std::string(": two runs agree bit for bit")
-                                                    : ": error ratio " + ratio_text(v.ratio));
+      row.detail = "the case passes" +
+                   (determinism ? std::string(": two runs agree bit for bit")
+                                : ": error ratio " + ratio_text(v.ratio) + " (" + shape_class_name(shape) + ")");
   } else {
     // Determinism reruns fewer cases: a kernel that depends on a counter or an address shows it at once.
     const int cases = std::max(1, determinism ? options.cases / 4 : options.cases);
-    std::vector<Case> drawn;
+    const std::int64_t max_size = options.max_kernel_size;
+    std::vector<Drawn> drawn;
     double worst = 0;
     for (int i = 0; i < cases; ++i) {
-      const Case c = draw_case(check, options.seed, i);
-      drawn.push_back(c);
-      const Verdict v = judge(check, determinism, k, c, bo);
+      const Drawn d = draw_case(check, options.seed, i, max_size);
+      drawn.push_back(d);
+      const Verdict v = judge(check, determinism, k, d.c, bo);
+      note_ratio(d.shape, v.ratio);
       if (v.failed) {
-        fail(shrink(check, determinism, k, {c, v}, bo));
-        row.detail += " (case " + std::to_string(i + 1) + " of " + std::to_string(cases) + ", shrunk)";
+        fail(shrink(check, determinism, k, {d.c, v}, bo));
+        row.detail += " (case " + std::to_string(i + 1) + " of " + std::to_string(cases) + ", " +
+                      shape_class_name(d.shape) + ", shrunk)";
         break;
       }
       worst = std::max(worst, v.ratio);
     }
-    if (row.verdict == ConformVerdict::pass)
-      row.detail = coverage(check, drawn) +
-                   (determinism ? std::string(", each run twice: bitwise identical") : "; largest error ratio " + ratio_text(worst));
+    if (row.verdict == ConformVerdict::pass) {
+      row.detail = coverage(check, drawn, max_size);
+      if (determinism) {
+        row.detail += ", each run twice: bitwise identical";
+      } else {
+        const std::string where = worst_class(row.ratio_by_shape_class);
+        row.detail += "; largest error ratio " + ratio_text(worst) + (where.empty() ? "" : " (" + where + ")");
+      }
+    }
   }
   row.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return row;
@@ -684,6 +930,9 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
   const KernelPlugin& plugin = load_kernel_plugin(target.kernels);
   require_kernels_for_engine(plugin, target.engine);
   if (options.cases < 1) throw UsageError("--cases must be at least 1");
+  if (options.max_kernel_size < 1 || options.max_kernel_size > kMaxSizeLimit)
+    throw UsageError("--max-size must be in [1, " + std::to_string(kMaxSizeLimit) +
+                     "] (the kernel checks' largest size; got " + std::to_string(options.max_kernel_size) + ")");
   const std::vector<OpCheck> checks = op_checks();
 
   // --check: one of these rows, or one of verify's properties.

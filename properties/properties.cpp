@@ -105,7 +105,9 @@ constexpr std::array<PropertyDef, 12> kProperties{{
      "with a dynamic loss scaler and examples that overflow the scaled gradient on some rank, every rank skips the "
      "same steps: parameters, optimizer state and the scaler's state stay bitwise identical",
      overflow_body},
-    {"sampler_shards_disjoint", "the sampler's shares are disjoint, cover the data and agree on every rank", sampler_body},
+    // Its ranks compare their shares over dpcheck's own transport: no collective, no kernel of a plugin.
+    {"sampler_shards_disjoint", "the sampler's shares are disjoint, cover the data and agree on every rank", sampler_body,
+     1, nullptr, 0, 0, false},
     {"accumulation_matches_whole_batch",
      "gradient accumulation over micro-batches equals the whole-batch gradient within float32 rounding",
      accumulation_body, 1, nullptr, kGradientPower},

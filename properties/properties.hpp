@@ -60,6 +60,9 @@ struct CaseRecord {
     int layers = 0;
     int widest = 0;
   } size;
+  // The case failed before the promise could be judged (what it runs failed for another reason, which
+  // the failure says): reports must not blame the property's promise.
+  bool not_judged = false;
 };
 
 struct PropertyDef {
@@ -79,6 +82,9 @@ struct PropertyDef {
   // For tightness: over a run, the largest rounding-only ratio on each path must reach this, or the
   // bound has grown looser than rounding needs (0: not judged).
   double min_tightness = 0;
+  // Whether its cases call the target's plugins (a communicator's collectives, a kernel plugin's ops).
+  // conform leaves out one that does not: it would check dpcheck, not the plugin.
+  bool calls_plugins = true;
 };
 
 // The failure probability per dot product of the probabilistic bound that the properties report beside
@@ -167,9 +173,16 @@ std::string bucketing_unavailable(const Target& target);
 
 struct WriteAuditOutcome {
   bool passed = true;
+  // A run failed before its writes could be judged (the launch, the training itself): the failure is
+  // not a write, and the message says what it was.
+  bool not_judged = false;
   std::int64_t rank0_files = 0;  // distinct files rank 0 wrote (non-vacuity: it did write)
   std::string message;
 };
+
+// dpcheck's own account of why a run under a launcher failed, from what it printed: its error lines, or
+// else its last lines that are not the launcher's boilerplate ("Primary job terminated normally, ...").
+std::string run_failure_reason(const std::string& output);
 // Runs the scenario as separate processes (mpirun, --comm mpi) with checkpoints every step and a log,
 // under the write audit: rank 0 must have written the log (and, when training finished, the final
 // checkpoint), and no other rank may have written outside the allowed paths. With resume_at > 0 the

@@ -94,13 +94,15 @@ void rank0_writes_body(const Target& target, CaseRecord& record) {
   WriteAuditOutcome o;
   if (!target.process_world || target.process_world->rank() == 0) o = check_rank0_writes(s, target, s.at_step, corrupt);
   if (target.process_world) {
-    std::int64_t verdict[2] = {o.passed ? 1 : 0, o.rank0_files};
-    target.process_world->broadcast(verdict, 2, DType::i64, 0);
+    std::int64_t verdict[3] = {o.passed ? 1 : 0, o.rank0_files, o.not_judged ? 1 : 0};
+    target.process_world->broadcast(verdict, 3, DType::i64, 0);
     o.passed = verdict[0] == 1;
     o.rank0_files = verdict[1];
+    o.not_judged = verdict[2] == 1;
   }
   RC_TAG(std::string("rank 0 wrote ") + (o.rank0_files >= 10 ? "10 or more" : std::to_string(o.rank0_files)) + " files");
   RC_CLASSIFY(s.at_step > 0, corrupt ? "resumed past a corrupt checkpoint" : "resumed");
+  record.not_judged = o.not_judged;
   if (!o.passed) fail_case(o.message.empty() ? "rank 0 found a write by another rank" : o.message);
 }
 
@@ -111,6 +113,30 @@ std::string rank0_writes_unavailable(const Target&) {
 }
 
 std::string find_mpi_launcher() { return find_in_path({"mpirun", "mpiexec"}); }
+
+std::string run_failure_reason(const std::string& output) {
+  // What launchers print around a failing rank (Open MPI's mpirun, MPICH's mpiexec): never the reason.
+  static constexpr std::string_view boilerplate[] = {
+      "Primary job", "a non-zero exit code", "mpirun ", "mpiexec ", "the job to be terminated", "Process name:",
+      "Exit code:", "MPI_ABORT", "with errorcode", "NOTE: invoking", "You may or may not see", "exactly when Open MPI",
+      "process returned", "Per user-direction", "BAD TERMINATION", "=   ", "YOUR APPLICATION TERMINATED"};
+  std::vector<std::string> errors, others;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const auto first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line.find_first_not_of("-=* \t") == std::string::npos) continue;
+    line = line.substr(first);
+    if (std::any_of(std::begin(boilerplate), std::end(boilerplate),
+                    [&](std::string_view b) { return line.find(b) != std::string::npos; }))
+      continue;
+    (line.starts_with("dpcheck: error") || line.starts_with("dpcheck: ") ? errors : others).push_back(line);
+  }
+  const std::vector<std::string>& kept = errors.empty() ? others : errors;
+  std::string out;
+  for (std::size_t i = kept.size() > 3 ? kept.size() - 3 : 0; i < kept.size(); ++i)
+    out += (out.empty() ? "" : " | ") + kept[i];
+  return out.size() > 400 ? out.substr(0, 397) + "..." : out;
+}
 
 namespace {
 std::atomic<bool> self_is_dpcheck{false};
@@ -173,19 +199,26 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     allow.insert(allow.end(), launcher.begin(), launcher.end());
     const std::vector<audit::Record> bad = audit::offending(run.log.records, allow);
 
-    const auto tail = [&] {
+    const auto tail = [&](std::size_t most) {
       std::ifstream f(output);
       std::stringstream ss;
       ss << f.rdbuf();
       const std::string text = ss.str();
-      return text.size() > 600 ? "..." + text.substr(text.size() - 600) : text;
+      return text.size() > most ? "..." + text.substr(text.size() - most) : text;
     };
     if (!bad.empty())
       return "in the " + which + " run, " + std::to_string(bad.size()) +
              " write-intent calls by ranks other than 0 outside the allowed paths; first: rank " +
              std::to_string(*bad[0].rank) + " " + bad[0].call + " " + bad[0].path +
              (bad[0].to.empty() ? "" : " -> " + bad[0].to);
-    if (run.signal != 0 || run.exit_code != 0) return "the " + which + " run " + run.status_text() + ":\n" + tail();
+    if (run.signal != 0 || run.exit_code != 0) {
+      // Not a write: the run itself failed, and its writes cannot be judged. Say what failed.
+      o.not_judged = true;
+      const std::string reason = run_failure_reason(tail(16384));
+      return "not a write: the " + which + " run " + run.status_text() + " before its writes could be judged" +
+             (reason.empty() ? std::string() : " (dpcheck said: " + reason + ")") +
+             "; the audit saw no write by another rank";
+    }
     if (!rank0_paths.contains(log.string()))
       return "in the " + which + " run, rank 0 never wrote the log " + log.string() + " (the audit saw " +
              std::to_string(rank0_paths.size()) + " files from rank 0)";
@@ -195,6 +228,7 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
   };
 
   std::optional<std::string> why;
+  o.not_judged = false;
   if (resume_at > 0 && resume_at < s.train.steps) {
     why = audited_run(resume_at, false, "first");
     if (!why && corrupt_newest && !corrupt_newest_checkpoint(checkpoints))

@@ -181,6 +181,7 @@ class Search {
     out_.failure = runs.failing.result.description;
     out_.counterexample = example_text(runs.failing);
     out_.failure_size = runs.failing_record.size;
+    out_.not_judged = runs.failing_record.not_judged;
   }
 
   // The first failing case: run it again to see whether it fails every time, shrink it (a smaller case

@@ -67,6 +67,7 @@ struct PropertyResult {
   int failing_runs = 0, runs = 0;  // the minimal case failed failing_runs of runs times
   bool replayed = false;       // this result replays one case (RunOptions::reproduce)
   CaseRecord::Size failure_size;
+  bool not_judged = false;     // the failure is not of the promise (CaseRecord::not_judged)
   std::map<std::string, int> distribution;  // classification tags -> cases
 
   bool flaky() const { return !passed && runs > 0 && failing_runs < runs; }

@@ -26,6 +26,47 @@ void resize(Expected& e, std::int64_t n) {
   e.bound.assign(at(n), 0.0);
 }
 
+// The columns one pass of add_products updates per row of a: a whole block is a constant trip count,
+// which GCC vectorizes at -O2, and 4 rows of 256 sums and magnitudes stay in the first-level cache.
+constexpr std::int64_t kBlockRows = 4, kBlockCols = 256;
+
+// sum[col] += a b[col] and magnitude[col] += |a b[col]| over `width` columns, each column its own sum.
+inline void add_row(double a, const float* __restrict b, double* __restrict sum, double* __restrict magnitude,
+                    std::int64_t width) {
+  for (std::int64_t col = 0; col < width; ++col) {
+    const double t = a * double{b[col]};
+    sum[col] += t;
+    magnitude[col] += std::abs(t);
+  }
+}
+
+// For an m x n result whose sums and magnitudes hold their first terms already: element (r, col) adds
+// the terms a(r, p) b[p, col] for p = 0, 1, ..., depth - 1, in that order, and their magnitudes; a(r, p)
+// is a[r * a_row + p * a_col] (so that a transpose needs no copy), b is depth x n, row-major. Every
+// element's sum is the plain triple loop's, term by term: the loops only visit the elements a block at a
+// time (each column a lane of its own, never summed with another), so that a 1024^3 product takes about a
+// second (the plain loops' strided reads took several), and no result changes with the blocking.
+void add_products(const float* a, std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t m,
+                  std::int64_t depth, std::int64_t n, std::vector<double>& sum, std::vector<double>& magnitude) {
+  DPCHECK_ASSERT(sum.size() == at(m * n) && magnitude.size() == at(m * n));
+  for (std::int64_t r0 = 0; r0 < m; r0 += kBlockRows) {
+    const std::int64_t r1 = std::min(r0 + kBlockRows, m);
+    for (std::int64_t c0 = 0; c0 < n; c0 += kBlockCols) {
+      const std::int64_t width = std::min(kBlockCols, n - c0);
+      for (std::int64_t p = 0; p < depth; ++p)
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const double ar = a[r * a_row + p * a_col];
+          double* s = sum.data() + r * n + c0;
+          double* g = magnitude.data() + r * n + c0;
+          if (width == kBlockCols)
+            add_row(ar, b + p * n + c0, s, g, kBlockCols);
+          else
+            add_row(ar, b + p * n + c0, s, g, width);
+        }
+    }
+  }
+}
+
 }  // namespace
 
 Expected linear_forward_expected(std::span<const float> x, std::span<const float> w, std::span<const float> b,
@@ -33,17 +74,20 @@ Expected linear_forward_expected(std::span<const float> x, std::span<const float
   DPCHECK_ASSERT(x.size() == at(rows * in) && w.size() == at(out * in) && b.size() == at(out));
   Expected e;
   resize(e, rows * out);
+  // x w^T, each sum b[j] + x[i, 0] w[j, 0] + x[i, 1] w[j, 1] + ...: w transposed (an exact copy) so that
+  // the terms of a row of y read a row of it.
+  std::vector<float> wt(at(in * out));
+  for (std::int64_t j = 0; j < out; ++j)
+    for (std::int64_t k = 0; k < in; ++k) wt[at(k * out + j)] = w[at(j * in + k)];
+  std::vector<double> magnitude(at(rows * out));
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t j = 0; j < out; ++j) {
-      double sum = b[at(j)], magnitude = std::abs(double{b[at(j)]});
-      for (std::int64_t k = 0; k < in; ++k) {
-        const double t = double{x[at(i * in + k)]} * double{w[at(j * in + k)]};
-        sum += t;
-        magnitude += std::abs(t);
-      }
-      e.value[at(i * out + j)] = sum;
-      e.bound[at(i * out + j)] = g(in + 1, options) * magnitude + floor_of(magnitude, in + 1, options);
+      e.value[at(i * out + j)] = b[at(j)];
+      magnitude[at(i * out + j)] = std::abs(double{b[at(j)]});
     }
+  add_products(x.data(), in, 1, wt.data(), rows, in, out, e.value, magnitude);
+  for (std::size_t i = 0; i < e.bound.size(); ++i)
+    e.bound[i] = g(in + 1, options) * magnitude[i] + floor_of(magnitude[i], in + 1, options);
   return e;
 }
 
@@ -59,40 +103,33 @@ LinearBackwardExpected linear_backward_expected(std::span<const float> x, std::s
   resize(e.dx, rows * in);
   resize(e.dw, out * in);
   resize(e.db, out);
-  // dx = dy w: out terms each.
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t k = 0; k < in; ++k) {
-      double sum = 0, magnitude = 0;
-      for (std::int64_t j = 0; j < out; ++j) {
-        const double t = double{dy[at(i * out + j)]} * double{w[at(j * in + k)]};
-        sum += t;
-        magnitude += std::abs(t);
-      }
-      e.dx.value[at(i * in + k)] = sum;
-      e.dx.bound[at(i * in + k)] = g(out, options) * magnitude + floor_of(magnitude, out, options);
-    }
-  // dw = old + dy^T x and db = old + column sums: rows terms each, one more for the old value.
+  // dx = dy w: out terms each, dy[i, 0] w[0, k] + dy[i, 1] w[1, k] + ...
+  std::vector<double> magnitude(at(rows * in));
+  add_products(dy.data(), out, 1, w.data(), rows, out, in, e.dx.value, magnitude);
+  for (std::size_t i = 0; i < magnitude.size(); ++i)
+    e.dx.bound[i] = g(out, options) * magnitude[i] + floor_of(magnitude[i], out, options);
+  // dw = old + dy^T x and db = old + column sums: rows terms each, one more for the old value. With no rows
+  // there is nothing to add: the old value (or zero) must come back untouched, so the bound is 0.
   const std::int64_t terms = rows + (accumulate ? 1 : 0);
-  for (std::int64_t j = 0; j < out; ++j) {
-    for (std::int64_t k = 0; k < in; ++k) {
-      const double old = accumulate ? double{old_dw[at(j * in + k)]} : 0.0;
-      double sum = old, magnitude = std::abs(old);
-      for (std::int64_t i = 0; i < rows; ++i) {
-        const double t = double{dy[at(i * out + j)]} * double{x[at(i * in + k)]};
-        sum += t;
-        magnitude += std::abs(t);
-      }
-      e.dw.value[at(j * in + k)] = sum;
-      e.dw.bound[at(j * in + k)] = g(terms, options) * magnitude + floor_of(magnitude, terms, options);
+  const auto bound = [&](double m) { return rows == 0 ? 0.0 : g(terms, options) * m + floor_of(m, terms, options); };
+  magnitude.assign(at(out * in), 0.0);
+  if (accumulate)
+    for (std::size_t i = 0; i < magnitude.size(); ++i) {
+      e.dw.value[i] = old_dw[i];
+      magnitude[i] = std::abs(double{old_dw[i]});
     }
+  // dw[j, k] = old + dy[0, j] x[0, k] + dy[1, j] x[1, k] + ...: dy read transposed.
+  add_products(dy.data(), 1, out, x.data(), out, rows, in, e.dw.value, magnitude);
+  for (std::size_t i = 0; i < magnitude.size(); ++i) e.dw.bound[i] = bound(magnitude[i]);
+  for (std::int64_t j = 0; j < out; ++j) {
     const double old = accumulate ? double{old_db[at(j)]} : 0.0;
-    double sum = old, magnitude = std::abs(old);
+    double sum = old, db_magnitude = std::abs(old);
     for (std::int64_t i = 0; i < rows; ++i) {
       sum += double{dy[at(i * out + j)]};
-      magnitude += std::abs(double{dy[at(i * out + j)]});
+      db_magnitude += std::abs(double{dy[at(i * out + j)]});
     }
     e.db.value[at(j)] = sum;
-    e.db.bound[at(j)] = g(terms, options) * magnitude + floor_of(magnitude, terms, options);
+    e.db.bound[at(j)] = bound(db_magnitude);
   }
   return e;
 }

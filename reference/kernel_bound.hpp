@@ -10,7 +10,8 @@
 //   order: slack_roundings roundings more;
 //   every operation below the normal range: up to underflow_unit absolute;
 //   the float64 reference's own rounding: 4 gamma_{k+16} at 2^-53 of the magnitude.
-// ReLU and its derivative are exact (bound 0): any difference is an error.
+// ReLU and its derivative are exact (bound 0): any difference is an error. So are dw and db of an empty
+// batch (rows = 0): with nothing to add, the old value (accumulating) or zero comes back untouched.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -51,6 +52,7 @@ const Broken kBroken[] = {
     {"hang", "a rank that never arrives", ""},
     {"sequence-wrap", "calls in a row", "count=1 "},
     {"half-as-bfloat16", "allreduce float16 sum", "count=1 "},
+    {"float64-unwired", "allreduce float64 sum", "count=0 "},
 };
 
 class ConformComm : public ::testing::TestWithParam<Broken> {};
@@ -99,33 +101,146 @@ TEST(ConformComm, CorrectPluginsKeepEveryPromise) {
   }
 }
 
-// A plugin of ABI 1 still loads and keeps its promises; its bfloat16 and float16 rows are skipped,
-// naming both ABIs, since dpcheck never passes it those dtypes.
-TEST(ConformComm, AnAbiOnePluginSkipsTheSixteenBitChecksSayingWhy) {
+// A plugin of ABI 1 still loads and keeps its promises; its bfloat16 and float16 rows are unsupported
+// ("the plugin says so", naming the ABI), since dpcheck never passes it those dtypes. So are they for a
+// source written for ABI 2 and recompiled unchanged against ABI 3's header: its masks are 0.
+TEST(ConformComm, PluginsThatDoNotDeclareSixteenBitFloatsAreNotHandedThem) {
+  for (const std::string name : {"abi-1", "unchanged-source"}) {
+    SCOPED_TRACE(name);
+    Scratch s;
+    const fs::path report = s.dir / "r.json";
+    const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin(name) + kQuick + " --report " +
+                                            report.string(),
+                                        300);
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("checks not run: unsupported, the plugin says so"), std::string::npos) << r.output;
+    const nlohmann::json j = read_json(report);
+    int unsupported = 0, passed = 0;
+    for (const auto& c : j["checks"]) {
+      const std::string check = c["check"];
+      const bool sixteen = check.find("bfloat16") != std::string::npos || check.find("float16") != std::string::npos;
+      if (!sixteen) {
+        passed += c["verdict"] == "pass";
+        continue;
+      }
+      ++unsupported;
+      EXPECT_EQ(c["verdict"], "unsupported") << check;
+      const std::string detail = c["detail"];
+      EXPECT_TRUE(detail.starts_with("the plugin says so: ")) << detail;
+      if (name == "abi-1")
+        EXPECT_NE(detail.find("plugin ABI 1, which has no"), std::string::npos) << detail;
+      else
+        EXPECT_NE(detail.find("it declares dtypes float32, float64, int64;"), std::string::npos) << detail;
+    }
+    EXPECT_EQ(unsupported, 12);  // allreduce (4 ops), broadcast and allgather, in each format
+    EXPECT_GT(passed, 20);
+  }
+}
+
+// A plugin that declares float32 sums alone: every other row is unsupported, and so are verify's
+// properties, which need the gradient all-reduce (an avg); nothing it lacks is called, nothing fails.
+TEST(ConformComm, WhatAPluginDoesNotDeclareIsUnsupportedNotFailed) {
   Scratch s;
-  const fs::path report = s.dir / "r.json";
-  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("abi-1") + kQuick + " --report " +
-                                          report.string(),
+  const fs::path report = s.dir / "r.json", junit = s.dir / "j.xml";
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("float32-sum") +
+                                          " --world-size 3 --max-mib 1 --timeout 2 --cases 3 --report " +
+                                          report.string() + " --junit " + junit.string(),
                                       300);
   EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("what it declares: dtypes float32; all-reduce ops sum"), std::string::npos) << r.output;
   const nlohmann::json j = read_json(report);
-  int skipped = 0, passed = 0;
+  std::map<std::string, std::string> verdict;
+  for (const auto& c : j["checks"]) verdict[c["check"]] = c["verdict"];
+  EXPECT_EQ(verdict["allreduce float32 sum"], "pass");
+  EXPECT_EQ(verdict["same bits on every rank float32 sum"], "pass");
+  EXPECT_EQ(verdict["barrier"], "pass");
+  for (const char* c : {"allreduce float32 avg", "allreduce float64 sum", "broadcast float64", "allgather int64",
+                        "run-to-run float32 avg", "property gradient_average_matches_whole_batch"})
+    EXPECT_EQ(verdict[c], "unsupported") << c;
+  for (const auto& c : j["checks"]) EXPECT_NE(c["verdict"], "fail") << c["check"];
+  EXPECT_EQ(j["plugin"]["dtypes"], nlohmann::json::array({"float32"}));
+  EXPECT_EQ(j["plugin"]["ops"], nlohmann::json::array({"sum"}));
+  const std::string x = dpcheck::read_file(junit);
+  EXPECT_NE(x.find("<skipped message=\"unsupported: the plugin says so: "), std::string::npos);
+  EXPECT_EQ(x.find("<failure"), std::string::npos);
+}
+
+// The table's name, version and ABI are in the header, the JSON and the JUnit (they were only in errors).
+TEST(ConformComm, ReportsNameThePluginAndItsVersion) {
+  Scratch s;
+  const fs::path report = s.dir / "r.json", junit = s.dir / "j.xml";
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + kRing + kQuick +
+                                          " --check 'allreduce float32 sum' --report " + report.string() +
+                                          " --junit " + junit.string(),
+                                      120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("'ring' example 1.0, plugin ABI 3"), std::string::npos) << r.output;
+  const nlohmann::json j = read_json(report);
+  EXPECT_EQ(j["plugin"]["name"], "ring");
+  EXPECT_EQ(j["plugin"]["version"], "example 1.0");
+  EXPECT_EQ(j["plugin"]["abi"], 3);
+  const std::string x = dpcheck::read_file(junit);
+  EXPECT_NE(x.find("'ring' example 1.0"), std::string::npos) << x;
+  EXPECT_NE(x.find("<property name=\"comm_plugin\" value=\"ring\"/>"), std::string::npos) << x;
+  EXPECT_NE(x.find("<property name=\"comm_plugin_version\" value=\"example 1.0\"/>"), std::string::npos) << x;
+  // verify names it too.
+  const fs::path vreport = s.dir / "v.json";
+  const auto v = dpcheck::run_command(kDpcheck + " verify --comm " + kRing + " --world-size 2 --cases 2" +
+                                          " --property sampler_shards_disjoint --report " + vreport.string(),
+                                      120);
+  EXPECT_EQ(v.status, 0) << v.output;
+  EXPECT_NE(v.output.find("plugin 'ring' example 1.0, ABI 3"), std::string::npos) << v.output;
+  const nlohmann::json vj = read_json(vreport);
+  ASSERT_EQ(vj["target"]["plugins"].size(), 1u);
+  EXPECT_EQ(vj["target"]["plugins"][0]["name"], "ring");
+  EXPECT_EQ(vj["target"]["plugins"][0]["version"], "example 1.0");
+}
+
+// A row that fails with the plugin's own error has a minimal case and a replay line like any other:
+// the fingerprint's float64 probes meet a plugin that declares float64 but returns "not implemented".
+TEST(ConformComm, ARowFailedByThePluginsOwnErrorHasAMinimalCaseAndAReplay) {
+  Scratch s;
+  const fs::path report = s.dir / "r.json";
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("float64-unwired") + kQuick +
+                                          " --report " + report.string(),
+                                      300);
+  EXPECT_EQ(r.status, 1) << r.output;
+  const nlohmann::json j = read_json(report);
+  bool fingerprint = false;
   for (const auto& c : j["checks"]) {
-    const std::string name = c["check"];
-    const bool sixteen = name.find("bfloat16") != std::string::npos || name.find("float16") != std::string::npos;
-    if (!sixteen) {
-      passed += c["verdict"] != "skip";
-      continue;
-    }
-    ++skipped;
-    EXPECT_EQ(c["verdict"], "skip") << name;
-    const std::string detail = c["detail"];
-    EXPECT_NE(detail.find("plugin ABI 1 has no " + std::string(name.find("bfloat16") != std::string::npos ? "bfloat16" : "float16")),
-              std::string::npos) << detail;
-    EXPECT_NE(detail.find("ABI 2"), std::string::npos) << detail;
+    if (c["verdict"] != "fail") continue;
+    const std::string check = c["check"];
+    EXPECT_FALSE(c["minimal_case"].is_null() || c["minimal_case"].get<std::string>().empty()) << check;
+    EXPECT_FALSE(c["replay"].is_null() || c["replay"].get<std::string>().empty()) << check;
+    EXPECT_NE(c["detail"].get<std::string>().find("float64 is not implemented"), std::string::npos) << check;
+    if (check != "summation order and width") continue;
+    fingerprint = true;
+    std::string replay = c["replay"];
+    ASSERT_TRUE(replay.starts_with("dpcheck conform ")) << replay;
+    replay = kDpcheck + replay.substr(std::string("dpcheck").size());
+    const auto again = dpcheck::run_command(replay, 120);
+    EXPECT_EQ(again.status, 1) << replay << "\n" << again.output;
+    EXPECT_NE(again.output.find("FAILED summation order and width"), std::string::npos) << again.output;
   }
-  EXPECT_EQ(skipped, 12);  // allreduce (4 ops), broadcast and allgather, in each format
-  EXPECT_GT(passed, 20);
+  EXPECT_TRUE(fingerprint) << r.output;
+}
+
+// --world-size N is the world of every row, verify's properties included: their minimal cases and
+// replay lines say N (they were drawn, and shrank to 3, whatever N was).
+TEST(ConformComm, TheGivenWorldSizeIsThePropertiesWorldToo) {
+  Scratch s;
+  const fs::path report = s.dir / "r.json";
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("power-of-two") +
+                                          " --world-size 5 --cases 10 --timeout 5 --check 'property "
+                                          "gradient_average_matches_whole_batch' --report " + report.string(),
+                                      300);
+  EXPECT_EQ(r.status, 1) << r.output;
+  const nlohmann::json j = read_json(report);
+  ASSERT_EQ(j["checks"].size(), 1u);
+  const auto& row = j["checks"][0];
+  EXPECT_EQ(row["verdict"], "fail");
+  EXPECT_NE(row["minimal_case"].get<std::string>().find("| world 5 "), std::string::npos) << row["minimal_case"];
+  EXPECT_NE(row["replay"].get<std::string>().find("--world-size 5 "), std::string::npos) << row["replay"];
 }
 
 // Without --world-size the collectives also run on 1, 2, 3, 5 and 8 ranks: an algorithm written for
@@ -183,6 +298,50 @@ TEST(PluginComm, RingPassesVerifyAsThreadsAndUnderMpirun) {
   EXPECT_NE(mpi.output.find("all properties passed"), std::string::npos) << mpi.output;
 #else
   GTEST_SKIP() << "this build has no MPI: the mpirun half did not run";
+#endif
+}
+
+// When the audited training fails for another reason (here the replicas diverge: each rank sums in its
+// own order), only_rank0_writes fails saying that reason, marked as not judged, and blames no write:
+// not the launcher's boilerplate ("Primary job terminated ...") that used to be all it said.
+TEST(PluginComm, TheWriteAuditBlamesNoWriteWhenTheRunFailsForAnotherReason) {
+#if DPCHECK_HAS_MPI
+  Scratch s;
+  const fs::path report = s.dir / "r.json";
+  const auto r = dpcheck::run_command(kDpcheck + " verify --comm " + plugin("own-order") +
+                                          " --world-size 3 --property only_rank0_writes --cases 30 --reruns 1 --report " +
+                                          report.string(),
+                                      600);
+  ASSERT_EQ(r.status, 1) << r.output;
+  const nlohmann::json j = read_json(report);
+  const auto& p = j["properties"][0];
+  EXPECT_TRUE(p["not_judged"].get<bool>()) << r.output;
+  const std::string why = p["failure"];
+  EXPECT_TRUE(why.starts_with("not a write: ")) << why;
+  EXPECT_NE(why.find("replicas diverged"), std::string::npos) << why;
+  EXPECT_NE(why.find("the audit saw no write by another rank"), std::string::npos) << why;
+  EXPECT_EQ(why.find("Primary job"), std::string::npos) << why;
+  EXPECT_NE(r.output.find("the promise itself is not shown broken"), std::string::npos) << r.output;
+#else
+  GTEST_SKIP() << "this build has no MPI: the write audit needs separate processes";
+#endif
+}
+
+// MPI's own collectives are a backend (--comm mpi-native) that conform checks as it checks a plugin, the
+// algorithm forced through Open MPI's MCA parameters and named in the header.
+TEST(ConformComm, MpisOwnAllreduceIsCheckedWithTheAlgorithmItWasForcedTo) {
+#if DPCHECK_HAS_MPI
+  const auto r = dpcheck::run_command(std::string("env OMPI_MCA_coll_tuned_use_dynamic_rules=1 "
+                                                  "OMPI_MCA_coll_tuned_allreduce_algorithm=6 ") +
+                                          DPCHECK_MPIEXEC + " --allow-run-as-root --oversubscribe -np 3 " + kDpcheck +
+                                          " conform --comm mpi-native --no-properties --max-mib 1",
+                                      300);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("communicator mpi-native, Open MPI"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("coll_tuned_allreduce_algorithm 6"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kept every promise"), std::string::npos) << r.output;
+#else
+  GTEST_SKIP() << "this build has no MPI";
 #endif
 }
 

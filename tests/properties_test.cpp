@@ -61,5 +61,29 @@ TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
   EXPECT_THROW(find_property("no_such_property"), UsageError);
 }
 
+// What a failed run under mpirun printed, reduced to dpcheck's own account: its error lines, never the
+// launcher's boilerplate around them.
+TEST(Properties, ARunsFailureReasonIsDpchecksOwnWordsNotTheLaunchers) {
+  const std::string open_mpi =
+      "step 0 loss 0.25\n"
+      "dpcheck: error: replicas diverged: replicas differ after step 0: first difference in layers.0.weight[0, 0]\n"
+      "-------------------------------------------------------\n"
+      "Primary job  terminated normally, but 1 process returned\n"
+      "a non-zero exit code. Per user-direction, the job has been aborted.\n"
+      "-------------------------------------------------------\n"
+      "--------------------------------------------------------------------------\n"
+      "mpirun detected that one or more processes exited with non-zero status, thus causing\n"
+      "the job to be terminated. The first process to do so was:\n\n"
+      "  Process name: [[7375,1],1]\n"
+      "  Exit code:    1\n"
+      "--------------------------------------------------------------------------\n";
+  EXPECT_EQ(run_failure_reason(open_mpi),
+            "dpcheck: error: replicas diverged: replicas differ after step 0: first difference in layers.0.weight[0, 0]");
+  // Without an error line of dpcheck's, the last lines that are not the launcher's.
+  EXPECT_EQ(run_failure_reason("a\nb\nc\nd\n-----\nPrimary job  terminated normally, but 1 process returned\n"),
+            "b | c | d");
+  EXPECT_EQ(run_failure_reason("-----\n  Exit code:    1\n"), "");
+}
+
 }  // namespace
 }  // namespace dpcheck

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "properties/properties.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
+#include "src/comm/mpi_comm.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
 #include "src/plugin/plugin_loader.hpp"
@@ -36,15 +38,47 @@ struct ConformCliOptions {
   bool absent_rank_probe = false;
   bool comm_given = false;  // hidden: the child half of "a rank that never arrives"
   double max_mib = 64;
+  int max_size = 1024;
+  bool thorough = false;
+  bool max_size_given = false, max_mib_given = false;
   std::string report, junit, html;
   bool quiet = false;
 };
+
+// The plugin under test as the reports title it: its path, and its table's name and version.
+// "what it declares: dtypes ...; all-reduce ops ...\n" for a communicator plugin, "" otherwise.
+std::string capabilities_line(const ConformCliOptions& o) {
+  for (const PluginIdentity& p : target_plugins(o.target))
+    if (p.option == "--comm") return "what it declares: " + p.capabilities + "\n";
+  return "";
+}
+
+std::string plugin_title(const ConformCliOptions& o) {
+  const std::string path = o.target.kernels.empty() ? o.target.comm : o.target.kernels;
+  for (const PluginIdentity& p : target_plugins(o.target))
+    if (p.path == path && (p.option == "--kernels") == !o.target.kernels.empty())
+      return path + ", '" + p.name + "'" + (p.version.empty() ? std::string() : " " + p.version) + ", plugin ABI " +
+             std::to_string(p.abi);
+  // A built-in backend: MPI's own collectives name the library, and the algorithm when one is forced.
+  if (o.target.comm == "mpi-native" || o.target.comm == "mpi") {
+    std::string title = path;
+    if (const std::string v = mpi_library_version(); !v.empty()) title += ", " + v;
+    const char* dynamic = std::getenv("OMPI_MCA_coll_tuned_use_dynamic_rules");
+    const char* algorithm = std::getenv("OMPI_MCA_coll_tuned_allreduce_algorithm");
+    if (o.target.comm == "mpi-native" && dynamic && algorithm && std::string(dynamic) != "0")
+      title += ", coll_tuned_allreduce_algorithm " + std::string(algorithm);
+    return title;
+  }
+  return path;
+}
 
 nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world, const std::vector<ConformRow>& rows,
                        bool passed) {
   nlohmann::json checks = nlohmann::json::array();
   const auto or_null = [](const std::string& s) { return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s); };
-  for (const ConformRow& r : rows)
+  for (const ConformRow& r : rows) {
+    nlohmann::json classes = nlohmann::json::object();
+    for (const auto& [name, ratio] : r.ratio_by_shape_class) classes[name] = ratio;
     checks.push_back({{"section", r.section},
                       {"check", r.check},
                       {"verdict", r.verdict == ConformVerdict::fail ? std::string("fail")
@@ -53,12 +87,24 @@ nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world
                       {"promise", or_null(r.promise)},
                       {"minimal_case", or_null(r.minimal)},
                       {"replay", or_null(r.replay)},
+                      {"largest_ratio_by_shape_class", r.ratio_by_shape_class.empty() ? nlohmann::json(nullptr) : classes},
                       {"seconds", r.seconds}});
+  }
+  nlohmann::json plugin{{"kind", o.target.kernels.empty() ? "comm" : "kernels"},
+                        {"path", o.target.kernels.empty() ? o.target.comm : o.target.kernels},
+                        {"engine", o.target.engine},
+                        {"name", nullptr},
+                        {"version", nullptr},
+                        {"abi", nullptr}};
+  // The plugin's own name, version and ABI (and a communicator's dtypes and ops), as its table says.
+  for (const nlohmann::json& p : plugins_json(o.target))
+    if (p["option"] == (o.target.kernels.empty() ? "--comm" : "--kernels"))
+      for (const char* key : {"name", "version", "abi", "dtypes", "ops"})
+        if (p.contains(key)) plugin[key] = p[key];
   return {{"passed", passed},
           {"seed", seed},
-          {"plugin", {{"kind", o.target.kernels.empty() ? "comm" : "kernels"},
-                      {"path", o.target.kernels.empty() ? o.target.comm : o.target.kernels},
-                      {"engine", o.target.engine}}},
+          {"thorough", o.thorough},
+          {"plugin", plugin},
           {"world_size", world},
           {"checks", checks}};
 }
@@ -68,17 +114,20 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
   double total = 0;
   for (const ConformRow& r : rows) {
     failures += r.verdict == ConformVerdict::fail;
-    skipped += r.verdict == ConformVerdict::skip;
+    skipped += r.verdict == ConformVerdict::skip || r.verdict == ConformVerdict::unsupported;
     total += r.seconds;
   }
   std::ostringstream x;
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"dpcheck conform ("
-    << xml_escape(o.target.kernels.empty() ? o.target.comm : o.target.kernels) << ")\" tests=\"" << rows.size() << "\" failures=\"" << failures << "\" skipped=\""
-    << skipped << "\" time=\"" << total << "\">\n";
+    << xml_escape(plugin_title(o)) << ")\" tests=\"" << rows.size() << "\" failures=\"" << failures
+    << "\" skipped=\"" << skipped << "\" time=\"" << total << "\">\n"
+    << plugins_junit(o.target);
   for (const ConformRow& r : rows) {
     x << "  <testcase classname=\"dpcheck.conform." << xml_escape(r.section) << "\" name=\"" << xml_escape(r.check)
       << "\" time=\"" << r.seconds << "\">\n";
     if (r.verdict == ConformVerdict::skip) x << "    <skipped message=\"" << xml_escape(r.detail) << "\"/>\n";
+    if (r.verdict == ConformVerdict::unsupported)
+      x << "    <skipped message=\"unsupported: " << xml_escape(r.detail) << "\"/>\n";
     if (r.verdict == ConformVerdict::fail)
       x << "    <failure message=\"" << xml_escape(r.promise) << "\">" << xml_escape(r.detail) << "\nminimal case: "
         << xml_escape(r.minimal) << "\nreplay: " << xml_escape(r.replay) << "</failure>\n";
@@ -101,17 +150,23 @@ int run_conform(ConformCliOptions& o) {
     throw UsageError("conform checks one plugin at a time: give --comm PATH or --kernels PATH, not both");
   if (!kernels && !o.comm_given)
     throw UsageError("conform needs a plugin: --comm PATH (a communicator) or --kernels PATH (kernels)");
-  if (!kernels && !looks_like_plugin_path(o.target.comm))
-    throw UsageError("--comm " + o.target.comm + ": conform checks a plugin; give the path to its shared object "
-                     "(e.g. ./libmy_comm.so)");
+  // A built-in backend is checked as a plugin is: mpi-native under mpirun is MPI's own collectives, whose
+  // algorithm Open MPI's MCA parameters choose (docs: "MPI's own all-reduce").
+  if (!kernels && !looks_like_plugin_path(o.target.comm) && o.target.comm == default_comm(o.target.engine))
+    throw UsageError("--comm " + o.target.comm + ": conform checks a communicator other than dpcheck's default; give "
+                     "the path to a plugin's shared object (e.g. ./libmy_comm.so) or another backend (mpi-native)");
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
   if (!(o.max_mib >= 0 && o.max_mib <= 4096)) throw UsageError("--max-mib must be in [0, 4096]");
+  if (o.max_size < 1 || o.max_size > 4096) throw UsageError("--max-size must be in [1, 4096]");
+  if (o.max_size_given && !kernels) throw UsageError("--max-size is for kernel plugins (--kernels); a communicator's buffers take --max-mib");
   if (!kernels) check_conform_comm_selection(o.check, o.case_text);
   o.target.timeout = o.timeout.value();
   o.target.precision = o.precision.value();
   const int world = resolve_world(o.target, o.world_size, o.world_size_given);
-  if (o.target.process_world || (kernels && o.world_size_given)) o.target.world_size = world;
-  validate_target(o.target);
+  // A world size given (or the launcher's) is the world of every row, verify's properties included.
+  if (o.target.process_world || o.world_size_given) o.target.world_size = world;
+  // What the plugin does not declare is reported row by row ("unsupported"), not refused.
+  validate_target(o.target, GradientAllreduce::not_required);
   if (o.absent_rank_probe) return conform_absent_rank_probe(o.target, world);
   RunSize run;
   run.world_size = world;
@@ -131,13 +186,19 @@ int run_conform(ConformCliOptions& o) {
   co.check = o.check;
   co.case_text = o.case_text;
   co.properties = !o.no_properties;
-  co.max_bytes = static_cast<std::size_t>(o.max_mib * 1024 * 1024);
+  co.thorough = o.thorough;
+  // The quick default stops at 16 MiB, --thorough at 64; --max-mib sets it either way.
+  co.max_bytes = static_cast<std::size_t>((o.max_mib_given ? o.max_mib : o.thorough ? 64.0 : 16.0) * 1024 * 1024);
+  co.max_kernel_size = o.max_size;
   std::string prefix = o.target.process_world ? find_backend(o.target.comm)->launch_prefix(world) : std::string();
   prefix += "dpcheck conform";
   if (o.target.engine != default_engine()) prefix += " --engine " + o.target.engine;
   prefix += kernels ? " --kernels " + shell_word(o.target.kernels) : " --comm " + shell_word(o.target.comm);
   // Communicator checks add the world size they failed on; kernels' properties add none.
   if (kernels && o.world_size_given) prefix += " --world-size " + std::to_string(world);
+  if (o.thorough) prefix += " --thorough";
+  if (o.max_mib_given) prefix += " --max-mib " + float_text(o.max_mib);
+  if (o.max_size_given) prefix += " --max-size " + std::to_string(o.max_size);
   // Without --world-size the collectives run on several worlds of threads, so that an algorithm that
   // only works for some N (a tree for powers of two, a ring for N > 2) meets the others.
   if (!kernels && !o.world_size_given && !o.target.process_world) co.extra_world_sizes = {1, 2, 3, 5, 8};
@@ -163,11 +224,12 @@ int run_conform(ConformCliOptions& o) {
   };
   // The header waits for the first row, so that a refused --check or --case prints its one line alone.
   const std::string header =
-      "dpcheck conform: " + (kernels ? "kernels " + o.target.kernels : "communicator " + o.target.comm) + " (engine " +
+      "dpcheck conform: " + std::string(kernels ? "kernels " : "communicator ") + plugin_title(o) + " (engine " +
       o.target.engine + "), " +
       (kernels ? std::string("properties with ") + (o.target.world_size > 0 ? std::to_string(world) : "1-8") + " ranks"
                : "world size " + std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)")) +
-      ", seed " + std::to_string(co.seed) + "\n\n";
+      ", seed " + std::to_string(co.seed) + (o.thorough ? ", thorough" : "") + "\n" +
+      (kernels ? std::string() : capabilities_line(o)) + "\n";
   char line[512];
   bool headed = false;
   Progress progress(printing && Progress::wanted(o.quiet));
@@ -186,13 +248,13 @@ int run_conform(ConformCliOptions& o) {
     progress.done();
     if (!headed) {
       say(header);
-      std::snprintf(line, sizeof line, "%-12s %-50s %-5s %9s  %s\n", "section", "check", "", "time", "detail");
+      std::snprintf(line, sizeof line, "%-12s %-50s %-11s %9s  %s\n", "section", "check", "", "time", "detail");
       say(line);
       headed = true;
     }
     std::string detail = r.detail.size() > 110 ? r.detail.substr(0, 107) + "..." : r.detail;
     if (const auto nl = detail.find('\n'); nl != std::string::npos) detail = detail.substr(0, nl) + " ...";
-    std::snprintf(line, sizeof line, "%-12s %-50s %-5s %7.2f s  %s\n", r.section.c_str(), r.check.c_str(),
+    std::snprintf(line, sizeof line, "%-12s %-50s %-11s %7.2f s  %s\n", r.section.c_str(), r.check.c_str(),
                   std::string(conform_verdict_name(r.verdict)).c_str(), r.seconds, detail.c_str());
     say(line);
     ++decided;
@@ -203,6 +265,8 @@ int run_conform(ConformCliOptions& o) {
   progress.done();
 
   bool passed = true;
+  std::size_t unsupported = 0;
+  for (const ConformRow& r : rows) unsupported += r.verdict == ConformVerdict::unsupported;
   std::ostringstream details;
   for (const ConformRow& r : rows)
     if (r.verdict == ConformVerdict::info) details << "\n" << r.check << ": " << r.detail << "\n";
@@ -213,7 +277,11 @@ int run_conform(ConformCliOptions& o) {
             << "\n  why: " << r.detail << "\n  replay: " << r.replay << "\n";
   }
   if (rows.empty()) throw UsageError("--check '" + o.check + "' matched no check (see --list-checks)");
-  details << "\n" << (passed ? "the plugin kept every promise checked" : "the plugin broke a promise") << "\n";
+  details << "\n" << (passed ? "the plugin kept every promise checked" : "the plugin broke a promise");
+  if (unsupported > 0)
+    details << " (" << unsupported << (unsupported == 1 ? " check" : " checks")
+            << " not run: unsupported, the plugin says so)";
+  details << "\n";
   say(details.str());
   if (printing && (!o.report.empty() || !o.html.empty())) {
     const nlohmann::json report = to_json(o, co.seed, world, rows, passed);
@@ -242,13 +310,21 @@ Runner add_conform(CLI::App& app) {
                   "cpu for a host-memory plugin (default), cuda for one that takes device buffers");
   sub->add_option("--world-size", o->world_size, "Ranks, as threads of this process (default 4, with the collectives also on 1, 2, 3, 5 and 8 ranks; "
                   "given, that world alone; under mpirun, its processes)");
-  sub->add_option("--cases", o->cases, "Cases per property of verify (default 30)");
+  sub->add_option("--cases", o->cases,
+                  "Cases per property of verify, and drawn shapes per kernel check (a quarter of them for the "
+                  "determinism checks) (default 30)");
   o->seed_option.add_to(*sub, "Seed of the random inputs and of the properties' cases");
   o->timeout.add_to(*sub);
   sub->add_option("--check", o->check, "Run this check alone (see --list-checks)");
   sub->add_option("--case", o->case_text, "With --check: run this case alone, as a failure prints it (\"count=5 offset=1\")");
   sub->add_flag("--no-properties", o->no_properties, "Skip verify's properties (the plugin's own checks only)");
-  sub->add_option("--max-mib", o->max_mib, "The largest buffer a collective check passes, in MiB (default 64)");
+  sub->add_option("--max-mib", o->max_mib,
+                  "The largest buffer a collective check passes, in MiB (default 16; 64 with --thorough)");
+  sub->add_option("--max-size", o->max_size,
+                  "Kernel plugins: the largest dimension (rows, in, out) a drawn shape reaches (default 1024)");
+  sub->add_flag("--thorough", o->thorough,
+                "The full sweep: buffers to 64 MiB, every count on every world size (the default is a quick first "
+                "verdict, fit to run on every change)");
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");
   sub->add_option("--html", o->html,
@@ -260,6 +336,8 @@ Runner add_conform(CLI::App& app) {
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
     o->comm_given = sub->count("--comm") > 0;
+    o->max_size_given = sub->count("--max-size") > 0;
+    o->max_mib_given = sub->count("--max-mib") > 0;
     if (!o->comm_given) o->target.comm = default_comm(o->target.engine);
     return run_conform(*o);
   };

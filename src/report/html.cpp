@@ -104,7 +104,7 @@ h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #d0d7de; padd
 h3 { font-size: 1em; margin-bottom: 0.3em; }
 .pass { color: #1a7f37; }
 .fail { color: #cf222e; font-weight: bold; }
-.skip, .info { color: #6e7781; }
+.skip, .info, .unsupported { color: #6e7781; }
 .verdict { font-size: 0.9em; padding: 0.1em 0.5em; border-radius: 0.3em; border: 1px solid currentColor; }
 table { border-collapse: collapse; margin: 0.5em 0; }
 th, td { padding: 0.15em 0.7em; border-bottom: 1px solid #d8dee4; text-align: left; vertical-align: top; }
@@ -609,7 +609,12 @@ std::string conform_page(const json& report) {
     std::string b = "<h1>dpcheck conform " +
                     verdict_badge(passed, "the plugin kept every promise checked", "the plugin broke a promise") + "</h1>\n";
     b += "<p>" + escape(opt_string(plugin, "kind") == "kernels" ? "kernels " : "communicator ") +
-         escape(opt_string(plugin, "path")) + " (engine " + escape(opt_string(plugin, "engine")) + "), world size " +
+         escape(opt_string(plugin, "path")) +
+         (opt_string(plugin, "name").empty()
+              ? std::string()
+              : ", '" + escape(opt_string(plugin, "name")) + "'" +
+                    (opt_string(plugin, "version").empty() ? "" : " " + escape(opt_string(plugin, "version")))) +
+         " (engine " + escape(opt_string(plugin, "engine")) + "), world size " +
          escape(value_text(report.at("world_size"))) + ", seed " + escape(value_text(report.at("seed"))) + "</p>\n";
     std::map<std::string, int> tally;
     for (const json& c : checks) ++tally[c.at("verdict").get<std::string>()];
