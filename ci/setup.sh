@@ -9,6 +9,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   libtinyxml2-dev  # tests only: the HTML reports are parsed as XML
+  libgloo-dev libopenblas-dev libblis-dev libdnnl-dev  # the adapters of real libraries (examples/)
+  python3  # ci/validate-libraries.sh reads conform's JSON reports
   clang libclang-rt-14-dev llvm-14  # the fuzz preset: clang, libFuzzer's runtime, llvm-symbolizer
 )
 
