@@ -3,7 +3,9 @@
 # is found) and runs every test with ctest (JUnit results in build/junit.xml); then every CPU test under
 # AddressSanitizer and UndefinedBehaviorSanitizer and the thread-backend and trainer tests under
 # ThreadSanitizer (ci/sanitize.sh), and each parser's fuzz target for 15 s over its seed corpus
-# (ci/fuzz.sh). Extra arguments go to the main build's configure step.
+# (ci/fuzz.sh); last, the subset of the table of real libraries (ci/validate-libraries.sh --check), which
+# fails when a library's verdict changes from docs/libraries.md. Extra arguments go to the main build's
+# configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -12,6 +14,9 @@ bash ci/build.sh "$@"
 # The "ci" test preset: output on failure, JUnit XML in build/junit.xml, 600 s a test at most.
 ctest --preset ci --parallel "$(nproc)"
 echo "ci/test.sh: main build and tests took $((SECONDS - start)) s"
+start=$SECONDS
+bash ci/validate-libraries.sh --check
+echo "ci/test.sh: the real libraries' subset took $((SECONDS - start)) s"
 bash ci/sanitize.sh asan tsan
 start=$SECONDS
 bash ci/fuzz.sh 15
