@@ -18,7 +18,7 @@ for example in comm_ring kernels_naive; do
   cmake --build "$work/$example" > "$work/build.log"
 done
 # The header compiles as C++ too, warnings as errors.
-printf '#include <dpcheck/plugin.h>\nint main() { return DPCHECK_PLUGIN_ABI == 2 && DPCHECK_BFLOAT16 == 3 && DPCHECK_FLOAT16 == 4 ? 0 : 1; }\n' > "$work/abi.cpp"
+printf '#include <dpcheck/plugin.h>\nint main() { return DPCHECK_PLUGIN_ABI == 3 && DPCHECK_BFLOAT16 == 3 && DPCHECK_FLOAT16 == 4 && DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16) == 16u && DPCHECK_ABI1_OPS == 15u ? 0 : 1; }\n' > "$work/abi.cpp"
 c++ -std=c++17 -Wall -Wextra -Wpedantic -Wshadow -Werror -I"$work/prefix/include" "$work/abi.cpp" -o "$work/abi"
 "$work/abi"
 "$work/prefix/bin/dpcheck" conform --comm "$work/comm_ring/libdpcheck_comm_ring.so" --world-size 3 --no-properties \
