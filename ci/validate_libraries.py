@@ -144,7 +144,7 @@ def run(row, build):
         argv = list(row.argv) + ["--quiet", "--report", report]
         start = time.monotonic()
         try:
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=scratch)
             status, output = done.returncode, done.stdout + done.stderr
         except subprocess.TimeoutExpired:
             status, output = -1, "timed out after %d s" % TIMEOUT_S
