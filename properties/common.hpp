@@ -65,5 +65,8 @@ void optimizer_update_body(const Target& target, CaseRecord& record);
 void loss_body(const Target& target, CaseRecord& record);
 void any_order_body(const Target& target, CaseRecord& record);
 void bucketing_body(const Target& target, CaseRecord& record);
+void loss_scaler_body(const Target& target, CaseRecord& record);
+void lr_schedule_body(const Target& target, CaseRecord& record);
+void shuffle_body(const Target& target, CaseRecord& record);
 
 }  // namespace dpcheck

@@ -17,12 +17,13 @@
 
 #include "src/error.hpp"
 #include "src/low_precision.hpp"
+#include "src/rng.hpp"
 
 namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 33> kMutants{{
+constexpr std::array<MutantInfo, 39> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -97,6 +98,22 @@ constexpr std::array<MutantInfo, 33> kMutants{{
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",
      "every bound is three times what rounding needs: every check passes, and proves less"},
+    {"scaler-growth-late", "loss_scaler_follows_gradscaler",
+     "the loss scaler compares its count of good steps with the growth interval before counting the step, so the "
+     "scale grows one good step late"},
+    {"scaler-backoff-keeps-count", "loss_scaler_follows_gradscaler",
+     "a skipped step backs the scale off but leaves the count of good steps where it was, so the next growth comes "
+     "early"},
+    {"warmup-one-step-early", "lr_schedule_follows_goyal",
+     "the warm-up counts steps from 1: every step takes the next step's rate, and the full rate comes a step early"},
+    {"warmup-forgets-scaling", "lr_schedule_follows_goyal",
+     "once the warm-up is over the learning rate falls back to --lr instead of staying at the linearly scaled rate"},
+    {"shuffle-sattolo", "shuffle_follows_recipe",
+     "the shuffle draws each swap partner from [0, i) instead of [0, i] (Sattolo's algorithm): every order is one "
+     "cycle, no example ever keeps its place, and the shares are still disjoint and covering"},
+    {"shuffle-modulo", "shuffle_follows_recipe",
+     "the shuffle reduces 64 random bits modulo i + 1 instead of the recipe's multiply-and-reject: a valid, "
+     "nearly unbiased permutation, but not the one another loader following the recipe draws"},
 }};
 
 class SumNoAverage final : public ForwardingCommunicator {
@@ -182,6 +199,26 @@ class OffByOneSampler final : public DistributedSampler {
     mine.pop_back();
     mine.insert(mine.begin(), previous.back());
     return mine;
+  }
+};
+
+// The shuffle as a contributor might rewrite it: Sattolo's partner in [0, i), or the bits modulo i + 1.
+enum class ShuffleSlip { sattolo, modulo };
+template <ShuffleSlip slip>
+class SlippedShuffleSampler final : public DistributedSampler {
+ public:
+  using DistributedSampler::DistributedSampler;
+  std::vector<std::int64_t> indices(int rank, std::int64_t epoch) const override {
+    std::vector<std::int64_t> order(static_cast<std::size_t>(config().dataset_size));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    if (config().shuffle) {
+      const std::uint64_t key = mix_key(config().seed, static_cast<std::uint64_t>(epoch));
+      for (std::size_t i = order.size() > 0 ? order.size() - 1 : 0; i >= 1; --i) {
+        const std::uint64_t j = slip == ShuffleSlip::sattolo ? random_below(key, 0, i, i) : random_u64(key, 0, i) % (i + 1);
+        std::swap(order[i], order[static_cast<std::size_t>(j)]);
+      }
+    }
+    return share_of(order, rank);
   }
 };
 
@@ -472,6 +509,8 @@ std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Commu
 std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config) {
   if (mutant == "sampler-rank-seed") return std::make_unique<RankSeedSampler>(config);
   if (mutant == "sampler-off-by-one") return std::make_unique<OffByOneSampler>(config);
+  if (mutant == "shuffle-sattolo") return std::make_unique<SlippedShuffleSampler<ShuffleSlip::sattolo>>(config);
+  if (mutant == "shuffle-modulo") return std::make_unique<SlippedShuffleSampler<ShuffleSlip::modulo>>(config);
   return nullptr;
 }
 
@@ -594,6 +633,56 @@ class BucketBeforeReadyTrainer final : public Trainer {
   bool bucket_ready(const GradientBucket& b, int completed) const override { return completed <= b.ready_layer + 1; }
 };
 
+// GradScaler's update written with the count compared before it is incremented.
+class ScalerGrowthLateTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  void update_loss_scaler(bool found_inf) override {
+    if (found_inf || !scaler().enabled()) return Trainer::update_loss_scaler(found_inf);
+    LossScalerState s = scaler().state();
+    if (s.growth_tracker++ == config().loss_scaling.growth_interval) {
+      s.scale = std::min(s.scale * static_cast<float>(config().loss_scaling.growth_factor), 0x1p64f);
+      s.growth_tracker = 0;
+    }
+    scaler().restore(s);
+  }
+};
+
+// A backoff that forgets to start the count of good steps again.
+class ScalerBackoffKeepsCountTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  void update_loss_scaler(bool found_inf) override {
+    if (!found_inf || !scaler().enabled()) return Trainer::update_loss_scaler(found_inf);
+    LossScalerState s = scaler().state();
+    s.scale = std::max(s.scale * static_cast<float>(config().loss_scaling.backoff_factor), 0x1p-24f);
+    ++s.skipped;
+    scaler().restore(s);
+  }
+};
+
+class WarmupOneStepEarlyTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  double warmup_lr(std::int64_t step) const override { return config().lr_at(step + 1, world_size()); }
+};
+
+class WarmupForgetsScalingTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  double warmup_lr(std::int64_t step) const override {
+    return step >= config().warmup_steps ? config().optimizer.lr : config().lr_at(step, world_size());
+  }
+};
+
 class NoScalingTrainer final : public Trainer {
  public:
   using Trainer::Trainer;
@@ -616,6 +705,10 @@ constexpr std::pair<std::string_view, decltype(&trainer_of<Trainer>)> kTrainerMu
     {"short-last-step-dropped", trainer_of<ShortLastStepDroppedTrainer>},
     {"resume-restarts-epoch", trainer_of<ResumeRestartsEpochTrainer>},
     {"loss-mean-of-rank-means", trainer_of<LossMeanOfRankMeansTrainer>},
+    {"scaler-growth-late", trainer_of<ScalerGrowthLateTrainer>},
+    {"scaler-backoff-keeps-count", trainer_of<ScalerBackoffKeepsCountTrainer>},
+    {"warmup-one-step-early", trainer_of<WarmupOneStepEarlyTrainer>},
+    {"warmup-forgets-scaling", trainer_of<WarmupForgetsScalingTrainer>},
 };
 
 }  // namespace

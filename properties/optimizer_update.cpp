@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "properties/common.hpp"
+#include "reference/training_rules.hpp"
 #include "reference/optimizer.hpp"
 #include "src/replica_check.hpp"
 
@@ -62,7 +63,8 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
         my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) + ": the optimizer counts " +
                         std::to_string(rt.optimizer->steps()) + " steps after its step " + std::to_string(t0 + 1);
       OptimizerConfig at_step = config;
-      at_step.lr = c.lr_at(step, s.world_size);  // a warm-up's rate at this step
+      // The rate of this step by Goyal et al.'s rule, restated (reference/training_rules.hpp).
+      at_step.lr = reference::goyal_lr(c.optimizer.lr, c.linear_scaling, c.warmup_steps, step, s.world_size);
       const reference::OptimizerStepBound want = reference::optimizer_step_bound(at_step, p0, g, st0, t0);
       const std::string at = "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(step) + ": ";
       worst_against_formula(p1, want.params, want.params_bound, at + "parameter", [&](std::size_t i) { return layout.describe_element(i); },

@@ -95,7 +95,7 @@ constexpr double kGradientPower = 0.9;
 // 50 cases); a bound three times looser than it is now stays below 0.12.
 constexpr double kBoundTightness = 0.12;
 
-constexpr std::array<PropertyDef, 12> kProperties{{
+constexpr std::array<PropertyDef, 15> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower},
@@ -108,6 +108,18 @@ constexpr std::array<PropertyDef, 12> kProperties{{
     // Its ranks compare their shares over dpcheck's own transport: no collective, no kernel of a plugin.
     {"sampler_shards_disjoint", "the sampler's shares are disjoint, cover the data and agree on every rank", sampler_body,
      1, nullptr, 0, 0, false},
+    // The recipe is the sampler's alone: no collective, no kernel of a plugin.
+    {"shuffle_follows_recipe",
+     "every rank's share of every epoch is the documented shuffle recipe's, element for element", shuffle_body, 1,
+     nullptr, 0, 0, false},
+    {"loss_scaler_follows_gradscaler",
+     "after every step the loss scaler's skip decision, scale, counts and the optimizer's step count follow "
+     "GradScaler's rule, across overflows and resumes, and a skipped step changes nothing",
+     loss_scaler_body},
+    {"lr_schedule_follows_goyal",
+     "every step's learning rate follows the linear scaling rule and gradual warm-up of Goyal et al., and the step "
+     "uses it",
+     lr_schedule_body},
     {"accumulation_matches_whole_batch",
      "gradient accumulation over micro-batches equals the whole-batch gradient within float32 rounding",
      accumulation_body, 1, nullptr, kGradientPower},

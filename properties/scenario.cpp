@@ -26,9 +26,14 @@ std::string Scenario::describe() const {
      << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << ", at step " << at_step << " | seed "
      << t.seed;
   if (t.allreduce_dtype != DType::f32) os << " | all-reduce in " << allreduce_dtype_name(t.allreduce_dtype);
-  if (t.loss_scaling.enabled())
-    os << " | loss scale from " << t.loss_scaling.init_scale << ", doubled every " << t.loss_scaling.growth_interval
-       << " good steps";
+  if (t.loss_scaling.enabled()) {
+    const LossScalerConfig& l = t.loss_scaling;
+    os << " | loss scale from " << l.init_scale << ", x" << l.growth_factor << " every " << l.growth_interval
+       << " good steps, x" << l.backoff_factor << " on overflow";
+  }
+  if (t.linear_scaling) os << " | lr x world size";
+  if (t.warmup_steps > 0) os << " | " << t.warmup_steps << "-step warm-up";
+  if (t.bucket_mb > 0) os << " | buckets of " << t.bucket_mb << " MiB";
   return os.str();
 }
 
@@ -46,6 +51,9 @@ std::string Scenario::train_flags() const {
   if (t.loss_scaling.enabled())
     os << " --loss-scale dynamic --loss-scale-init " << t.loss_scaling.init_scale << " --loss-scale-interval "
        << t.loss_scaling.growth_interval;
+  if (t.linear_scaling) os << " --linear-scaling";
+  if (t.warmup_steps > 0) os << " --warmup-steps " << t.warmup_steps;
+  if (t.bucket_mb > 0) os << " --bucket-mb " << t.bucket_mb;
   return os.str();
 }
 

@@ -391,9 +391,9 @@ StepResult Trainer::step() {
   r.loss = compute_gradient(r.step);
   // A skipped step leaves the parameters, the optimizer state and its step count as they were.
   r.skipped = found_inf_;
-  if (config_.warmup_steps > 0) optimizer_.set_lr(config_.lr_at(r.step, comm_.size()));
+  if (config_.warmup_steps > 0) optimizer_.set_lr(warmup_lr(r.step));
   if (!found_inf_) optimizer_.step(engine_.params(), engine_.grads());
-  scaler_.update(found_inf_);
+  update_loss_scaler(found_inf_);
   r.loss_scale = scaler_.scale();
   r.compute_seconds = compute_seconds_;
   r.exposed_comm_seconds = exposed_comm_seconds_;

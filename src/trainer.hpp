@@ -202,6 +202,10 @@ class Trainer {
   bool buckets_overlap() const { return reducer_ && reducer_->threaded() && !observer_ && overlaps_backward(); }
   // Whether the engine's gradient holds an infinity or a NaN.
   bool gradient_non_finite();
+  // The loss scaler's update after a step, every rank alike (LossScaler::update).
+  virtual void update_loss_scaler(bool found_inf) { scaler_.update(found_inf); }
+  // The learning rate of a step under a warm-up (TrainConfig::lr_at).
+  virtual double warmup_lr(std::int64_t step) const { return config_.lr_at(step, comm_.size()); }
   // Multiplies the engine's gradient by factor (a power of two: exact).
   void scale_gradient(float factor);
   // The gradient all-reduce (avg) in config().allreduce_dtype.

@@ -36,6 +36,9 @@ TEST(Properties, optimizer_update_matches_formula) { check_property("optimizer_u
 TEST(Properties, reported_loss_is_global_mean) { check_property("reported_loss_is_global_mean"); }
 TEST(Properties, bucketing_preserves_bits) { check_property("bucketing_preserves_bits"); }
 TEST(Properties, bound_holds_for_any_summation_order) { check_property("bound_holds_for_any_summation_order"); }
+TEST(Properties, shuffle_follows_recipe) { check_property("shuffle_follows_recipe"); }
+TEST(Properties, loss_scaler_follows_gradscaler) { check_property("loss_scaler_follows_gradscaler"); }
+TEST(Properties, lr_schedule_follows_goyal) { check_property("lr_schedule_follows_goyal"); }
 // Its cases launch processes under the write audit (about a second each), so it runs a tenth of the
 // cases, as `dpcheck verify` runs it.
 TEST(Properties, only_rank0_writes) {
@@ -50,7 +53,7 @@ TEST(Properties, only_rank0_writes) {
 }
 
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 12u);
+  ASSERT_EQ(properties().size(), 15u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;
