@@ -9,7 +9,7 @@
 # BUILD_DIR holds dpcheck and the test plugins (build/); FILTER, a regular expression, picks the options
 # (default: all). Exit status 1 when any run broke the contract.
 set -u
-build=${1:?usage: bad_input_battery.sh BUILD_DIR [FILTER]}
+build=$(realpath "${1:?usage: bad_input_battery.sh BUILD_DIR [FILTER]}")
 filter=${2:-.}
 bin=$build/dpcheck
 ring=$(ls "$build"/examples/*/libdpcheck_comm_ring.so "$build"/libdpcheck_comm_ring.so 2>/dev/null | head -n 1)
@@ -83,7 +83,7 @@ for c in "${cases[@]}"; do
     if [[ $rc -ge 124 ]]; then why="signal or timeout (status $rc)"
     elif [[ $rc -ge 2 && $lines -ne 1 ]]; then why="$lines lines on standard error"
     elif [[ $rc -ge 2 && $out != "dpcheck: error: "* ]]; then why="no 'dpcheck: error:' line"
-    elif [[ $before != "$after" ]]; then why="left files behind"
+    elif [[ $rc -ge 2 && $before != "$after" ]]; then why="left files behind after refusing"
     fi
     if [[ -n $why ]]; then
       broken=$((broken + 1))
