@@ -85,6 +85,9 @@ std::vector<std::string> conform_comm_checks();
 // UsageError unless `check` (when given) names a check of conform_comm or a property of verify
 // ("property <name>"), and `case_text` (when given) is a case of that check. Run before any output.
 void check_conform_comm_selection(const std::string& check, const std::string& case_text);
+// The count of elements --case gives ("count=5 offset=1" -> 5), for sizing the run before any buffer
+// is allocated; 0 when there is no case. Call after check_conform_comm_selection.
+std::size_t conform_case_count(const std::string& check, const std::string& case_text);
 
 // The hidden half of the "absent rank" check, run in a child process (ranks as threads): every rank
 // but the last calls allreduce, the last never does; prints one line saying how each rank's call

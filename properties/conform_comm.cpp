@@ -998,6 +998,11 @@ void check_conform_comm_selection(const std::string& check, const std::string& c
   if (!case_text.empty()) (void)parse_case(case_text, check.starts_with("broadcast"), check);
 }
 
+std::size_t conform_case_count(const std::string& check, const std::string& case_text) {
+  if (case_text.empty() || check.empty() || check.starts_with("property ")) return 0;
+  return parse_case(case_text, check.starts_with("broadcast"), check).count;
+}
+
 namespace {
 
 constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();

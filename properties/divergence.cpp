@@ -17,6 +17,7 @@
 #include "reference/schedule.hpp"
 #include "src/files.hpp"
 #include "src/hash.hpp"
+#include "src/json_limits.hpp"
 #include "src/replica_check.hpp"
 #include "src/trace.hpp"
 
@@ -322,13 +323,23 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   m.checks.finite = bool_field(c, "finite", "checks.");
   m.checks.gradient_every = static_cast<int>(int_field(c, "gradient_every", "checks.", 0, 1 << 30));
   const nlohmann::json& d = field(j, "data", "");
-  if (!d.contains("synthetic")) {
+  // Either synthetic data alone, or the two files: a bundle naming files it then ignores, or files
+  // with no name, would replay on data other than the run's without a word.
+  if (!d.is_object()) bad_field("data", "is " + d.dump() + ", not an object");
+  if (d.contains("synthetic")) {
+    if (!bool_field(d, "synthetic", "data.")) bad_field("data.synthetic", "is false: name the files in data.x and data.y");
+    if (d.size() != 1) bad_field("data", "is synthetic and also names files: it must be one or the other");
+  } else {
     m.x = text_field(d, "x", "data.");
     m.y = text_field(d, "y", "data.");
     m.x_xxh3 = text_field(d, "x_xxh3", "data.");
     m.y_xxh3 = text_field(d, "y_xxh3", "data.");
+    if (m.x.empty() || m.y.empty()) bad_field("data", "names an empty path: give \"synthetic\": true, or both files");
   }
   m.failure = StepFailure::from_json(field(j, "failure", ""));
+  if (m.failure.rank >= m.world_size)
+    bad_field("failure.rank", "is " + std::to_string(m.failure.rank) + ", but the run had " + std::to_string(m.world_size) +
+                                  (m.world_size == 1 ? " rank" : " ranks"));
   return m;
 }
 
@@ -352,6 +363,7 @@ std::string read_text(const fs::path& p) {
 
 nlohmann::json parse_json_file(const fs::path& p) {
   const std::string text = read_text(p);
+  check_json_depth(text, p.string());
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception&) {
@@ -419,6 +431,9 @@ Bundle read_bundle(const fs::path& dir) {
     if (!r.is_array()) throw UsageError((dir / "indices.json").string() + ": a rank's indices are not a list");
     for (const nlohmann::json& i : r) {
       if (!i.is_number_integer()) throw UsageError((dir / "indices.json").string() + ": " + i.dump() + " is not an index");
+      if (i.get<std::int64_t>() < 0 || i.get<std::int64_t>() >= b.manifest.config.data_size())
+        throw UsageError((dir / "indices.json").string() + ": index " + i.dump() + " is outside the run's " +
+                         std::to_string(b.manifest.config.data_size()) + " examples");
       v.push_back(i.get<std::int64_t>());
     }
     b.manifest.indices.push_back(std::move(v));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <limits>
 
 #include <rapidcheck.h>
@@ -71,7 +72,15 @@ void absorb(PropertyResult& out, const CaseRecord& r) {
 class Search {
  public:
   Search(const PropertyDef& property, const Target& target, const RunOptions& options, PropertyResult& out)
-      : property_(rc::detail::toProperty([&property, &target, this] { property.body(target, current_); })),
+      : property_(rc::detail::toProperty([&property, &target, this] {
+          if (fault_) std::rethrow_exception(fault_);  // no more cases, nor shrinking, once a plugin faulted
+          try {
+            property.body(target, current_);
+          } catch (const PluginFault&) {
+            if (options_.plugin_fault_ends_run) fault_ = std::current_exception();
+            throw;
+          }
+        })),
         options_(options),
         reruns_(property.case_divisor > 1 ? std::min(options.reruns, 2) : options.reruns),
         out_(out) {}
@@ -84,6 +93,7 @@ class Search {
       const rc::Random random = r.split();
       const CaseShrinkable shrinkable = property_(random, size);
       const CaseDescription d = evaluate(shrinkable);
+      if (fault_) std::rethrow_exception(fault_);
       ++evaluated_;
       absorb(out_, current_);
       tick();
@@ -127,6 +137,7 @@ class Search {
   void replay(const rc::detail::Reproduce& reproduce) {
     const rc::Maybe<CaseShrinkable> walked =
         rc::shrinkable::walkPath(property_(reproduce.random, reproduce.size), reproduce.shrinkPath);
+    if (fault_) std::rethrow_exception(fault_);
     if (!walked) throw UsageError("bad --reproduce string: it leads to no case of " + out_.name);
     out_.replayed = true;
     out_.reproduce = encode_replay({out_.name, reproduce});
@@ -250,6 +261,7 @@ class Search {
   PropertyResult& out_;
   CaseRecord current_;
   std::int64_t evaluated_ = 0;
+  std::exception_ptr fault_;
 };
 
 }  // namespace

@@ -28,6 +28,9 @@ struct RunOptions {
   int reruns = 5;  // runs of a failing case, to tell a steady failure from one that comes and goes
   // Called after each case and each shrink step tried (for a progress line).
   std::function<void(std::int64_t cases, std::int64_t shrinks)> progress;
+  // A PluginFault (a plugin's call that returned an error) ends the run instead of failing the case:
+  // the plugin could not be checked, which is not a broken property (verify: exit 3).
+  bool plugin_fault_ends_run = false;
 };
 
 // The passing case whose error came nearest the bound.

@@ -21,6 +21,7 @@
 
 #include "src/error.hpp"
 #include "src/files.hpp"
+#include "src/json_limits.hpp"
 #include "src/npy.hpp"
 #include "src/replica_check.hpp"
 
@@ -81,6 +82,7 @@ DiffInput diff_input_kind(const fs::path& path, std::string_view label) {
   if (const std::size_t nl = first.find('\n'); nl != std::string::npos) first.resize(nl);
   if (first.starts_with("\x93NUMPY"))
     throw UsageError(who + " is a single .npy file; diff compares directories of them: give the directory that holds it");
+  check_json_depth(first, who + ":1");
   const json header = json::parse(first, nullptr, /*allow_exceptions=*/false);
   if (header.is_object() && header.contains("dpcheck_trace")) return DiffInput::trace;
   throw UsageError(who + " is neither a trace (its first line is not a JSON object with a \"dpcheck_trace\" key) nor a "
@@ -173,11 +175,13 @@ class TraceReader {
 
  private:
   bool read_line(std::string& line) {
-    if (!std::getline(in_, line)) {
+    bool too_long = false;
+    if (!read_bounded_line(in_, line, too_long)) {
       if (in_.bad()) throw Error(path_.string() + ": read failed");
       return false;
     }
     ++line_;
+    if (too_long) fail(line_length_reason());
     return true;
   }
 
@@ -187,6 +191,7 @@ class TraceReader {
 
   json parse(const std::string& line) const {
     if (line.empty()) fail("empty line");
+    if (json_too_deep(line)) fail(json_depth_reason());
     try {
       return json::parse(line);
     } catch (const json::exception& e) {  // a syntax error, or a number beyond a double (1e400)

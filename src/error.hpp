@@ -20,11 +20,22 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// A plugin's call that failed (returned an error code): the plugin, not the property it was checked
+// against, is at fault. Exit status 3, as any runtime fault.
+class PluginFault : public Error {
+ public:
+  using Error::Error;
+};
+
 // A collective that did not complete within its timeout (a dead or stuck rank).
 class TimeoutError : public Error {
  public:
   using Error::Error;
 };
+
+// `text` with its control characters escaped (\n, \t, \x1b, ...): a message that quotes user input
+// or a plugin's text stays one line, and a terminal shows it rather than obeys it.
+std::string escape_control(std::string_view text);
 
 // Throws Error("<call> failed: <what> (code <code>) at <file>:<line>"). Used by the DPCHECK_*_CHECK
 // macros for CUDA, NCCL and MPI so that every failure names the call and its place.

@@ -1,6 +1,8 @@
 #include "src/files.hpp"
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,6 +98,19 @@ void check_output_target(const fs::path& path, std::string_view option, OutputMo
   if (!exists && errno != ENOENT) throw UsageError(what + ": " + std::strerror(errno));
   if (exists && !S_ISREG(st.st_mode)) throw UsageError(what + ": " + file_kind(st.st_mode) + ", not a regular file");
   check_directory_of(target, what, probe);
+  if (probe && exists) {
+    // An immutable or append-only file (chattr +i, +a) cannot be replaced, even by root: found now, not
+    // after all the work.
+    const int fd = ::open(target.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    int flags = 0;
+    if (fd >= 0) {
+      const bool known = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+      ::close(fd);
+      if (known && (flags & FS_IMMUTABLE_FL) != 0) throw UsageError(what + ": the file is immutable (chattr +i)");
+      if (known && (flags & FS_APPEND_FL) != 0 && mode == OutputMode::replace)
+        throw UsageError(what + ": the file is append-only (chattr +a), so it cannot be replaced");
+    }
+  }
   if (probe && exists && mode == OutputMode::append) {
     const int fd = ::open(target.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw UsageError(what + ": cannot open it for appending: " + std::strerror(errno));
@@ -163,9 +178,10 @@ void write_file_atomic(const fs::path& path, const std::function<void(int fd)>& 
     throw UsageError(subject(path, {}, target) + ": " + file_kind(st.st_mode) + ", not a regular file");
   // "<path>: fsync of <tmp> failed: <errno's text>"; the arguments allocate nothing, so errno is
   // still the failed call's when it is read.
-  const auto failed = [&](const char* step, const fs::path& file, const char* after) -> Error {
+  // The user's path, never the temporary file's name, which means nothing to them.
+  const auto failed = [&](const char* step) -> Error {
     const int err = errno;
-    return Error(path.string() + ": " + step + " " + file.string() + after + ": " + std::strerror(err));
+    return Error(path.string() + ": " + step + ": " + std::strerror(err));
   };
 
   // Beside the target, so that the rename cannot cross file systems; pid and counter make the name
@@ -176,7 +192,7 @@ void write_file_atomic(const fs::path& path, const std::function<void(int fd)>& 
   for (int attempt = 0; !fd.is_open(); ++attempt) {
     tmp = unique_name(dir, target.filename().string() + ".tmp");
     fd.reset(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, new_file_mode));
-    if (!fd.is_open() && (errno != EEXIST || attempt >= 100)) throw failed("cannot create temporary file", tmp, "");
+    if (!fd.is_open() && (errno != EEXIST || attempt >= 100)) throw failed("cannot create a file beside it");
   }
   // From here until the rename succeeds, every way out removes the temporary file.
   struct RemoveUnlessRenamed {
@@ -188,9 +204,9 @@ void write_file_atomic(const fs::path& path, const std::function<void(int fd)>& 
   } guard{tmp};
   write(fd.get());
   // Synced before the rename, so that after a crash the target holds the old file or the whole new one.
-  if (::fsync(fd.get()) != 0) throw failed("fsync of", tmp, " failed");
-  if (fd.close() != 0) throw failed("close of", tmp, " failed");
-  if (::rename(tmp.c_str(), target.c_str()) != 0) throw failed("rename from", tmp, " failed");
+  if (::fsync(fd.get()) != 0) throw failed("fsync of the new file failed");
+  if (fd.close() != 0) throw failed("close of the new file failed");
+  if (::rename(tmp.c_str(), target.c_str()) != 0) throw failed("cannot replace it");
   guard.renamed = true;
 
   // A failed directory fsync is an error, never ignored: the new file is in place, but its name may
@@ -209,6 +225,27 @@ void check_output_path(const fs::path& path, std::string_view option, OutputMode
   check_output_target(path, option, mode, /*probe=*/true);
 }
 
+void check_input_file(const fs::path& path, std::string_view what) {
+  const std::string who(what);
+  if (path.empty()) throw UsageError(who + ": empty path");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) throw UsageError(who + ": no such file");
+    throw UsageError(who + ": " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) throw UsageError(who + " is " + file_kind(st.st_mode) + ", not a regular file");
+}
+
+void check_not_an_input(const fs::path& out, std::string_view out_option, const fs::path& in, std::string_view in_option) {
+  if (out.empty() || in.empty()) return;
+  struct stat o {}, i {};
+  if (::stat(out.c_str(), &o) != 0 || ::stat(in.c_str(), &i) != 0) return;
+  if (o.st_dev != i.st_dev || o.st_ino != i.st_ino) return;
+  throw UsageError(std::string(out_option) + " " + out.string() + " is the same file as " + std::string(in_option) + " " +
+                   in.string() + ": writing it would replace an input; give another path");
+}
+
 void check_writable(const fs::path& path) { check_output_target(path, {}, OutputMode::replace, /*probe=*/false); }
 
 void check_output_dir(const fs::path& path, std::string_view option) {
@@ -216,6 +253,11 @@ void check_output_dir(const fs::path& path, std::string_view option) {
   const fs::path target = resolve_links(path);
   const std::string what = subject(path, option, target);
   struct stat st {};
+  // A link to nothing: creating the directory would meet the link itself ("File exists") only once the
+  // run wants to write, after all its work.
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0 && errno == ENOENT)
+    throw UsageError(what + ": a symbolic link to " + target.string() +
+                     ", which does not exist: create that directory, or give another path");
   if (::stat(target.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) throw UsageError(what + ": " + file_kind(st.st_mode) + ", not a directory");
     if (const int err = try_create_in(target, false))

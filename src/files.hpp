@@ -90,6 +90,18 @@ void check_output_path(const std::filesystem::path& path, std::string_view optio
 // nearest existing ancestor to be a directory that takes a new directory.
 void check_output_dir(const std::filesystem::path& path, std::string_view option);
 
+// Checks that `path` names an input dpcheck can read whole: it exists and (links followed) is a regular
+// file -- a device such as /dev/zero never ends, a FIFO blocks until someone writes. Throws UsageError
+// "<what>: no such file", "<what> is a FIFO, not a regular file", ... where `what` names the option
+// and the path ("--trace-a /dev/zero").
+void check_input_file(const std::filesystem::path& path, std::string_view what);
+
+// Throws UsageError when the output `out` (an existing file, links followed) is the very file an input
+// names -- compared by device and inode, so also through symbolic and hard links: writing it would
+// replace what the run reads. `out_option` and `in_option` name the two ("--trace", "--x").
+void check_not_an_input(const std::filesystem::path& out, std::string_view out_option, const std::filesystem::path& in,
+                        std::string_view in_option);
+
 // The checks of check_output_path that touch nothing (no trial file), so that every rank may run them.
 void check_writable(const std::filesystem::path& path);
 

@@ -22,6 +22,7 @@
 
 #include "src/error.hpp"
 #include "src/files.hpp"
+#include "src/json_limits.hpp"
 #include "src/hash.hpp"
 #include "src/npy.hpp"
 #include "src/trainer.hpp"
@@ -212,6 +213,7 @@ class Fields {
 // JSON text to a value, refusing what nlohmann would otherwise accept quietly: a key given twice
 // (the last would win, so two readers could disagree about the step).
 nlohmann::json parse_json(std::string_view text) {
+  check_json_depth(text, "the manifest");
   std::vector<std::set<std::string>> keys;  // one set per open object
   std::string twice;
   const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
@@ -406,6 +408,17 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, boo
     const fs::path tmp = checkpoint_dir_ / ("." + name + ".tmp-" + std::to_string(::getpid()));
     fs::remove_all(tmp);
     fs::create_directory(tmp);
+    // Every way out before the rename removes the temporary directory (a full disk, `ulimit -f`), and
+    // says the checkpoint's own path rather than the temporary one's.
+    struct RemoveUnlessPublished {
+      const fs::path& dir;
+      bool published = false;
+      ~RemoveUnlessPublished() {
+        std::error_code ec;
+        if (!published) fs::remove_all(dir, ec);
+      }
+    } cleanup{tmp};
+    try {
 
     nlohmann::json files = nlohmann::json::object();
     const auto add_file = [&](const std::string& file, std::span<const std::int64_t> shape, std::span<const float> data) {
@@ -448,11 +461,20 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, boo
     }
     write_file_atomic(tmp / kManifest, text);
 
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      const std::string from = tmp.string(), to = (checkpoint_dir_ / name).string();
+      for (std::size_t at = what.find(from); at != std::string::npos; at = what.find(from, at + to.size()))
+        what.replace(at, from.size(), to);
+      throw Error("cannot write checkpoint " + to + ": " + what);
+    }
+
     final_dir = checkpoint_dir_ / name;
     const fs::path old = checkpoint_dir_ / ("." + name + ".old-" + std::to_string(::getpid()));
     const bool replacing = fs::exists(final_dir);
     if (replacing) fs::rename(final_dir, old);
     fs::rename(tmp, final_dir);
+    cleanup.published = true;
     sync_directory(checkpoint_dir_);
     if (replacing) fs::remove_all(old);
 

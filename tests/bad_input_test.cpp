@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -152,7 +153,27 @@ class BadInput : public testing::Test {
     std::ofstream(d / "trace_v2.jsonl") << trace.dump() << "\n";
     fs::create_directories(d / "no_npy");
     std::ofstream(d / "no_npy" / "manifest.json") << "{}\n";
+
+    // JSON nested far past any stack: a trace line, a checkpoint's manifest, a bundle's manifest.
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    std::ofstream(d / "trace_deep.jsonl") << read_file(d / "trace.jsonl") << deep << "\n";
+    fs::create_directories(d / "ckpt_deep" / "step-00000001");
+    std::ofstream(d / "ckpt_deep" / "step-00000001" / "manifest.json") << "{\"format\": " << std::string(200000, '[') << "\n";
+    fs::create_directories(d / "bundle_deep");
+    std::ofstream(d / "bundle_deep" / "manifest.json") << deep << "\n";
+    std::ofstream(d / "bundle_deep" / "indices.json") << "{}\n";
+    // Links: to an input, by hard link to an input, to nowhere (a checkpoint directory to be), in a loop.
+    fs::create_symlink(d / "x.npy", d / "link-to-x.npy");
+    fs::create_hard_link(d / "trace_v2.jsonl", d / "hard-trace.jsonl");
+    fs::create_symlink(d / "nowhere" / "ckpt", d / "dangling-dir");
+    // A loop of links, outside the directory whose snapshot is compared (a snapshot cannot walk it).
+    fs::create_directories(loops_path());
+    fs::create_symlink(loops_path() / "loop-b", loops_path() / "loop-a");
+    fs::create_symlink(loops_path() / "loop-a", loops_path() / "loop-b");
   }
+
+  void TearDown() override { fs::remove_all(loops_path()); }
+  fs::path loops_path() const { return dir_.path().string() + "-loops"; }
 
   const ScratchDir dir_;
 };
@@ -434,6 +455,69 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench trace --model 4,0", 2, {"--model"}},
       {"bench trace --batch 100000000000", 2, {"--batch"}},
       {"bench trace --json /dev/full", 2, {"--json", "character device"}},
+      // Empty values: refused by name for every option of every subcommand, never read as the default.
+      {"verify --seed '' --report {d}/r.json", 2, {"--seed is empty"}},
+      {"train --model 4,1 --lr ''", 2, {"--lr is empty"}},
+      {"train --model 4,1 --bucket-mb ''", 2, {"--bucket-mb is empty"}},
+      {"train --model 4,1 --mutant ''", 2, {"--mutant is empty"}},
+      {"train --model 4,1 --warmup-steps ''", 2, {"--warmup-steps is empty"}},
+      {"train --model 4,1 --resume ''", 2, {"--resume is empty"}},
+      {"train --model 4,1 --report ''", 2, {"--report is empty"}},
+      {"train --model 4,1 --checkpoint-dir ' '", 2, {"--checkpoint-dir is empty"}},
+      {"train --model '' ", 2, {"--model is empty"}},
+      {"train --model 4,1 --precision '' --loss-scale ''", 2, {"is empty"}},
+      {"grad --model 4,1 --batch 8 --x '' --y {d}/y.npy", 2, {"--x is empty"}},
+      {"verify --cases 1 --kernels '' --report {d}/r.json", 2, {"--kernels is empty"}},
+      {"verify --cases 1 --comm '' --report {d}/r.json", 2, {"--comm is empty"}},
+      {"diff '' {d}/trace.jsonl", 2, {"argument A is empty"}},
+      {"diff {d}/trace.jsonl {d}/trace.jsonl --json ''", 2, {"--json is empty"}},
+      {"conform --comm {r} --check ''", 2, {"--check is empty"}},
+      {"conform --comm {r} --world-size ''", 2, {"--world-size is empty"}},
+      {"bench allreduce --sizes '' --ranks 1 --backends local", 2, {"--sizes is empty"}},
+      {"bench allreduce --sizes 4K --ranks 1, --backends local", 2, {"rank count ''"}},
+      {"bench step --models ''", 2, {"--models is empty"}},
+      {"replay ''", 2, {"argument bundle is empty"}},
+      {"drift {d}/init {d}/init --trace-a ''", 2, {"--trace-a is empty"}},
+      // Control characters in a value, a path or a message are escaped: the message stays one line.
+      {"train --model 4,1 --precision 'fp\n8'", 2, {"fp\\n8"}},
+      {"grad --model 4,1 --x '{d}/no\nsuch.npy' --y {d}/y.npy", 2, {"no\\nsuch.npy"}},
+      {"verify --cases 1 --comm '{d}/evil\n\033[2J.so'", 2, {"evil\\n\\x1b[2J.so"}},
+      {"diff '{d}/a\rb' {d}/init", 2, {"a\\rb"}},
+      // Whole numbers: decimal, within their type; never clamped, wrapped or read as hex or octal.
+      {"train --model 4,1 --batch 9223372036854775808", 2, {"--batch", "9223372036854775808", "whole number"}},
+      {"train --model 4,1 --warmup-steps 9223372036854775808", 2, {"--warmup-steps", "whole number"}},
+      {"train --model 4,1 --batch -9223372036854775809", 2, {"--batch", "whole number"}},
+      {"train --model 4,1 --batch 0x10", 2, {"--batch '0x10'", "decimal"}},
+      {"train --model 4,1 --steps 010", 2, {"--steps '010'", "decimal"}},
+      {"grad --model 4,1 --batch 8 --world-size 1e3", 2, {"--world-size"}},
+      {"bench step --models 8,8@8:nan", 2, {"--models", "8,8@8:nan", "GOAL"}},
+      {"bench step --models 8,8@8:-1", 2, {"--models", "GOAL"}},
+      {"bench step --models 8,8@8:inf", 2, {"--models", "GOAL"}},
+      {"bench step --models 8,8@8:0.5:9", 2, {"--models", "GOAL"}},
+      {"bench step --models 8,8@8x", 2, {"--models", "positive whole batch"}},
+      {"bench step --models 8,8@99999999999", 2, {"--models", "positive whole batch"}},
+      {"conform --comm {r} --check 'allreduce float32 sum' --case count=4611686018427387904", 2,
+       {"--case", "count 4611686018427387904", "too big for this machine"}},
+      // An output that is an input, directly or through a link, or another output: refused before any work.
+      {"train --model 4,1 --x {d}/x.npy --y {d}/y.npy --batch 8 --trace {d}/x.npy", 2, {"--trace", "same file as --x"}},
+      {"train --model 4,1 --x {d}/x.npy --y {d}/y.npy --batch 8 --report {d}/link-to-x.npy", 2,
+       {"--report", "same file as --x"}},
+      {"diff {d}/trace.jsonl {d}/trace_v2.jsonl --json {d}/trace_v2.jsonl", 2, {"--json", "same file as argument B"}},
+      {"diff {d}/trace.jsonl {d}/trace_v2.jsonl --json {d}/hard-trace.jsonl", 2, {"--json", "same file as argument B"}},
+      {"verify --cases 1 --report {d}/r.json --junit {d}/r.json", 2, {"--report and --junit name the same file"}},
+      {"drift {d}/init {d}/init --trace-a {d}/trace.jsonl --trace-b {d}/trace.jsonl", 2, {"no checkpoint"}},
+      // Paths the system cannot follow: said with the option and the path, before any work.
+      {"train --model 4,1 --checkpoint-dir {d}/dangling-dir", 2, {"--checkpoint-dir", "symbolic link", "does not exist"}},
+      {"verify --cases 1 --report {l}/loop-a", 2, {"loop-a", "too many levels of symbolic links"}},
+      {"train --model 4,1 --checkpoint-dir {l}/loop-a", 2, {"loop-a", "too many levels of symbolic links"}},
+      {"diff {l}/loop-a {d}/init", 2, {"loop-a"}},
+      {"verify --cases 1 --report {d}/" + std::string(5000, 'a'), 2, {"--report"}},
+      {"train --model 4,1 --checkpoint-dir {d}/" + std::string(5000, 'c'), 2, {"--checkpoint-dir"}},
+      // JSON nested past any stack, and lines longer than a trace's: refused by name, never a crash.
+      {"diff {d}/trace.jsonl {d}/trace_deep.jsonl", 2, {"trace_deep.jsonl:2", "nested deeper than 64"}},
+      {"diff {d}/trace_deep.jsonl {d}/trace.jsonl", 2, {"trace_deep.jsonl:2", "nested deeper than 64"}},
+      {"train --model 4,1 --resume {d}/ckpt_deep", 2, {"ckpt_deep"}},
+      {"replay {d}/bundle_deep", 2, {"bundle_deep", "nested deeper than 64"}},
   };
 
   const fs::path d = dir_.path();
@@ -441,8 +525,9 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
   ASSERT_TRUE(before.contains("kept.json") && before.contains("init/layers.0.weight.npy"));
   for (const Row& row : rows) {
     // {p}: the tests' plugins; {r}: the ring example, a plugin that loads.
-    const std::string args = replace_all(replace_all(replace_all(row.args, "{d}", d.string()), "{p}", DPCHECK_COMM_PLUGIN_DIR),
-                                         "{r}", DPCHECK_RING_PLUGIN);
+    const std::string args = replace_all(
+        replace_all(replace_all(replace_all(row.args, "{d}", d.string()), "{p}", DPCHECK_COMM_PLUGIN_DIR), "{r}", DPCHECK_RING_PLUGIN),
+        "{l}", loops_path().string());
     if (row.memory_kib > 0 && kAddressSanitizer) {
       // AddressSanitizer reserves terabytes of address space for its shadow memory at start, which no
       // `ulimit -v` allows: the row runs in the other builds.
@@ -508,6 +593,146 @@ TEST_F(BadInput, TrainStopsAtTheFirstLossThatIsNotFinite) {
   EXPECT_GE(checkpoints, 1);  // the steps before the overflow were checkpointed
 }
 
+// One line and the exit status, and nothing left in `dir` that was not there before.
+void expect_one_line(const CommandResult& r, int status, const std::vector<std::string>& words, const std::string& what) {
+  EXPECT_EQ(r.status, status) << what << "\n" << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << what << "\n" << r.output;
+  EXPECT_EQ(r.output.rfind("dpcheck: error: ", 0), 0u) << what << "\n" << r.output;
+  for (const std::string& w : words) EXPECT_NE(r.output.find(w), std::string::npos) << what << "\nlacks: " << w << "\n" << r.output;
+}
+
+// Exactly one "dpcheck: error: " line, at the end, after what the command printed before it failed.
+void expect_one_error_line(const CommandResult& r, int status, const std::vector<std::string>& words, const std::string& what) {
+  EXPECT_EQ(r.status, status) << what << "\n" << r.output;
+  std::size_t lines = 0;
+  for (std::size_t at = r.output.find("dpcheck: error: "); at != std::string::npos; at = r.output.find("dpcheck: error: ", at + 1)) ++lines;
+  EXPECT_EQ(lines, 1u) << what << "\n" << r.output;
+  const std::size_t last = r.output.rfind("dpcheck: error: ");
+  ASSERT_NE(last, std::string::npos) << what << "\n" << r.output;
+  const std::string line = r.output.substr(last);
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << what << "\n" << r.output;
+  for (const std::string& w : words) EXPECT_NE(line.find(w), std::string::npos) << what << "\nlacks: " << w << "\n" << r.output;
+}
+
+// A plugin that faults (its call returns an error) stops verify as it stops train: exit 3, one line
+// naming the plugin, the call and its message -- not a failing property (exit 1), which is for a
+// plugin that computes wrong numbers.
+TEST_F(BadInput, APluginFaultInVerifyIsARuntimeFault) {
+  const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " verify --cases 2 --kernels " + DPCHECK_KERNELS_FAILING, 120);
+  expect_one_error_line(r, 3, {"plugin 'failing'", "linear_forward", "no workspace left"}, "verify --kernels failing");
+  EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+}
+
+// Inputs that need a real run's checkpoints: drift's traces must be regular files (/dev/zero never ends,
+// a FIFO blocks), and a trace line longer than any dpcheck writes is refused before it is held whole.
+TEST_F(BadInput, InputsThatNeverEndAreRefused) {
+  const fs::path d = dir_.path();
+  const std::string bin = DPCHECK_BINARY;
+  const CommandResult made = run_command(bin + " train --model 4,1 --steps 2 --checkpoint-every 1 --keep 5 --checkpoint-dir " +
+                                             (d / "ckpt").string(), 60);
+  ASSERT_EQ(made.status, 0) << made.output;
+  const std::string ckpt = (d / "ckpt").string();
+  {
+    std::ofstream long_line(d / "trace_long.jsonl", std::ios::binary);
+    long_line << read_file(d / "trace.jsonl") << "[\"" << std::string((std::size_t{33} << 20), 'x') << "\"]\n";
+  }
+  const std::map<std::string, std::string> before = snapshot(d);
+  const struct {
+    std::string args;
+    std::vector<std::string> words;
+  } rows[] = {
+      {"drift " + ckpt + " " + ckpt + " --trace-a /dev/zero", {"--trace-a /dev/zero", "character device"}},
+      {"drift " + ckpt + " " + ckpt + " --trace-b /dev/full", {"--trace-b /dev/full", "character device"}},
+      {"drift " + ckpt + " " + ckpt + " --trace-a " + (d / "fifo").string(), {"--trace-a", "FIFO"}},
+      {"drift " + ckpt + " " + ckpt + " --trace-a " + (d / "missing").string(), {"--trace-a", "no such file"}},
+      {"drift " + ckpt + " " + ckpt + " --trace-a " + (d / "trace_deep.jsonl").string(), {"--trace-a"}},
+      {"diff " + (d / "trace.jsonl").string() + " " + (d / "trace_long.jsonl").string(),
+       {"trace_long.jsonl:2", "longer than 32 MiB"}},
+  };
+  for (const auto& row : rows) {
+    const CommandResult r = run_command(bin + " " + row.args, kRowLimitS);
+    expect_one_line(r, 2, row.words, row.args);
+    EXPECT_LT(r.seconds, 10.0) << row.args;
+    EXPECT_EQ(snapshot(d), before) << row.args;
+  }
+}
+
+// A write the system refuses midway (`ulimit -f`, as a full disk): the writer reports it naming the
+// user's path (exit 3) -- not SIGXFSZ -- and leaves no temporary file or directory behind.
+TEST_F(BadInput, AWriteRefusedMidwayLeavesNothingBehind) {
+  const fs::path d = dir_.path();
+  fs::create_directory(d / "out");
+  const std::map<std::string, std::string> before = snapshot(d);
+  for (const std::string& args : {"train --model 64,64 --steps 1 --checkpoint-dir " + (d / "out" / "ckpt").string(),
+                                   "train --model 64,64 --steps 1 --keep 1 --checkpoint-every 1 --checkpoint-dir " +
+                                       (d / "out" / "ckpt").string()}) {
+    const CommandResult r = run_command("sh -c " + quoted("ulimit -f 4 && exec " + std::string(DPCHECK_BINARY) + " " + args), 60);
+    EXPECT_EQ(r.status, 3) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("dpcheck: error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("too large"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(".tmp"), std::string::npos) << r.output;
+    for (const auto& e : fs::recursive_directory_iterator(d / "out"))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << args << ": left " << e.path();
+    fs::remove_all(d / "out");
+    fs::create_directory(d / "out");
+  }
+  EXPECT_EQ(snapshot(d), before);
+}
+
+// A plugin whose initializer crashes while it loads: one line naming the plugin being loaded, exit 3.
+TEST_F(BadInput, APluginThatCrashesWhileLoadingIsNamed) {
+  if (kAddressSanitizer) GTEST_SKIP() << "under AddressSanitizer its own report names the crash";
+  const CommandResult r =
+      run_command(std::string(DPCHECK_BINARY) + " verify --cases 1 --kernels " + DPCHECK_KERNELS_CRASH_ON_LOAD, 60);
+  expect_one_line(r, 3, {"--kernels", "crash_on_load", "loading", "SIGSEGV"}, "crash on load");
+}
+
+// A repro bundle whose manifest names data files it then ignores, or a rank or example beyond the run's.
+TEST_F(BadInput, ABundleOutsideItsRunIsRefused) {
+  const fs::path d = dir_.path();
+  const CommandResult made = run_command(std::string(DPCHECK_BINARY) +
+                                             " train --model 4,1 --steps 5 --world-size 2 --lr 1e30 "
+                                             "--bundle-dir " + d.string(), 60);
+  ASSERT_EQ(made.status, 1) << made.output;
+  fs::path bundle;
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().filename().string().starts_with("dpcheck-bundle-")) bundle = e.path();
+  ASSERT_FALSE(bundle.empty()) << made.output;
+  const nlohmann::json manifest = nlohmann::json::parse(read_file(bundle / "manifest.json"));
+  const nlohmann::json indices = nlohmann::json::parse(read_file(bundle / "indices.json"));
+  const auto edited = [&](const std::string& name, const std::function<void(nlohmann::json&, nlohmann::json&)>& edit) {
+    const fs::path copy = d / name;
+    fs::copy(bundle, copy, fs::copy_options::recursive);
+    nlohmann::json m = manifest, i = indices;
+    edit(m, i);
+    std::ofstream(copy / "manifest.json") << m.dump(2) << "\n";
+    std::ofstream(copy / "indices.json") << i.dump() << "\n";
+    return copy.string();
+  };
+  const struct {
+    std::string path;
+    std::vector<std::string> words;
+  } rows[] = {
+      {edited("missing-data", [&](nlohmann::json& m, nlohmann::json&) {
+         m["data"] = {{"x", (d / "gone-x.npy").string()}, {"y", (d / "gone-y.npy").string()}, {"x_xxh3", "0"}, {"y_xxh3", "0"}};
+       }), {"gone-x.npy", "is gone"}},
+      {edited("empty-data", [&](nlohmann::json& m, nlohmann::json&) {
+         m["data"] = {{"x", ""}, {"y", ""}, {"x_xxh3", ""}, {"y_xxh3", ""}};
+       }), {"data", "empty path"}},
+      {edited("both-data", [&](nlohmann::json& m, nlohmann::json&) {
+         m["data"] = {{"synthetic", true}, {"x", (d / "gone-x.npy").string()}};
+       }), {"data", "one or the other"}},
+      {edited("far-rank", [&](nlohmann::json& m, nlohmann::json&) { m["failure"]["rank"] = 1000000; }),
+       {"failure.rank", "1000000"}},
+      {edited("far-index", [&](nlohmann::json&, nlohmann::json& i) { i["ranks"][0][0] = 1000000000; }),
+       {"indices.json", "1000000000"}},
+  };
+  for (const auto& row : rows) {
+    const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " replay " + row.path, kRowLimitS);
+    expect_one_error_line(r, 2, row.words, row.path);
+  }
+}
+
 // Processes of one job given different arguments: every rank stops with status 2 before any work,
 // and rank 0 alone names the option and the ranks.
 class BadInputMpi : public testing::Test {
@@ -555,6 +780,52 @@ TEST_F(BadInputMpi, RanksThatDisagreeOnTheCommandLineAreRefusedNamingTheOption) 
     ASSERT_EQ(lines.size(), 1u) << c.args1 << "\n" << r.output;
     EXPECT_NE(lines[0].find(c.words), std::string::npos) << lines[0];
     EXPECT_LT(r.seconds, 30.0) << r.output;
+  }
+}
+
+// One rank's own input is bad (its data file is missing or holds a NaN, its plugin is missing): every
+// rank stops at once, and rank 0 names the rank and the reason in one line.
+TEST_F(BadInputMpi, OneRanksBadInputStopsEveryRankAtOnce) {
+  const fs::path d = dir_.path();
+  for (int r = 0; r < 3; ++r) fs::create_directories(d / ("rank" + std::to_string(r)));
+  const std::vector<std::int64_t> x_shape{8, 4}, y_shape{8, 1};
+  std::vector<float> x(32, 0.5f), y(8, 0.25f);
+  for (int r : {0, 2}) {
+    write_npy(d / ("rank" + std::to_string(r)) / "x.npy", x_shape, std::span<const float>(x));
+    write_npy(d / ("rank" + std::to_string(r)) / "y.npy", y_shape, std::span<const float>(y));
+  }
+  const struct {
+    std::string args, words;
+    bool rank1_nan;
+  } cases[] = {
+      {"train --comm mpi --model 4,1 --batch 8 --x x.npy --y y.npy --timeout 60", "rank 1: x.npy", false},
+      {"train --comm mpi --model 4,1 --batch 8 --x x.npy --y y.npy --timeout 60", "rank 1: x.npy", true},
+      {"train --comm mpi --model 4,1 --batch 8 --kernels ./k.so --timeout 60", "rank 1: --kernels ./k.so: no such file", false},
+  };
+  fs::copy_file(DPCHECK_KERNELS_NAIVE, d / "rank0" / "k.so");
+  fs::copy_file(DPCHECK_KERNELS_NAIVE, d / "rank2" / "k.so");
+  for (const auto& c : cases) {
+    fs::remove(d / "rank1" / "x.npy");
+    fs::remove(d / "rank1" / "y.npy");
+    if (c.rank1_nan) {
+      std::vector<float> bad = x;
+      bad[3] = std::numeric_limits<float>::quiet_NaN();
+      write_npy(d / "rank1" / "x.npy", x_shape, std::span<const float>(bad));
+      write_npy(d / "rank1" / "y.npy", y_shape, std::span<const float>(y));
+    }
+    const fs::path script = d / "ranks.sh";
+    std::ofstream(script) << "#!/bin/sh\ncd " << d.string() << "/rank$OMPI_COMM_WORLD_RANK || exit 9\nexec " << DPCHECK_BINARY
+                          << " " << c.args << "\n";
+    const CommandResult r =
+        run_command(std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.output;
+    const std::vector<std::string> lines = error_lines(r.output);
+    ASSERT_EQ(lines.size(), 1u) << c.args << "\n" << r.output;
+    EXPECT_NE(lines[0].find(c.words), std::string::npos) << lines[0];
+    if (c.rank1_nan) {
+      EXPECT_NE(lines[0].find("nan"), std::string::npos) << lines[0];
+    }
+    EXPECT_LT(r.seconds, 20.0) << r.output;  // not the 60 s timeout
   }
 }
 

@@ -128,8 +128,9 @@ int resolve_world(Target& target, int requested, bool given) {
 
 void print_error(std::string_view message) {
   constexpr std::string_view prefix = "dpcheck: error: ";
-  std::string line = message.starts_with(prefix) ? std::string(message) : std::string(prefix) + std::string(message);
-  if (line.back() != '\n') line += '\n';
+  while (!message.empty() && message.back() == '\n') message.remove_suffix(1);
+  if (message.starts_with(prefix)) message.remove_prefix(prefix.size());
+  std::string line = std::string(prefix) + escape_control(message) + '\n';
   std::fflush(stdout);
   std::cout.flush();
   try {
@@ -187,6 +188,89 @@ void Progress::done() {
   std::fputs("\r\033[K", stderr);
   std::fflush(stderr);
 }
+
+// ---- checks every option gets -------------------------------------------------------------------
+
+namespace {
+
+bool is_blank(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+// How the option is named in a message: "--seed", or "argument A" for a positional one.
+std::string option_label(const CLI::Option& opt) {
+  const std::string name = opt.get_name();
+  return name.starts_with("-") ? name : "argument " + name;
+}
+
+// A whole number as CLI11 would store it in an integer option, held to decimal and to the range of
+// int64 (uint64 without a sign): anything else is refused rather than read as hex, octal or a clamped value.
+void check_integer_text(const std::string& label, const std::string& text, bool is_unsigned) {
+  const std::string_view digits = std::string_view(text).substr(!is_unsigned && text.starts_with('-') ? 1 : 0);
+  const bool decimal = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                       (digits.size() == 1 || digits[0] != '0');
+  bool fits = false;
+  if (decimal) {
+    if (is_unsigned) {
+      std::uint64_t v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      fits = ec == std::errc() && end == text.data() + text.size();
+    } else {
+      std::int64_t v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      fits = ec == std::errc() && end == text.data() + text.size();
+    }
+  }
+  if (!fits)
+    throw UsageError(label + " '" + text + "': give a whole number in decimal, from " +
+                     (is_unsigned ? std::string("0") : std::to_string(std::numeric_limits<std::int64_t>::min())) + " to " +
+                     (is_unsigned ? std::to_string(std::numeric_limits<std::uint64_t>::max())
+                                  : std::to_string(std::numeric_limits<std::int64_t>::max())));
+}
+
+bool is_output_option(const std::string& name) {
+  static const std::set<std::string> outputs{"--report", "--junit", "--json", "--html", "--log", "--trace"};
+  return outputs.contains(name);
+}
+
+// An output path as the file it will replace, for comparing two outputs that may not exist yet.
+std::filesystem::path output_identity(const std::string& path) {
+  try {
+    return std::filesystem::absolute(resolve_links(path)).lexically_normal();
+  } catch (const std::exception&) {
+    return std::filesystem::absolute(path).lexically_normal();  // a loop: check_output_path names it
+  }
+}
+
+void check_options_of(const CLI::App& sub) {
+  std::vector<std::pair<std::string, std::string>> inputs, outputs;  // (label, path)
+  for (const CLI::Option* opt : sub.get_options()) {
+    if (opt->count() == 0 || opt->get_type_size_max() == 0) continue;  // absent, or a flag
+    const std::string label = option_label(*opt);
+    const std::string type = opt->get_type_name();
+    // audit's COMMAND is the audited program's own argument list, where '' may mean something.
+    if (type == "ARGS") continue;
+    for (const std::string& value : opt->results()) {
+      if (is_blank(value))
+        throw UsageError(label + " is empty: give a value, or leave the option out" +
+                         (opt->get_name().starts_with("-") ? " for its default" : ""));
+      if (type == "INT" || type == "UINT") check_integer_text(label, value, type == "UINT");
+      (is_output_option(opt->get_name()) ? outputs : inputs).emplace_back(label, value);
+    }
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (const auto& [in_label, in_path] : inputs) check_not_an_input(outputs[i].second, outputs[i].first, in_path, in_label);
+    for (std::size_t j = 0; j < i; ++j)
+      if (output_identity(outputs[i].second) == output_identity(outputs[j].second))
+        throw UsageError(outputs[j].first + " and " + outputs[i].first + " name the same file, " + outputs[i].second +
+                         ": give each its own");
+  }
+  for (const CLI::App* inner : sub.get_subcommands()) check_options_of(*inner);
+}
+
+}  // namespace
+
+void check_parsed_options(const CLI::App& app) { check_options_of(app); }
 
 // ---- timeouts and seeds -------------------------------------------------------------------------
 
@@ -495,6 +579,35 @@ void check_on_writing_rank(const std::function<void()>& check) {
   }
   why = broadcast_text(*world, why);
   if (!why.empty()) throw UsageError(why);
+}
+
+void agree_on_rank_inputs(const std::function<void()>& local) {
+  Communicator* world = process_world();
+  if (world == nullptr || world->size() == 1) return local();
+  std::string why;
+  try {
+    local();
+  } catch (const UsageError& e) {
+    why = e.what();
+    if (why.empty()) why = "bad input";
+  }
+  // Every rank's reason ("" for none), padded to the longest for the all-gather.
+  const std::vector<std::uint64_t> sizes = world->allgather_value<std::uint64_t>(why.size());
+  const std::uint64_t size = *std::max_element(sizes.begin(), sizes.end());
+  if (size == 0) return;
+  why.resize(size);
+  std::string all(size * static_cast<std::size_t>(world->size()), '\0');
+  world->allgather(why.data(), all.data(), size, DType::u8);
+  std::vector<std::string> reasons;
+  for (std::size_t r = 0; r < sizes.size(); ++r) reasons.emplace_back(all.data() + r * size, sizes[r]);
+  const bool same = std::all_of(reasons.begin(), reasons.end(), [&](const std::string& w) { return w == reasons[0]; });
+  if (same) throw UsageError(reasons[0]);
+  std::size_t first = 0;
+  while (reasons[first].empty()) ++first;
+  int failing = 0;
+  for (const std::string& w : reasons) failing += w.empty() ? 0 : 1;
+  throw UsageError("rank " + std::to_string(first) + ": " + reasons[first] +
+                   (failing > 1 ? " (and " + std::to_string(failing - 1) + " other ranks failed too)" : ""));
 }
 
 void require_same_command_line(Communicator& world, const std::vector<std::string>& args) {

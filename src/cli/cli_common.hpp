@@ -57,8 +57,16 @@ int resolve_world(Target& target, int requested_world_size, bool world_size_give
 // An error ratio in three digits, or `infinite` for an infinite one (a NaN met, bits that differ).
 std::string ratio_text(double ratio, const char* infinite);
 
+// The checks every option of every subcommand gets, after parsing and before the command runs, so
+// that no command can forget one: an empty value ('') is refused (it would otherwise stand for the
+// default, or for no file at all); a whole number is decimal and within its type (CLI11 reads "0x10"
+// as hex and "010" as octal, and saturates 2^63 to 2^63 - 1); an output file (--report, --junit,
+// --json, --html, --log, --trace) is neither the same file as an input, nor the same as another
+// output. UsageError naming the option.
+void check_parsed_options(const CLI::App& app);
+
 // Writes "dpcheck: error: <message>" and a newline to standard error (after flushing standard output)
-// in one write(2), so that the lines of several ranks sharing a terminal never interleave mid-line.
+// in one write(2), with control characters escaped so that the message stays one line, so that the lines of several ranks sharing a terminal never interleave mid-line.
 void print_error(std::string_view message);
 
 
@@ -207,6 +215,14 @@ void require_memory(double bytes, const std::string& input, const std::string& p
 // the file system (check_output_path creates a trial file). For output paths:
 //   check_on_writing_rank([&] { check_output_path(o.report, "--report"); });
 void check_on_writing_rank(const std::function<void()>& check);
+
+// Runs `local` on every rank of a launcher's world -- what each rank reads for itself: its data files,
+// its plugin, its checkpoint -- and then has every rank throw UsageError when any rank's `local` raised
+// one, with that rank's reason, so that rank 0 says at once which rank could not read what: a rank that
+// stopped alone would leave the others waiting out the timeout in their next collective, and blame a
+// missing message. "rank 2: x.npy: no such file" when ranks differ; the reason alone when every rank
+// gave the same one. Every rank must call it at the same point. Without a launcher: `local()`.
+void agree_on_rank_inputs(const std::function<void()>& local);
 
 // All-gathers every rank's command line (the arguments after the program name) and throws UsageError
 // on every rank when any differs from rank 0's, naming the option and the ranks:

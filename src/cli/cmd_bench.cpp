@@ -7,6 +7,8 @@
 // process per rank, so for each N this command starts `mpirun -np N <this binary> bench
 // allreduce-worker ...` (a hidden subcommand), whose rank 0 prints its rows as one JSON line.
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cmath>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -259,14 +261,20 @@ std::vector<cuda::StepModel> parse_models(const std::string& text) {
     m.dims = parse_dims(item.substr(0, at));
     const std::string rest = item.substr(at + 1);
     const std::size_t colon = rest.find(':');
-    try {
-      std::size_t used = 0;
-      const std::string batch = rest.substr(0, colon);
-      m.batch = std::stoi(batch, &used);
-      if (used != batch.size() || m.batch < 1) throw std::invalid_argument("batch");
-      if (colon != std::string::npos) m.goal = std::stod(rest.substr(colon + 1));
-    } catch (const std::exception&) {
-      throw UsageError("bad --models item '" + item + "': expected DIMS@BATCH[:GOAL] with a positive batch");
+    // Every field whole: "8:0.5x" or "8:0.5:9" is refused, not read as its start.
+    const std::string batch = rest.substr(0, colon);
+    const auto batch_end = std::from_chars(batch.data(), batch.data() + batch.size(), m.batch);
+    if (batch.empty() || batch_end.ec != std::errc() || batch_end.ptr != batch.data() + batch.size() || m.batch < 1)
+      throw UsageError("bad --models item '" + item + "': expected DIMS@BATCH[:GOAL] with a positive whole batch");
+    if (colon != std::string::npos) {
+      const std::string goal = rest.substr(colon + 1);
+      const auto goal_end = std::from_chars(goal.data(), goal.data() + goal.size(), m.goal);
+      // The goal is a ratio to the best GEMM's time: a finite number from 0 (none) up; nan, inf and
+      // negative numbers would make every verdict the same.
+      if (goal.empty() || goal_end.ec != std::errc() || goal_end.ptr != goal.data() + goal.size() || !std::isfinite(m.goal) ||
+          m.goal < 0 || m.goal > 1000)
+        throw UsageError("bad --models item '" + item + "': GOAL '" + goal +
+                         "' must be a finite ratio from 0 to 1000 (the step's speed against the best GEMM's)");
     }
     models.push_back(m);
   }

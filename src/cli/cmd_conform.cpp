@@ -172,6 +172,14 @@ int run_conform(ConformCliOptions& o) {
   run.world_size = world;
   run.ranks_are_threads = !o.target.process_world;
   check_run_size(run);
+  if (const std::size_t count = kernels ? 0 : conform_case_count(o.check, o.case_text)) {
+    // Each rank holds its input, its output (an allgather's is N times the count), the expected values
+    // and a copy, in elements of up to 8 bytes: refused here rather than failing dpcheck's own
+    // allocation midway, which would read as the plugin's fault.
+    const double ranks_here = o.target.process_world ? 1.0 : world;
+    require_memory(static_cast<double>(count) * 8.0 * ranks_here * (world + 3.0),
+                   "--case '" + o.case_text + "' (count " + std::to_string(count) + ")");
+  }
   check_on_writing_rank([&] {
     if (!o.report.empty()) check_output_path(o.report, "--report");
     if (!o.junit.empty()) check_output_path(o.junit, "--junit");

@@ -17,6 +17,8 @@
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
+#include "src/files.hpp"
+#include "src/json_limits.hpp"
 
 namespace dpcheck::cli {
 
@@ -30,10 +32,16 @@ struct DriftOptions {
 
 // The "target" object of a trace's header (train --trace), each field with its type.
 nlohmann::json trace_target(const std::string& path, const char* option) {
+  // /dev/zero would be read for ever, a FIFO would block: a trace is a regular file.
+  check_input_file(path, std::string(option) + " " + path);
   std::ifstream in(path);
   std::string line;
-  if (!in || !std::getline(in, line)) throw UsageError(std::string(option) + " " + path + ": cannot read its first line");
+  bool too_long = false;
+  if (!in || !read_bounded_line(in, line, too_long))
+    throw UsageError(std::string(option) + " " + path + ": cannot read its first line");
+  if (too_long) throw UsageError(std::string(option) + " " + path + ": its first line is " + line_length_reason());
   nlohmann::json header;
+  check_json_depth(line, std::string(option) + " " + path);
   try {
     header = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception&) {

@@ -89,7 +89,8 @@ int run_train(TrainOptions& o) {
   target.allreduce_dtype = t.allreduce_dtype;
   const int world = resolve_world(target, o.world_size, o.world_size_given);
   target.world_size = world;
-  validate_target(target);
+  // Each rank loads its own plugin: one that fails on one rank stops every rank at once.
+  agree_on_rank_inputs([&] { validate_target(target); });
   // Before any work: a bad output path costs a second, not a training run.
   check_on_writing_rank([&] {
     if (!o.log.empty()) check_output_path(o.log, "--log", OutputMode::append);
@@ -102,9 +103,12 @@ int run_train(TrainOptions& o) {
     if (!o.no_bundle && o.bundle_dir_given) check_output_dir(o.bundle_dir, "--bundle-dir");
   });
 
+  // Each rank reads its own data files: one missing or damaged on one rank stops every rank at once.
   std::unique_ptr<Dataset> data;
-  if (!o.x.empty()) {
-    data = std::make_unique<ArrayDataset>(ArrayDataset::load(o.x, o.y, t.model));
+  agree_on_rank_inputs([&] {
+    if (!o.x.empty()) data = std::make_unique<ArrayDataset>(ArrayDataset::load(o.x, o.y, t.model));
+  });
+  if (data) {
     if (t.dataset_size != 0 && t.dataset_size != data->size())
       throw UsageError("--dataset-size is " + std::to_string(t.dataset_size) + " but --x holds " +
                        std::to_string(data->size()) + " examples");
@@ -114,11 +118,14 @@ int run_train(TrainOptions& o) {
   check_accumulate(t.accumulate, t.batch, world);
   check_train_size(t, world, target, o.checks.gradient_every > 0);
   if (!data) data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
-  const std::vector<float> params = o.init.empty() ? init_params(t.model, t.seed) : load_params_dir(o.init, t.model);
+  std::vector<float> params;
   std::optional<Checkpoint> resume;
   std::vector<std::string> skipped;
-  if (!o.resume.empty()) {
-    resume = load_checkpoint(o.resume, t.model, &skipped);
+  agree_on_rank_inputs([&] {
+    params = o.init.empty() ? init_params(t.model, t.seed) : load_params_dir(o.init, t.model);
+    if (!o.resume.empty()) resume = load_checkpoint(o.resume, t.model, &skipped);
+  });
+  if (resume) {
     const std::string mismatch = t.resume_mismatch(resume->config, world);
     if (!mismatch.empty()) throw UsageError("cannot resume from " + o.resume + ": " + mismatch);
   }

@@ -191,7 +191,8 @@ int run_verify(VerifyOptions& o) {
   o.target.allreduce_dtype = o.allreduce_dtype.value();
   const int world = resolve_world(o.target, o.target.world_size, o.world_size_given);
   if (o.target.process_world) o.target.world_size = world;
-  validate_target(o.target);
+  // Each rank loads its own plugin: one that fails on one rank stops every rank at once.
+  agree_on_rank_inputs([&] { validate_target(o.target); });
   if (o.world_size_given) {
     // The cases draw small models; the ranks themselves must fit (threads, and their replicas).
     RunSize run;
@@ -251,6 +252,7 @@ int run_verify(VerifyOptions& o) {
     ro.seed = o.seed;
     ro.reproduce = o.reproduce;
     ro.reruns = o.reruns;
+    ro.plugin_fault_ends_run = true;
     if (progress.enabled())
       ro.progress = [&](std::int64_t cases, std::int64_t shrinks) {
         progress.update(at + std::to_string(std::min<std::int64_t>(cases, ro.cases)) + " of " +

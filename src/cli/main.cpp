@@ -1,5 +1,10 @@
 // dpcheck: checks the promises of data-parallel training (see README.md).
 #include <CLI/CLI.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <new>
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -29,6 +34,9 @@ int main(int argc, char** argv) {
                "and cover the data, and only rank 0 writes files.",
                "dpcheck"};
   app.require_subcommand(1);
+  // A write past `ulimit -f` then fails with EFBIG, which the writer reports (naming the file, exit 3)
+  // and cleans up after, instead of the signal ending the process with a temporary file left behind.
+  ::signal(SIGXFSZ, SIG_IGN);
   // only_rank0_writes launches this very program, whatever its file is called.
   this_process_is_dpcheck();
   // One line naming the problem; subcommands inherit this from the app.
@@ -92,6 +100,8 @@ int main(int argc, char** argv) {
       return finished ? code : cli::exit_usage;
     }
 
+    cli::check_parsed_options(app);
+
     for (const CLI::App* sub : app.get_subcommands())
       for (const auto& [registered, runner] : runners)
         if (registered == sub) return runner();
@@ -99,6 +109,27 @@ int main(int argc, char** argv) {
     // Every rank meets the same bad input; one of them says so.
     if (printing) cli::print_error(e.what());
     return cli::exit_usage;
+  } catch (const std::bad_alloc&) {
+    // Said without allocating: the memory is gone. Sizes dpcheck can foresee are refused up front (exit
+    // 2); this is what it could not foresee, a runtime fault.
+    static const char line[] = "dpcheck: error: out of memory (a limit such as ulimit -v, or the machine's memory)\n";
+    if (::write(STDERR_FILENO, line, sizeof line - 1) < 0) {}
+    if (mpi) mpi->abort(cli::exit_runtime_error);
+    return cli::exit_runtime_error;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the checks up front could not foresee (a loop of links, a name too long, a file that came
+    // or went meanwhile): the path and the system's reason, not the library's wording.
+    const std::error_code& code = e.code();
+    std::string message = e.path1().string() + ": " + code.message();
+    if (!e.path2().empty()) message = e.path1().string() + " -> " + e.path2().string() + ": " + code.message();
+    const bool input = code == std::errc::too_many_symbolic_link_levels || code == std::errc::filename_too_long ||
+                       code == std::errc::no_such_file_or_directory || code == std::errc::not_a_directory ||
+                       code == std::errc::file_exists || code == std::errc::is_a_directory ||
+                       code == std::errc::permission_denied || code == std::errc::read_only_file_system;
+    if (mpi) cli::print_error("rank " + std::to_string(mpi->world().rank()) + ": " + message);
+    else cli::print_error(message);
+    if (mpi) mpi->abort(input ? cli::exit_usage : cli::exit_runtime_error);
+    return input ? cli::exit_usage : cli::exit_runtime_error;
   } catch (const std::exception& e) {
     if (mpi) {
       // A dead or stuck peer: say which rank saw what, then end the whole job so that the launcher

@@ -224,7 +224,7 @@ class PluginCommunicator final : public Communicator {
     }
     if (!bootstrap_error_.empty()) why += " [dpcheck's " + bootstrap_error_ + "]";
     bootstrap_error_.clear();
-    throw Error("plugin '" + std::string(plugin_.name) + "' " + call + " on rank " + std::to_string(rank()) +
+    throw PluginFault("plugin '" + std::string(plugin_.name) + "' " + call + " on rank " + std::to_string(rank()) +
                 " returned " + std::to_string(rc) + ": " + why);
   }
 

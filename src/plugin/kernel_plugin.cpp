@@ -86,7 +86,7 @@ void Kernels::call(std::string_view entry, F&& f) const {
   const int rc = f();
   if (rc == 0) return;
   const char* message = plugin_.table().last_error ? plugin_.table().last_error(handle_) : nullptr;
-  throw Error(guard.what() + " failed (returned " + std::to_string(rc) +
+  throw PluginFault(guard.what() + " failed (returned " + std::to_string(rc) +
               "): " + (message && *message ? std::string(message) : std::string("the plugin gave no message")));
 }
 

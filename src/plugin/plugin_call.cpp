@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include "src/error.hpp"
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define DPCHECK_UNDER_SANITIZER 1
 #else
@@ -132,7 +134,7 @@ extern "C" void on_crash(int sig) {
 }  // namespace
 
 PluginCall::PluginCall(std::string_view plugin, std::string_view call, int rank, std::chrono::milliseconds timeout)
-    : what_("plugin '" + std::string(plugin) + "' " + std::string(call) +
+    : what_("plugin '" + escape_control(plugin) + "' " + std::string(call) +
             (rank >= 0 ? " on rank " + std::to_string(rank) : std::string())),
       outer_(current_call) {
   if (timeout.count() > 0)

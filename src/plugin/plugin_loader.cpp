@@ -24,7 +24,17 @@ void* plugin_symbol(const std::string& path, const char* symbol, std::string_vie
   if (!std::filesystem::is_regular_file(status)) throw UsageError(what + ": not a regular file");
   // dlopen looks a name without '/' up on the library path; the user named a file.
   const std::string file = path.find('/') == std::string::npos ? "./" + path : path;
-  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // dlopen runs the library's initializers (C++ constructors of its globals), which may crash before
+  // the plugin has a name: the crash handler is installed first, and the call it names is this load,
+  // by the option and path. The process still ends (exit 3) -- code that crashed inside this process
+  // cannot be unloaded safely, and loading it in a child first would run its initializers twice.
+  install_plugin_crash_handlers();
+  void* handle = nullptr;
+  {
+    const PluginCall loading(path, "loading (" + std::string(option) + ", its initializers run by dlopen)", -1,
+                             std::chrono::milliseconds(0));
+    handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
   if (!handle) {
     const char* why = dlerror();
     throw UsageError(what + ": not a shared object this machine can load: " + (why ? why : "dlopen failed"));

@@ -1,5 +1,7 @@
 /* Plugins that cannot be loaded as kernels, one per -D: a table of an ABI dpcheck does not know, no
- * table, no name, device memory (for --engine cpu), and a communicator (exported under the other name). */
+ * table, no name, device memory (for --engine cpu), a communicator (exported under the other name), and
+ * one whose initializer crashes while dlopen loads it, before it has a table or a name. */
+#include <signal.h>
 #include <stddef.h>
 
 #include <dpcheck/plugin.h>
@@ -19,6 +21,9 @@ const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) { return &table; }
 const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) { return NULL; }
 #elif defined(COMM_ONLY)
 const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) { return NULL; }
+#elif defined(CRASH_ON_LOAD)
+__attribute__((constructor)) static void crash_on_load(void) { raise(SIGSEGV); }
+const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) { return NULL; }
 #else
 int dpcheck_unrelated(void);
 int dpcheck_unrelated(void) { return 0; }
