@@ -175,6 +175,38 @@ TEST_F(Audit, ReadOnlyOpensLeaveNoRecord) {
   EXPECT_EQ(run.log.records[0].flags, "r+");
 }
 
+// The mutants of the audit's judgement (audit_preload.cpp) reach the library only through
+// AuditOptions::mutant, which a property sets: a DPCHECK_AUDIT_MUTANT in the environment of whoever runs
+// an audit is removed, so it cannot weaken a user's audit. Each mutant, once set, loses exactly its call.
+TEST_F(Audit, MutantsReachTheLibraryOnlyThroughTheOptions) {
+  const std::string f = path("m.txt");
+  std::ofstream(f) << "x";
+  const std::vector<std::string> argv{DPCHECK_AUDIT_WRITER, "__open64_2", f, "fopen-mode", f, "r+",
+                                      "openat", dir_.string(), "n.txt"};
+  const auto calls = [&](const std::string& mutant, bool in_environment) {
+    AuditOptions options;
+    options.extra_env = {"RANK=1"};
+    if (in_environment) options.extra_env.push_back("DPCHECK_AUDIT_MUTANT=" + mutant);
+    else options.mutant = mutant;
+    options.library = DPCHECK_AUDIT_LIBRARY_FILE;
+    const RunResult run = run_audited(argv, options);
+    EXPECT_TRUE(run.succeeded()) << run.status_text();
+    std::vector<std::string> out;
+    for (const Record& r : run.log.records) out.push_back(r.call + " " + r.flags);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  const V all{"__open64_2 O_RDWR", "fopen r+", "openat O_WRONLY|O_CREAT|O_TRUNC"};
+  EXPECT_EQ(calls("", false), all);
+  ::setenv("DPCHECK_AUDIT_MUTANT", "audit-rdwr-not-a-write", 1);
+  EXPECT_EQ(calls("", false), all);
+  ::unsetenv("DPCHECK_AUDIT_MUTANT");
+  EXPECT_EQ(calls("audit-rdwr-not-a-write", true), all);
+  EXPECT_EQ(calls("audit-rdwr-not-a-write", false), (V{"fopen r+", "openat O_WRONLY|O_CREAT|O_TRUNC"}));
+  EXPECT_EQ(calls("audit-fopen-plus-ignored", false), (V{"__open64_2 O_RDWR", "openat O_WRONLY|O_CREAT|O_TRUNC"}));
+  EXPECT_EQ(calls("audit-openat-unrecorded", false), (V{"__open64_2 O_RDWR", "fopen r+"}));
+}
+
 TEST_F(Audit, RelativePathsAreMadeAbsolute) {
   fs::create_directories(path("sub"));
   const RunResult run = writer({"--quiet", "cd", dir_.string(), "creat", "rel.txt", "creat", "sub/../x.txt", "creat",

@@ -286,10 +286,14 @@ RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& 
   child.argv = argv;
   child.search_path = true;
   child.env_set = extra_env;
-  std::erase_if(child.env_set, [](const std::string& e) { return env_name(e) == "LD_PRELOAD"; });
+  std::erase_if(child.env_set, [](const std::string& e) {
+    return env_name(e) == "LD_PRELOAD" || env_name(e) == "DPCHECK_AUDIT_MUTANT";
+  });
   child.env_set.push_back("LD_PRELOAD=" + preload_with(existing_preload, lib.string()));
   child.env_set.push_back("DPCHECK_AUDIT_LOG=" + log.path().string());
   child.env_unset = options.unset;
+  if (options.mutant.empty()) child.env_unset.push_back("DPCHECK_AUDIT_MUTANT");
+  else child.env_set.push_back("DPCHECK_AUDIT_MUTANT=" + options.mutant);
   // The output file is opened by the child before the audit library is loaded: not a record.
   if (!options.output.empty()) {
     child.out = ChildOptions::Output::file;
