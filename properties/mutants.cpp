@@ -22,7 +22,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 33> kMutants{{
+constexpr std::array<MutantInfo, 36> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -97,6 +97,15 @@ constexpr std::array<MutantInfo, 33> kMutants{{
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",
      "every bound is three times what rounding needs: every check passes, and proves less"},
+    // The write audit's own judgement (src/audit/audit_preload.cpp, "mutants"): the audit library in every
+    // audited process takes the mutant from the property (audit::AuditOptions::mutant).
+    {"audit-rdwr-not-a-write", "audit_sees_every_write",
+     "the write audit takes an open with O_RDWR but no O_CREAT, O_TRUNC or O_APPEND for a read, missing an "
+     "in-place rewrite and a shared writable mmap"},
+    {"audit-fopen-plus-ignored", "audit_sees_every_write",
+     "the write audit takes every fopen mode that starts with 'r' for a read, \"r+\" included"},
+    {"audit-openat-unrecorded", "audit_sees_every_write",
+     "the write audit interposes openat but records nothing for it, as if programs called only open"},
 }};
 
 class SumNoAverage final : public ForwardingCommunicator {
@@ -424,6 +433,10 @@ class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
 }  // namespace
 
 std::span<const MutantInfo> mutants() { return kMutants; }
+
+std::string audit_mutant(std::string_view mutant) {
+  return mutant.starts_with("audit-") && find_mutant(mutant) != nullptr ? std::string(mutant) : std::string();
+}
 
 const MutantInfo* find_mutant(std::string_view name) {
   for (const MutantInfo& m : kMutants)

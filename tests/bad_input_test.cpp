@@ -444,6 +444,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"plant-writes --dir {d} --plant 1:open-rdwr:sideways:f", 2, {"'sideways' is neither abs nor rel"}},
       {"plant-writes --dir {d} --plant 1:open-rdwr:abs:../kept.json", 2, {"--plant", "inside the planted directory"}},
       {"plant-writes --dir {d} --plant 1:open-rdwr:abs:{d}/kept.json", 2, {"--plant", "inside the planted directory"}},
+      {"grad --model 4,1 --batch 8 --mutant audit-rdwr-not-a-write", 2, {"audit-rdwr-not-a-write", "audit_sees_every_write"}},
   };
 
   const fs::path d = dir_.path();
