@@ -60,6 +60,7 @@ void overflow_body(const Target& target, CaseRecord& record);
 void sampler_body(const Target& target, CaseRecord& record);
 void rank0_writes_body(const Target& target, CaseRecord& record);
 std::string rank0_writes_unavailable(const Target& target);
+void audit_writes_body(const Target& target, CaseRecord& record);
 void resume_body(const Target& target, CaseRecord& record);
 void optimizer_update_body(const Target& target, CaseRecord& record);
 void loss_body(const Target& target, CaseRecord& record);

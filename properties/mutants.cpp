@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "src/error.hpp"
+#include "src/json_limits.hpp"
 #include "src/low_precision.hpp"
 #include "src/rng.hpp"
 
@@ -23,7 +25,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 39> kMutants{{
+constexpr std::array<MutantInfo, 42> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -114,6 +116,15 @@ constexpr std::array<MutantInfo, 39> kMutants{{
     {"shuffle-modulo", "shuffle_follows_recipe",
      "the shuffle reduces 64 random bits modulo i + 1 instead of the recipe's multiply-and-reject: a valid, "
      "nearly unbiased permutation, but not the one another loader following the recipe draws"},
+    // The write audit's own judgement (src/audit/audit_preload.cpp, "mutants"): the audit library in every
+    // audited process takes the mutant from the property (audit::AuditOptions::mutant).
+    {"audit-rdwr-not-a-write", "audit_sees_every_write",
+     "the write audit takes an open with O_RDWR but no O_CREAT, O_TRUNC or O_APPEND for a read, missing an "
+     "in-place rewrite and a shared writable mmap"},
+    {"audit-fopen-plus-ignored", "audit_sees_every_write",
+     "the write audit takes every fopen mode that starts with 'r' for a read, \"r+\" included"},
+    {"audit-openat-unrecorded", "audit_sees_every_write",
+     "the write audit interposes openat but records nothing for it, as if programs called only open"},
 }};
 
 class SumNoAverage final : public ForwardingCommunicator {
@@ -445,7 +456,9 @@ class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
   static bool verifies(const std::filesystem::path& dir) {
     try {
       std::ifstream f(dir / "manifest.json");
-      const nlohmann::json m = nlohmann::json::parse(f);
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      check_json_depth(text, (dir / "manifest.json").string());
+      const nlohmann::json m = nlohmann::json::parse(text);
       const nlohmann::json& c = m.at("config");
       ModelConfig model;
       model.dims = parse_dims(c.at("model").get<std::string>());
@@ -461,6 +474,10 @@ class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
 }  // namespace
 
 std::span<const MutantInfo> mutants() { return kMutants; }
+
+std::string audit_mutant(std::string_view mutant) {
+  return mutant.starts_with("audit-") && find_mutant(mutant) != nullptr ? std::string(mutant) : std::string();
+}
 
 const MutantInfo* find_mutant(std::string_view name) {
   for (const MutantInfo& m : kMutants)

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "src/comm.hpp"
@@ -37,6 +38,9 @@ struct MutantInfo {
 std::span<const MutantInfo> mutants();
 const MutantInfo* find_mutant(std::string_view name);  // nullptr when unknown
 void require_known_mutant(std::string_view name);      // UsageError listing the names
+// The mutant for the write audit's library (audit::AuditOptions::mutant) when `mutant` breaks the audit's
+// own judgement (the rows named audit-...), else "".
+std::string audit_mutant(std::string_view mutant);
 
 // Fault injection, like Megatron's error injector: one element of one buffer changed at one step, so
 // that a check or a trace diff can be held to locating exactly it: the lowest mantissa bit flipped

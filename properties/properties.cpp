@@ -95,7 +95,7 @@ constexpr double kGradientPower = 0.9;
 // 50 cases); a bound three times looser than it is now stays below 0.12.
 constexpr double kBoundTightness = 0.12;
 
-constexpr std::array<PropertyDef, 15> kProperties{{
+constexpr std::array<PropertyDef, 16> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower},
@@ -145,6 +145,12 @@ constexpr std::array<PropertyDef, 15> kProperties{{
     {"bound_holds_for_any_summation_order",
      "the derived bound holds for float32 gradients summed in any order, with or without fused multiply-add",
      any_order_body, 1, nullptr, 0, kBoundTightness},
+    // A case is one launch of every planted call (about a second), so verify runs 4 of its 100 cases. It
+    // runs the write audit and a launcher, no collective or kernel of the target's.
+    {"audit_sees_every_write",
+     "the write audit reports every kind of write a rank other than 0 makes, naming its rank, path and call, and "
+     "neither rank 0's writes nor any rank's reads",
+     audit_writes_body, 25, rank0_writes_unavailable, 0, 0, false},
 }};
 
 }  // namespace

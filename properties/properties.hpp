@@ -25,6 +25,9 @@
 //                                         the bits of one all-reduce, every step
 //   bound_holds_for_any_summation_order   the bound itself: float32 gradients of small cases evaluated in
 //                                         many summation orders, with and without FMA, never exceed it
+//   audit_sees_every_write                the write audit itself: writes of every kind it claims to see,
+//                                         planted by ranks other than 0 in one launch, each reported with
+//                                         its rank, path and call; rank 0's and reads not reported
 #pragma once
 
 #include <cstdint>

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "properties/common.hpp"
+#include "properties/mutants.hpp"
 #include "src/audit/audit.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/process.hpp"
@@ -185,6 +186,9 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     if (target.process_world)
       options.unset = {"OMPI_COMM_WORLD", "OMPI_MCA_", "PMIX_", "PMI_", "OMPI_FILE", "OMPI_UNIVERSE"};
     options.output = output;
+    // A mutant of the audit's own judgement breaks this audit too: only_rank0_writes trusts the audit,
+    // and audit_sees_every_write is the property that must notice.
+    options.mutant = audit_mutant(target.mutant);
     const audit::RunResult run = audit::run_audited(argv, options);
 
     std::set<std::string> rank0_paths;

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "src/audit/audit.hpp"
+#include "src/audit/planted.hpp"
+#include "src/error.hpp"
 #include "src/process.hpp"
 #include "tests/test_support.hpp"
 
@@ -173,6 +175,65 @@ TEST_F(Audit, ReadOnlyOpensLeaveNoRecord) {
   ASSERT_EQ(run.log.records.size(), 1u);
   EXPECT_EQ(run.log.records[0].call, "fopen");
   EXPECT_EQ(run.log.records[0].flags, "r+");
+}
+
+// The mutants of the audit's judgement (audit_preload.cpp) reach the library only through
+// AuditOptions::mutant, which a property sets: a DPCHECK_AUDIT_MUTANT in the environment of whoever runs
+// an audit is removed, so it cannot weaken a user's audit. Each mutant, once set, loses exactly its call.
+TEST_F(Audit, MutantsReachTheLibraryOnlyThroughTheOptions) {
+  const std::string f = path("m.txt");
+  std::ofstream(f) << "x";
+  const std::vector<std::string> argv{DPCHECK_AUDIT_WRITER, "__open64_2", f, "fopen-mode", f, "r+",
+                                      "openat", dir_.string(), "n.txt"};
+  const auto calls = [&](const std::string& mutant, bool in_environment) {
+    AuditOptions options;
+    options.extra_env = {"RANK=1"};
+    if (in_environment) options.extra_env.push_back("DPCHECK_AUDIT_MUTANT=" + mutant);
+    else options.mutant = mutant;
+    options.library = DPCHECK_AUDIT_LIBRARY_FILE;
+    const RunResult run = run_audited(argv, options);
+    EXPECT_TRUE(run.succeeded()) << run.status_text();
+    std::vector<std::string> out;
+    for (const Record& r : run.log.records) out.push_back(r.call + " " + r.flags);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  const V all{"__open64_2 O_RDWR", "fopen r+", "openat O_WRONLY|O_CREAT|O_TRUNC"};
+  EXPECT_EQ(calls("", false), all);
+  ::setenv("DPCHECK_AUDIT_MUTANT", "audit-rdwr-not-a-write", 1);
+  EXPECT_EQ(calls("", false), all);
+  ::unsetenv("DPCHECK_AUDIT_MUTANT");
+  EXPECT_EQ(calls("audit-rdwr-not-a-write", true), all);
+  EXPECT_EQ(calls("audit-rdwr-not-a-write", false), (V{"fopen r+", "openat O_WRONLY|O_CREAT|O_TRUNC"}));
+  EXPECT_EQ(calls("audit-fopen-plus-ignored", false), (V{"__open64_2 O_RDWR", "openat O_WRONLY|O_CREAT|O_TRUNC"}));
+  EXPECT_EQ(calls("audit-openat-unrecorded", false), (V{"__open64_2 O_RDWR", "fopen r+"}));
+}
+
+// The planted calls of audit_sees_every_write: a plan's text form reads back as itself, bad forms are
+// refused naming the argument, and no call is made in a directory the property did not prepare.
+TEST(AuditPlants, TextReadsBackAndBadPlansAndDirectoriesAreRefused) {
+  for (const PlantKind& k : plant_kinds()) {
+    const Plant p{3, std::string(k.name), true, "sub/7-a b:\xc3\xa9"};
+    const Plant q = parse_plant(plant_text(p));
+    EXPECT_EQ(q.rank, p.rank);
+    EXPECT_EQ(q.kind, p.kind);
+    EXPECT_EQ(q.relative, p.relative);
+    EXPECT_EQ(q.name, p.name);
+  }
+  for (const char* bad : {"1:open-rdwr:abs", "x:open-rdwr:abs:f", "-1:open-rdwr:abs:f", "1:no-such-kind:abs:f",
+                          "1:open-rdwr:both:f", "1:open-rdwr:abs:", "1:open-rdwr:abs:/etc/f", "1:open-rdwr:abs:a/../../f",
+                          "1:open-rdwr:abs:d/"})
+    EXPECT_THROW(parse_plant(bad), UsageError) << bad;
+
+  const ScratchDir scratch;
+  const std::vector<Plant> plants{{0, "open-create", false, "made"}};
+  EXPECT_THROW(make_plants(scratch.path(), plants, 0), UsageError);
+  EXPECT_FALSE(fs::exists(scratch.path() / "made"));
+  prepare_plants(scratch.path(), plants);
+  make_plants(scratch.path(), plants, 1);  // not rank 1's
+  EXPECT_FALSE(fs::exists(scratch.path() / "made"));
+  make_plants(scratch.path(), plants, 0);
+  EXPECT_TRUE(fs::exists(scratch.path() / "made"));
 }
 
 TEST_F(Audit, RelativePathsAreMadeAbsolute) {

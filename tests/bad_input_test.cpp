@@ -518,6 +518,17 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"diff {d}/trace_deep.jsonl {d}/trace.jsonl", 2, {"trace_deep.jsonl:2", "nested deeper than 64"}},
       {"train --model 4,1 --resume {d}/ckpt_deep", 2, {"ckpt_deep"}},
       {"replay {d}/bundle_deep", 2, {"bundle_deep", "nested deeper than 64"}},
+      // plant-writes, the hidden ranks of audit_sees_every_write: the plan is read first, and nothing runs
+      // outside the write audit (nor outside a launcher, nor in a directory the property did not prepare).
+      {"plant-writes --plant 1:open-rdwr:abs:f", 2, {"--dir", "required"}},
+      {"plant-writes --dir {d} --plant 1:open-rdwr:abs:kept.json", 2, {"plant-writes", "DPCHECK_AUDIT_LOG"}},
+      {"plant-writes --dir {d} --plant 1:open-rdwr:abs", 2, {"--plant 1:open-rdwr:abs", "RANK:KIND:abs|rel:NAME"}},
+      {"plant-writes --dir {d} --plant one:open-rdwr:abs:f", 2, {"--plant one:open-rdwr:abs:f", "the rank 'one'"}},
+      {"plant-writes --dir {d} --plant 1:no-such-kind:abs:f", 2, {"unknown kind 'no-such-kind'", "open-rdwr"}},
+      {"plant-writes --dir {d} --plant 1:open-rdwr:sideways:f", 2, {"'sideways' is neither abs nor rel"}},
+      {"plant-writes --dir {d} --plant 1:open-rdwr:abs:../kept.json", 2, {"--plant", "inside the planted directory"}},
+      {"plant-writes --dir {d} --plant 1:open-rdwr:abs:{d}/kept.json", 2, {"--plant", "inside the planted directory"}},
+      {"grad --model 4,1 --batch 8 --mutant audit-rdwr-not-a-write", 2, {"audit-rdwr-not-a-write", "audit_sees_every_write"}},
   };
 
   const fs::path d = dir_.path();

@@ -115,6 +115,11 @@ std::optional<CaseSize> case_size(const std::string& text) {
     const std::string n = number_after(text, "data ", /*at_line_start=*/true);
     if (!n.empty() && n.find(',') == std::string::npos) s.examples = std::stoll(n);
   }
+  // A case of planted writes (audit_sees_every_write): "2 ranks, N planted calls: ...".
+  if (const std::size_t at = text.find(" planted call"); s.examples < 0 && at != std::string::npos && at > 0) {
+    const std::size_t from = text.find_last_not_of("0123456789", at - 1) + 1;
+    if (from < at) s.examples = std::stoll(text.substr(from, at - from));
+  }
   if (s.examples < 0) return std::nullopt;
   return s;
 }

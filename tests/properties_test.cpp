@@ -52,8 +52,21 @@ TEST(Properties, only_rank0_writes) {
   EXPECT_EQ(r.cases, options.cases);
 }
 
+// The write audit under planted writes of every kind: each case is one launch, so it runs a 25th of the
+// cases, as `dpcheck verify` runs it.
+TEST(Properties, audit_sees_every_write) {
+  const PropertyDef& p = find_property("audit_sees_every_write");
+  if (const std::string why = p.unavailable(Target{}); !why.empty()) GTEST_SKIP() << why;
+  RunOptions options;
+  options.cases = 100 / p.case_divisor;
+  options.seed = static_cast<std::uint64_t>(std::random_device{}());
+  const PropertyResult r = run_property(p, Target{}, options);
+  EXPECT_TRUE(r.passed) << "seed " << options.seed << ": " << r.failure << "\n" << r.counterexample;
+  EXPECT_EQ(r.cases, options.cases);
+}
+
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 15u);
+  ASSERT_EQ(properties().size(), 16u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;

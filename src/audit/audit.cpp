@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "src/error.hpp"
+#include "src/json_limits.hpp"
 #include "src/process.hpp"
 
 namespace dpcheck::audit {
@@ -82,7 +83,9 @@ Log parse_log(std::string_view text) {
     const std::string_view line = text.substr(start, end - start);
     start = end + 1;
     if (line.empty()) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    // A line nested past any real record is malformed like any other (and parsing it would overflow the stack).
+    const nlohmann::json j =
+        json_too_deep(line) ? nlohmann::json() : nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::string event = j.is_object() ? text_of(j, "event") : std::string();
     if (event == "start") {
       Process p;
@@ -286,10 +289,14 @@ RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& 
   child.argv = argv;
   child.search_path = true;
   child.env_set = extra_env;
-  std::erase_if(child.env_set, [](const std::string& e) { return env_name(e) == "LD_PRELOAD"; });
+  std::erase_if(child.env_set, [](const std::string& e) {
+    return env_name(e) == "LD_PRELOAD" || env_name(e) == "DPCHECK_AUDIT_MUTANT";
+  });
   child.env_set.push_back("LD_PRELOAD=" + preload_with(existing_preload, lib.string()));
   child.env_set.push_back("DPCHECK_AUDIT_LOG=" + log.path().string());
   child.env_unset = options.unset;
+  if (options.mutant.empty()) child.env_unset.push_back("DPCHECK_AUDIT_MUTANT");
+  else child.env_set.push_back("DPCHECK_AUDIT_MUTANT=" + options.mutant);
   // The output file is opened by the child before the audit library is loaded: not a record.
   if (!options.output.empty()) {
     child.out = ChildOptions::Output::file;

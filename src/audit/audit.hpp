@@ -113,11 +113,15 @@ RunResult run_audited(const std::vector<std::string>& argv, const std::vector<st
 // The same, for a caller that runs commands of its own (a property): `unset` removes variables whose
 // names start with one of its prefixes (a launcher started from inside an MPI job must not inherit that
 // job's OMPI_ and PMIX_ variables), and `output`, when set, receives the command's stdout and stderr.
+// `mutant` names a deliberately broken judgement of the audit library (audit_preload.cpp, "mutants"),
+// for a property that must catch it; every other run, `dpcheck audit`'s included, removes
+// DPCHECK_AUDIT_MUTANT from the command's environment, so no user's audit runs broken.
 struct AuditOptions {
   std::vector<std::string> extra_env;
   std::vector<std::string> unset;
   std::filesystem::path output;
   std::filesystem::path library;
+  std::string mutant;
 };
 RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& options);
 

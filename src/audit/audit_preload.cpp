@@ -365,7 +365,39 @@ void put_open_flags(Text& t, int flags) noexcept {
   }
 }
 
+// ---- mutants of the audit's own judgement ---------------------------------------------------------
+// The audit is held to a property like every other check (audit_sees_every_write, properties/
+// audit_writes.cpp): it plants writes of every kind on ranks other than 0, and each of these bugs, written
+// as a contributor might write it, must make that property fail (properties/mutants.cpp lists them).
+// DPCHECK_AUDIT_MUTANT names one; run_audited (src/audit/audit.hpp) sets it only for a property run
+// against that mutant and removes it from every other audited command, so `dpcheck audit` never runs
+// one. Set once by the constructor, before the program's threads exist.
+enum class Mutant { none, rdwr_not_a_write, fopen_plus_ignored, openat_unrecorded };
+constinit Mutant mutant = Mutant::none;
+
+Mutant mutant_from_environment() noexcept {
+  const char* m = ::getenv("DPCHECK_AUDIT_MUTANT");
+  if (m == nullptr) return Mutant::none;
+  if (::strcmp(m, "audit-rdwr-not-a-write") == 0) return Mutant::rdwr_not_a_write;
+  if (::strcmp(m, "audit-fopen-plus-ignored") == 0) return Mutant::fopen_plus_ignored;
+  if (::strcmp(m, "audit-openat-unrecorded") == 0) return Mutant::openat_unrecorded;
+  return Mutant::none;
+}
+
+// Whether the mutant drops the records of this call altogether.
+bool unrecorded_by_mutant(const char* call) noexcept {
+  // The bug: "openat is what the C library calls inside fopen; programs call open", so the interposed
+  // openat family passes through unrecorded.
+  return mutant == Mutant::openat_unrecorded &&
+         (::strncmp(call, "openat", 6) == 0 || ::strncmp(call, "__openat", 8) == 0);
+}
+
 bool open_writes(int flags) noexcept {
+  // The bug: "O_RDWR without O_CREAT, O_TRUNC or O_APPEND only reads what is there", which misses an
+  // in-place rewrite and the descriptor behind a shared writable mmap.
+  if (mutant == Mutant::rdwr_not_a_write)
+    return (flags & O_ACCMODE) == O_WRONLY || (flags & (O_CREAT | O_TRUNC | O_APPEND)) != 0 ||
+           (flags & O_TMPFILE) == O_TMPFILE;
   return (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC | O_APPEND)) != 0 ||
          (flags & O_TMPFILE) == O_TMPFILE;
 }
@@ -375,6 +407,8 @@ bool open_needs_mode(int flags) noexcept { return (flags & O_CREAT) != 0 || (fla
 // fopen's mode writes unless it is "r" with no '+' ("r", "rb", "re", "rm", "r,ccs=..." only read).
 bool fopen_writes(const char* mode) noexcept {
   if (mode == nullptr || mode[0] != 'r') return true;
+  // The bug: a mode that starts with 'r' reads, "r+" included.
+  if (mutant == Mutant::fopen_plus_ignored) return false;
   for (const char* m = mode; *m != '\0' && *m != ','; ++m)
     if (*m == '+') return true;
   return false;
@@ -472,6 +506,7 @@ struct Call {
 
 
 void record(const Call& call) noexcept {
+  if (unrecorded_by_mutant(call.name)) return;
   char buf[line_cap];
   Text line(buf, sizeof buf);
   put_common(line, "write");
@@ -529,6 +564,7 @@ __attribute__((constructor)) void on_load() {
   if (log == nullptr || *log == '\0' || ::strlen(log) >= sizeof load_log) return;
   ::strcpy(load_log, log);
   load_rank = rank_from_environment();
+  mutant = mutant_from_environment();
   ErrnoKeeper keep;
   char buf[line_cap];
   Text line(buf, sizeof buf);

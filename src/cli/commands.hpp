@@ -46,5 +46,6 @@ Runner add_conform(CLI::App& app);
 Runner add_replay(CLI::App& app);
 Runner add_diff(CLI::App& app);
 Runner add_drift(CLI::App& app);
+Runner add_plant_writes(CLI::App& app);  // hidden: the ranks of audit_sees_every_write
 
 }  // namespace dpcheck::cli

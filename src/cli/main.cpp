@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   add(cli::add_replay);
   add(cli::add_diff);
   add(cli::add_drift);
+  add(cli::add_plant_writes);
 
   // Under an MPI launcher every process joins the world before anything else, and the processes agree
   // on the command line: then every later decision, a parse error included, is the same on every rank,
@@ -82,7 +83,8 @@ int main(int argc, char** argv) {
         runners.end() == std::find_if(runners.begin(), runners.end(),
                                       [&](const auto& r) { return r.first->get_name() == args[0]; })) {
       std::string names;
-      for (const auto& [sub, runner] : runners) names += (names.empty() ? "" : ", ") + sub->get_name();
+      for (const auto& [sub, runner] : runners)
+        if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();
       throw UsageError("unknown command '" + args[0] + "' (choose " + names + ")");
     }
 
