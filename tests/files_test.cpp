@@ -71,7 +71,7 @@ TEST_F(FilesTest, AFailedWriteToANewFileLeavesNothing) {
 TEST_F(FilesTest, ADirectoryTargetFailsAtTheRenameAndLeavesNoTemporary) {
   fs::create_directory(dir_ / "d");
   const std::string msg = message_of<Error>([&] { write_file_atomic(dir_ / "d", "x"); });
-  EXPECT_NE(msg.find((dir_ / "d").string() + ": rename from "), std::string::npos) << msg;
+  EXPECT_NE(msg.find((dir_ / "d").string() + ": cannot replace it"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::strerror(EISDIR)), std::string::npos) << msg;
   EXPECT_EQ(listing(), std::vector<std::string>{"d"});
   EXPECT_TRUE(fs::is_directory(dir_ / "d"));
@@ -80,7 +80,7 @@ TEST_F(FilesTest, ADirectoryTargetFailsAtTheRenameAndLeavesNoTemporary) {
 TEST_F(FilesTest, AMissingDirectoryIsAnErrorNamingThePath) {
   const fs::path p = dir_ / "missing" / "out.json";
   const std::string msg = message_of<Error>([&] { write_file_atomic(p, "x"); });
-  EXPECT_EQ(msg.rfind(p.string() + ": cannot create temporary file ", 0), 0u) << msg;
+  EXPECT_EQ(msg.rfind(p.string() + ": cannot create a file beside it", 0), 0u) << msg;
   EXPECT_NE(msg.find(std::strerror(ENOENT)), std::string::npos) << msg;
   EXPECT_TRUE(listing().empty());
 }
