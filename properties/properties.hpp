@@ -88,6 +88,9 @@ struct PropertyDef {
   // Whether its cases call the target's plugins (a communicator's collectives, a kernel plugin's ops).
   // conform leaves out one that does not: it would check dpcheck, not the plugin.
   bool calls_plugins = true;
+  // Whether its cases train drawn scenarios, so that each case draws the target's formats
+  // (Target::drawn_precisions, drawn_allreduce_dtypes) where the user fixed none.
+  bool draws_formats = false;
 };
 
 // The failure probability per dot product of the probabilistic bound that the properties report beside

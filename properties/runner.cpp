@@ -69,13 +69,51 @@ void absorb(PropertyResult& out, const CaseRecord& r) {
   }
 }
 
+// A case's formats where verify draws them (Target::drawn_precisions, drawn_allreduce_dtypes).
+struct CaseFormats {
+  Precision precision = Precision::fp32;
+  DType allreduce_dtype = DType::f32;
+};
+
+void showValue(const CaseFormats& f, std::ostream& os) {
+  os << "formats: " << precision_name(f.precision) << " products, " << allreduce_dtype_name(f.allreduce_dtype)
+     << " all-reduce";
+}
+
+// Each list drawn uniformly (whatever the case's size), shrinking towards its first entry; a target's
+// own format where its list is empty.
+rc::Gen<CaseFormats> gen_formats(const Target& target) {
+  const std::vector<Precision> precisions =
+      target.drawn_precisions.empty() ? std::vector<Precision>{target.precision} : target.drawn_precisions;
+  const std::vector<DType> dtypes =
+      target.drawn_allreduce_dtypes.empty() ? std::vector<DType>{target.allreduce_dtype} : target.drawn_allreduce_dtypes;
+  return rc::gen::map(rc::gen::resize(100, rc::gen::pair(rc::gen::inRange<std::size_t>(0, precisions.size()),
+                                                         rc::gen::inRange<std::size_t>(0, dtypes.size()))),
+                      [precisions, dtypes](const std::pair<std::size_t, std::size_t>& i) {
+                        return CaseFormats{precisions[i.first], dtypes[i.second]};
+                      });
+}
+
 class Search {
  public:
   Search(const PropertyDef& property, const Target& target, const RunOptions& options, PropertyResult& out)
       : property_(rc::detail::toProperty([&property, &target, this] {
           if (fault_) std::rethrow_exception(fault_);  // no more cases, nor shrinking, once a plugin faulted
           try {
-            property.body(target, current_);
+            if (property.draws_formats && (!target.drawn_precisions.empty() || !target.drawn_allreduce_dtypes.empty())) {
+              // The formats drawn per case, as the first draw of the case: a failure shrinks towards
+              // float32, and the replay token holds the case's formats.
+              const CaseFormats f = *gen_formats(target);
+              Target drawn = target;
+              drawn.precision = f.precision;
+              drawn.allreduce_dtype = f.allreduce_dtype;
+              RC_CLASSIFY(f.precision != Precision::fp32, std::string(precision_name(f.precision)) + " products");
+              RC_CLASSIFY(f.allreduce_dtype != DType::f32,
+                          std::string(allreduce_dtype_name(f.allreduce_dtype)) + " all-reduce");
+              property.body(drawn, current_);
+            } else {
+              property.body(target, current_);
+            }
           } catch (const PluginFault&) {
             if (options_.plugin_fault_ends_run) fault_ = std::current_exception();
             throw;

@@ -12,8 +12,15 @@
 namespace dpcheck {
 
 std::string Target::describe() const {
-  const std::string format = tf32 ? " (tf32)" : precision != Precision::fp32 ? " (" + std::string(precision_name(precision)) + ")" : "";
-  return "engine " + engine + format + ", comm " + comm + (kernels.empty() ? "" : ", kernels " + kernels) +
+  std::string format = tf32 ? " (tf32)" : precision != Precision::fp32 ? " (" + std::string(precision_name(precision)) + ")" : "";
+  std::string drawn;
+  for (const Precision p : drawn_precisions) drawn += (drawn.empty() ? "" : ", ") + std::string(precision_name(p));
+  if (!drawn.empty()) format = " (" + drawn + " drawn per case)";
+  std::string allreduce;
+  for (const DType d : drawn_allreduce_dtypes)
+    allreduce += (allreduce.empty() ? ", all-reduce in " : " or ") + std::string(allreduce_dtype_name(d));
+  if (!allreduce.empty()) allreduce += " drawn per case";
+  return "engine " + engine + format + ", comm " + comm + allreduce + (kernels.empty() ? "" : ", kernels " + kernels) +
          ", mutant " + (mutant.empty() ? "none" : mutant);
 }
 
@@ -70,6 +77,24 @@ std::string gradient_allreduce_unsupported(const Target& target) {
   return comm_plugin_lacks(plugin, target.comm, target.allreduce_dtype, ReduceOp::avg);
 }
 
+namespace {
+
+bool formats_drawable(const Target& target) {
+  const MutantInfo* m = target.mutant.empty() ? nullptr : find_mutant(target.mutant);
+  return target.engine == "cpu" && !target.tf32 && !(m && !m->precision.empty());
+}
+
+}  // namespace
+
+bool precision_drawable(const Target& target) { return formats_drawable(target) && target.kernels.empty(); }
+
+bool allreduce_dtype_drawable(const Target& target) {
+  if (!formats_drawable(target)) return false;
+  Target bf16 = target;
+  bf16.allreduce_dtype = DType::bf16;
+  return gradient_allreduce_unsupported(bf16).empty();
+}
+
 void validate_target(const Target& target, GradientAllreduce gradient) {
   const Backend& backend = backend_of(target);
   (void)world_of_processes(backend, target.process_world);
@@ -115,8 +140,11 @@ std::string replay_command(const Target& target, const std::string& token) {
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
   if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
   if (target.tf32) cmd += " --tf32";
-  if (target.precision != Precision::fp32) cmd += " --precision " + std::string(precision_name(target.precision));
-  if (target.allreduce_dtype != DType::f32) cmd += " --allreduce-dtype " + std::string(allreduce_dtype_name(target.allreduce_dtype));
+  // A format the run fixed is named even at its default, where verify would otherwise draw it per case.
+  if (target.precision != Precision::fp32 || (target.drawn_precisions.empty() && precision_drawable(target)))
+    cmd += " --precision " + std::string(precision_name(target.precision));
+  if (target.allreduce_dtype != DType::f32 || (target.drawn_allreduce_dtypes.empty() && allreduce_dtype_drawable(target)))
+    cmd += " --allreduce-dtype " + std::string(allreduce_dtype_name(target.allreduce_dtype));
   if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and

@@ -30,6 +30,11 @@ struct Target {
   bool tf32 = false;           // cuda engine: TF32 matrix products
   Precision precision = Precision::fp32;  // --precision: the matrix products' input format
   DType allreduce_dtype = DType::f32;      // --allreduce-dtype: the gradient all-reduce's (verify's scenarios)
+  // verify without --precision or --allreduce-dtype on the cpu engine: the formats each case of a
+  // training property draws in their place (a failing case shrinks towards the first). Empty: the field
+  // above in every case.
+  std::vector<Precision> drawn_precisions;
+  std::vector<DType> drawn_allreduce_dtypes;
   std::chrono::milliseconds timeout = Communicator::default_timeout;
   // Process backends: this process's communicator over all ranks; each case runs on every process.
   Communicator* process_world = nullptr;
@@ -62,6 +67,12 @@ std::vector<PluginIdentity> target_plugins(const Target& target);
 // reason>"). conform, which reports what a plugin lacks row by row, leaves the last check out.
 enum class GradientAllreduce { required, not_required };
 void validate_target(const Target& target, GradientAllreduce gradient = GradientAllreduce::required);
+
+// Whether verify draws the precision, or the all-reduce's dtype, per case where no option fixes it: on
+// the cpu engine (no --tf32), the precision with its own kernels, the dtype where the communicator
+// takes a bf16 all-reduce; neither for a mutant of one precision's path, which runs in that precision.
+bool precision_drawable(const Target& target);
+bool allreduce_dtype_drawable(const Target& target);
 
 // "" when the target's communicator takes the gradient all-reduce training does (avg of
 // target.allreduce_dtype), else why not, naming the plugin, the dtype and the remedy.

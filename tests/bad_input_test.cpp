@@ -250,7 +250,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"verify --allreduce-dtype fp16 --report {d}/r.json", 2, {"unknown --allreduce-dtype 'fp16' (choose fp32 or bf16)"}},
       {"verify --allreduce-dtype bf16 --engine cuda --comm cuda-local --report {d}/r.json", 2,
        {"--allreduce-dtype bf16", "cpu engine"}},
-      {"verify --mutant bf16-accumulate --report {d}/r.json", 2, {"bf16-accumulate", "add --precision bf16"}},
+      {"verify --precision fp32 --mutant bf16-accumulate --report {d}/r.json", 2, {"bf16-accumulate", "add --precision bf16"}},
       {"verify --precision bf16 --mutant scaler-local-skip --report {d}/r.json", 2, {"add --precision fp16"}},
       {"train --model 4,1 --precision half --log {d}/l.json", 2, {"unknown --precision 'half'"}},
       {"train --model 4,1 --precision fp16 --engine cuda --comm cuda-local --tf32 --log {d}/l.json", 2, {"--precision fp16"}},

@@ -82,6 +82,52 @@ TEST_F(Cli, ListMutantsPrintsOneNameALine) {
   EXPECT_EQ(r.output, expected);
 }
 
+// Without --precision or --allreduce-dtype the cases draw both, so a plain `verify` reaches the bf16
+// and fp16 paths (its case-class lines say how often) and a plain --mutant reaches a precision's bug.
+TEST_F(Cli, VerifyDrawsTheFormatsAndAPrecisionMutantNeedsNoFlag) {
+  const CommandResult plain = run("verify --cases 60 --property gradient_average_matches_whole_batch");
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  EXPECT_NE(plain.output.find("(fp32, bf16, fp16 drawn per case)"), std::string::npos) << plain.output;
+  EXPECT_NE(plain.output.find("fp16 products"), std::string::npos) << plain.output;
+  EXPECT_NE(plain.output.find("bf16 products"), std::string::npos) << plain.output;
+  EXPECT_NE(plain.output.find("bf16 all-reduce"), std::string::npos) << plain.output;
+  const CommandResult fixed = run("verify --cases 20 --precision fp32 --allreduce-dtype fp32 "
+                                  "--property gradient_average_matches_whole_batch");
+  ASSERT_EQ(fixed.status, 0) << fixed.output;
+  EXPECT_EQ(fixed.output.find("drawn per case"), std::string::npos) << fixed.output;
+  EXPECT_EQ(fixed.output.find("products"), std::string::npos) << fixed.output;
+  for (const MutantInfo& m : mutants()) {
+    if (m.precision.empty() || !m.engine.empty()) continue;
+    const CommandResult r = run("verify --mutant " + std::string(m.name) + " --property " + std::string(m.caught_by) +
+                                " --reruns 1");
+    EXPECT_EQ(r.status, 1) << m.name << "\n" << r.output;
+    EXPECT_NE(r.output.find("--precision " + std::string(m.precision)), std::string::npos) << m.name << ": the replay line";
+  }
+}
+
+// A bf16 all-reduce that rounds at every hop, as a ring or NCCL does, takes up to N - 1 roundings
+// besides the inputs' and the result's; the bound allows N + 1. Through the shipped ring plugin at
+// N = 2..8 on correct code: no false alarm, and the largest error ratio of the gradient properties at
+// each N stays above a floor, so an allowance grown three times looser would show (measured with this
+// seed: 0.32 to 0.63 of the bound).
+TEST_F(Cli, RingPluginInBf16KeepsTheBoundAtEveryWorldSizeAndTheBoundIsNotSlack) {
+  constexpr double kFloor = 0.2;
+  for (int n = 2; n <= 8; ++n) {
+    const std::string report = path("ring-" + std::to_string(n) + ".json");
+    const CommandResult r = run(std::string("verify --comm ") + DPCHECK_RING_PLUGIN +
+                                " --precision fp32 --allreduce-dtype bf16 --world-size " + std::to_string(n) +
+                                " --cases 60 --seed 1 --quiet --property gradient_average_matches_whole_batch"
+                                " --property uneven_shares_match_whole_batch --property accumulation_matches_whole_batch"
+                                " --report " + report);
+    ASSERT_EQ(r.status, 0) << "N = " << n << "\n" << r.output;
+    const nlohmann::json j = nlohmann::json::parse(read_file(report));
+    double largest = 0;
+    for (const auto& p : j["properties"]) largest = std::max(largest, p["max_error_ratio"].get<double>());
+    EXPECT_LE(largest, 1.0) << "N = " << n;
+    EXPECT_GE(largest, kFloor) << "N = " << n << ": the bf16 all-reduce's allowance is slack\n" << r.output;
+  }
+}
+
 TEST_F(Cli, VerifyPassesAndWritesReports) {
   const CommandResult r = run("verify --cases 10 --report " + path("r.json") + " --junit " + path("j.xml"));
   ASSERT_EQ(r.status, 0) << r.output;

@@ -164,7 +164,10 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
                               def.min_tightness > 0 ? static_cast<int>(min_tightness_cases) : 0,
                               def.min_power > 0 ? static_cast<int>(min_probed_cases) : 0});
 
-  const std::string precision = m.precision.empty() ? "" : " --precision " + std::string(m.precision);
+  // The formats fixed (the mutant's precision, or float32): drawn formats shift every case's draws, and
+  // the minimal-case sizes below are judged on this seed's cases (cli_test checks the drawn formats).
+  const std::string precision =
+      " --precision " + std::string(m.precision.empty() ? "fp32" : m.precision) + " --allreduce-dtype fp32";
   const CommandResult o = run_command(
       verify_command(" --cases " + std::to_string(cases) + precision + " --mutant " + name + " --property " + property),
       kLimitS);
@@ -200,7 +203,9 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   ASSERT_TRUE(colon == (comes_and_goes ? replay_line->find(')') + 1 : 0)) << o.output;
   const std::string printed = replay_line->substr(colon + 2, replay_line->find('\n') - colon - 2);
   const std::string printed_launch = "mpirun -np " + std::to_string(kRanks) + " dpcheck";
-  const std::string rest = " verify --comm mpi" + precision + " --mutant " + name + " --reproduce '";
+  // A mutant of one precision's path names its precision alone: verify draws no format for it.
+  const std::string rest = " verify --comm mpi --precision " + std::string(m.precision.empty() ? "fp32" : m.precision) +
+                           (m.precision.empty() ? " --allreduce-dtype fp32" : "") + " --mutant " + name + " --reproduce '";
   ASSERT_EQ(printed.rfind(printed_launch + rest, 0), 0u) << printed;
 
   // Run as printed, with this build's launcher and binary in place of "mpirun" and "dpcheck" -- and,

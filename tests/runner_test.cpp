@@ -160,16 +160,28 @@ TEST_F(Runner, ABoundGrownLooseFails) {
 TEST(ReplayCommand, EveryBackend) {
   const std::string t = "p:c:0";
   Target local;
-  EXPECT_EQ(replay_command(local, t), "dpcheck verify --reproduce 'p:c:0'");
+  // Formats fixed at their defaults are named: verify would otherwise draw them per case.
+  EXPECT_EQ(replay_command(local, t), "dpcheck verify --precision fp32 --allreduce-dtype fp32 --reproduce 'p:c:0'");
+  Target drawn;
+  drawn.drawn_precisions = {Precision::fp32, Precision::bf16};
+  drawn.drawn_allreduce_dtypes = {DType::f32, DType::bf16};
+  EXPECT_EQ(replay_command(drawn, t), "dpcheck verify --reproduce 'p:c:0'");
+  Target fp16_mutant;
+  fp16_mutant.mutant = "fp16-no-scaling";
+  fp16_mutant.precision = Precision::fp16;
+  EXPECT_EQ(replay_command(fp16_mutant, t), "dpcheck verify --precision fp16 --mutant fp16-no-scaling --reproduce 'p:c:0'");
   local.world_size = 4;
   local.mutant = "allreduce-rank-order";
-  EXPECT_EQ(replay_command(local, t), "dpcheck verify --mutant allreduce-rank-order --world-size 4 --reproduce 'p:c:0'");
+  EXPECT_EQ(replay_command(local, t),
+            "dpcheck verify --precision fp32 --allreduce-dtype fp32 --mutant allreduce-rank-order --world-size 4 "
+            "--reproduce 'p:c:0'");
   LocalWorld world(3);
   Target mpi;
   mpi.comm = "mpi";
   mpi.process_world = &world.comm(0);
   mpi.world_size = 3;
-  EXPECT_EQ(replay_command(mpi, t), "mpirun -np 3 dpcheck verify --comm mpi --reproduce 'p:c:0'");
+  EXPECT_EQ(replay_command(mpi, t),
+            "mpirun -np 3 dpcheck verify --comm mpi --precision fp32 --allreduce-dtype fp32 --reproduce 'p:c:0'");
   Target cuda_local;
   cuda_local.engine = "cuda";
   cuda_local.comm = "cuda-local";
@@ -184,7 +196,9 @@ TEST(ReplayCommand, EveryBackend) {
   nccl_processes.process_world = &world.comm(0);
   EXPECT_EQ(replay_command(nccl_processes, t),
             "mpirun -np 3 dpcheck verify --engine cuda --comm nccl --tf32 --reproduce 'p:c:0'");
-  EXPECT_EQ(replay_command(local, "it's"), "dpcheck verify --mutant allreduce-rank-order --world-size 4 --reproduce 'it'\\''s'");
+  EXPECT_EQ(replay_command(local, "it's"),
+            "dpcheck verify --precision fp32 --allreduce-dtype fp32 --mutant allreduce-rank-order --world-size 4 "
+            "--reproduce 'it'\\''s'");
 }
 
 // The value of `flag` among the words of a command line, or "" when the flag is absent.

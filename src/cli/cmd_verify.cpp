@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -36,7 +37,19 @@ struct VerifyOptions {
   bool quiet = false;
   bool list_mutants = false;
   bool world_size_given = false;
+  bool precision_given = false, allreduce_dtype_given = false;
 };
+
+// The formats verify draws per case where no option fixes them (precision_drawable,
+// allreduce_dtype_drawable); a mutant of one precision's path runs in that precision, so that a plain
+// --mutant reaches its bug.
+void choose_formats(VerifyOptions& o) {
+  Target& t = o.target;
+  const MutantInfo* m = t.mutant.empty() ? nullptr : find_mutant(t.mutant);
+  if (!o.precision_given && m && !m->precision.empty()) t.precision = parse_precision(m->precision);
+  if (!o.precision_given && precision_drawable(t)) t.drawn_precisions = {Precision::fp32, Precision::bf16, Precision::fp16};
+  if (!o.allreduce_dtype_given && allreduce_dtype_drawable(t)) t.drawn_allreduce_dtypes = {DType::f32, DType::bf16};
+}
 
 std::string number(double v, const char* fmt = "%.3g") {
   char buf[32];
@@ -192,7 +205,10 @@ int run_verify(VerifyOptions& o) {
   const int world = resolve_world(o.target, o.target.world_size, o.world_size_given);
   if (o.target.process_world) o.target.world_size = world;
   // Each rank loads its own plugin: one that fails on one rank stops every rank at once.
-  agree_on_rank_inputs([&] { validate_target(o.target); });
+  agree_on_rank_inputs([&] {
+    choose_formats(o);
+    validate_target(o.target);
+  });
   if (o.world_size_given) {
     // The cases draw small models; the ranks themselves must fit (threads, and their replicas).
     RunSize run;
@@ -275,7 +291,15 @@ int run_verify(VerifyOptions& o) {
     if (!r.skipped.empty()) details << "\n" << r.name << ": skipped: " << r.skipped << "\n";
     if (r.distribution.empty()) continue;
     details << "\n" << r.name << ":";
-    for (const auto& [tag, count] : r.distribution) details << "\n  " << count << " of " << r.cases << " cases: " << tag;
+    // One line a class (the report's distribution keeps their combinations): how often each was reached.
+    std::map<std::string, int> per_class;
+    for (const auto& [key, count] : r.distribution)
+      for (std::size_t start = 0; start <= key.size();) {
+        const std::size_t end = std::min(key.find("; ", start), key.size());
+        per_class[key.substr(start, end - start)] += count;
+        start = end + 2;
+      }
+    for (const auto& [tag, count] : per_class) details << "\n  " << count << " of " << r.cases << " cases: " << tag;
     details << "\n";
   }
   bool any_closest = false;
@@ -339,6 +363,25 @@ Runner add_verify(CLI::App& app) {
   auto o = std::make_shared<VerifyOptions>();
   CLI::App* sub = app.add_subcommand("verify", "Run every property against the CPU engine and local backend "
                                                "(or the chosen target) and print one table");
+  sub->footer(
+      "What the cases draw (each property's case-class lines show how often each was reached):\n"
+      "  every training property  the model (1-4 layers, widths, relu/tanh/identity, mse/cross-entropy), the\n"
+      "                           batch and a data set of 1-3 batches, the world size (1-8), the split\n"
+      "                           (strided, contiguous), the policy (pad, drop-last, uneven), shuffling, the\n"
+      "                           optimizer (sgd, momentum, adam) and its rate, steps, the step checked, the\n"
+      "                           seed, sizes on both sides of the communicator's algorithm thresholds; on\n"
+      "                           the cpu engine, unless fixed by an option, the precision (fp32, bf16, fp16\n"
+      "                           with dynamic loss scaling) and the all-reduce dtype (fp32, bf16)\n"
+      "  accumulation             2-4 micro-batches per rank (bucketing too)\n"
+      "  checkpoint resume        the step at which training is checkpointed and resumed\n"
+      "  buckets                  the bucket size (one element, splitting a weight, a whole layer or more)\n"
+      "  loss scaler              overflow patterns on a drawn rank, growth intervals, factors, first\n"
+      "                           scales, and a resume at any step (mid-interval too)\n"
+      "  learning-rate schedule   --warmup-steps 0-6 and --linear-scaling\n"
+      "  shuffle                  64-bit seeds and epochs up to 2^40\n"
+      "A mutant of one precision's path runs in that precision unless --precision is given.\n"
+      "Exit status: 0 every property passed; 1 a property failed (with its minimal case and replay line);\n"
+      "2 bad usage; 3 a runtime fault (a plugin's error, a launcher's).");
   sub->add_option("--world-size", o->target.world_size, "Fix the number of ranks (default: each case draws 1-8)");
   sub->add_option("--cases", o->cases, "Cases per property (default 100)");
   o->seed_option.add_to(*sub, "RapidCheck seed; the same seed runs the same cases");
@@ -365,6 +408,8 @@ Runner add_verify(CLI::App& app) {
   return [o, sub] {
     o->world_size_given = sub->count("--world-size") > 0;
     o->reproduce_given = sub->count("--reproduce") > 0;
+    o->precision_given = sub->count("--precision") > 0;
+    o->allreduce_dtype_given = sub->count("--allreduce-dtype") > 0;
     if (sub->count("--comm") == 0) o->target.comm = default_comm(o->target.engine);
     return run_verify(*o);
   };
