@@ -171,7 +171,10 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     const Backend& row = backend_for(target.engine, target.comm);
     const bool own_comm = target.engine == "cpu" && row.may_run_under_launcher();
     argv.insert(argv.end(), {"--comm", own_comm ? target.comm : "mpi", "--checkpoint-dir", checkpoints.string(), "--checkpoint-every", "1",
-                            "--log", log.string(), "--timeout", "60"});
+                            "--log", log.string(), "--timeout", "60",
+                            // A run that fails a check leaves its bundle in the scratch folder, not in the
+                            // user's working directory.
+                            "--bundle-dir", (dir / "bundles").string()});
     if (resume) argv.insert(argv.end(), {"--resume", checkpoints.string()});
     if (!target.mutant.empty()) argv.insert(argv.end(), {"--mutant", target.mutant});
     // A kernel plugin runs in every rank's process: one that writes a file breaks the promise too.
