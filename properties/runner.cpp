@@ -9,6 +9,7 @@
 #include <rapidcheck.h>
 
 #include "properties/replay.hpp"
+#include "properties/scenario.hpp"
 #include "src/error.hpp"
 #include "src/rng.hpp"
 
@@ -87,8 +88,8 @@ rc::Gen<CaseFormats> gen_formats(const Target& target) {
       target.drawn_precisions.empty() ? std::vector<Precision>{target.precision} : target.drawn_precisions;
   const std::vector<DType> dtypes =
       target.drawn_allreduce_dtypes.empty() ? std::vector<DType>{target.allreduce_dtype} : target.drawn_allreduce_dtypes;
-  return rc::gen::map(rc::gen::resize(100, rc::gen::pair(rc::gen::inRange<std::size_t>(0, precisions.size()),
-                                                         rc::gen::inRange<std::size_t>(0, dtypes.size()))),
+  return rc::gen::map(uniform(rc::gen::pair(rc::gen::inRange<std::size_t>(0, precisions.size()),
+                                            rc::gen::inRange<std::size_t>(0, dtypes.size()))),
                       [precisions, dtypes](const std::pair<std::size_t, std::size_t>& i) {
                         return CaseFormats{precisions[i.first], dtypes[i.second]};
                       });

@@ -62,14 +62,6 @@ void showValue(const Scenario& s, std::ostream& os) { os << s.describe(); }
 
 namespace {
 
-// RapidCheck scales a range with the case's size, so early cases draw near its start: right for widths
-// and batches (small cases first), wrong for what every case should cover whatever its size (which step,
-// how many steps, which side of a threshold). Those draw from the whole range, and still shrink.
-template <class T>
-rc::Gen<T> uniform(rc::Gen<T> g) {
-  return rc::gen::resize(100, std::move(g));
-}
-
 // Widens the first hidden layer (the input, for one layer) until the model has more than `count`
 // parameters, so that one all-reduce of its gradient crosses that threshold.
 void grow_past(std::vector<int>& dims, std::size_t count) {
