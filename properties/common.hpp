@@ -69,5 +69,6 @@ void bucketing_body(const Target& target, CaseRecord& record);
 void loss_scaler_body(const Target& target, CaseRecord& record);
 void lr_schedule_body(const Target& target, CaseRecord& record);
 void shuffle_body(const Target& target, CaseRecord& record);
+void tools_body(const Target& target, CaseRecord& record);
 
 }  // namespace dpcheck

@@ -79,8 +79,14 @@ StepFailure StepFailure::from_json(const nlohmann::json& j) {
   return f;
 }
 
-bool StepFailure::same_place(const StepFailure& o) const {
-  return kind == o.kind && step == o.step && rank == o.rank && element == o.element;
+bool StepFailure::same_place(const StepFailure& o, std::string_view mutant) const {
+  return kind == o.kind && step == o.step && rank == o.rank &&
+         (element == o.element || mutant == "replay-same-place-ignores-element");
+}
+
+ReplayVerdict replay_verdict(const StepFailure& recorded, const std::optional<StepFailure>& replayed, std::string_view mutant) {
+  if (!replayed || !replayed->same_place(recorded, mutant)) return ReplayVerdict::not_reproduced;
+  return replayed->message == recorded.message ? ReplayVerdict::bit_for_bit : ReplayVerdict::same_place;
 }
 
 std::string StepFailure::where() const {
@@ -675,6 +681,11 @@ DriftReport rounding_or_bug(const Target targets[2], const CheckpointRun runs[2]
       const ReplayResult r = replay_step(t, in);
       for (const PhaseRatio& p : r.phases) row.ratio[k] = std::max(row.ratio[k], p.ratio);
       row.where[k] = r.first_out_of_bound;
+      if (t.mutant == "drift-judges-update-only") {
+        row.where[k].clear();
+        for (const PhaseRatio& p : r.phases)
+          if (row.where[k].empty() && p.phase == "optimizer" && p.ratio > 1.0) row.where[k] = "optimizer on rank " + std::to_string(p.rank);
+      }
       const Checkpoint next = load(runs[k], s + 1);
       row.same_bits[k] = r.params_after == next.params && r.state_after == next.optimizer_state;
       after[k] = next.params;

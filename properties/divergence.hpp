@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,8 +41,9 @@ struct StepFailure {
 
   nlohmann::json to_json() const;
   static StepFailure from_json(const nlohmann::json& j);  // UsageError naming the field
-  // The same verdict at the same place: kind, step, rank and element.
-  bool same_place(const StepFailure& other) const;
+  // The same verdict at the same place: kind, step, rank and element (the mutant
+  // "replay-same-place-ignores-element" leaves the element out; any other name keeps it).
+  bool same_place(const StepFailure& other, std::string_view mutant = {}) const;
   std::string where() const;  // "step 3, rank 1, layers.0.weight[3, 1]"
 };
 
@@ -182,6 +184,13 @@ struct ReplayInput {
 // Trains on `target` from the checkpoint up to `input.step`, runs that step with the given checks, and
 // measures every phase of it on every rank against the float64 reference.
 ReplayResult replay_step(const Target& target, const ReplayInput& input);
+
+// What replay says of a recorded failure from the replayed step's: the same verdict at the same place
+// with the same message, at the same place with other values, or not reproduced (no failure, or one
+// elsewhere). `mutant` is the replay target's (StepFailure::same_place).
+enum class ReplayVerdict { bit_for_bit, same_place, not_reproduced };
+ReplayVerdict replay_verdict(const StepFailure& recorded, const std::optional<StepFailure>& replayed,
+                             std::string_view mutant = {});
 
 // ---- rounding or bug ----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 42> kMutants{{
+constexpr std::array<MutantInfo, 45> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -123,6 +123,16 @@ constexpr std::array<MutantInfo, 42> kMutants{{
      "in-place rewrite and a shared writable mmap"},
     {"audit-fopen-plus-ignored", "audit_sees_every_write",
      "the write audit takes every fopen mode that starts with 'r' for a read, \"r+\" included"},
+    // The divergence tools' own (properties/tools.cpp).
+    {"trace-digest-prefix", "divergence_tools_name_the_difference",
+     "the trace hashes a tensor's (and an index list's) element count in bytes, not its size in bytes: the "
+     "digest covers the first quarter of a tensor, so a difference late in it goes unseen"},
+    {"replay-same-place-ignores-element", "divergence_tools_name_the_difference",
+     "replay's \"same place\" compares the kind, step and rank of the failures but not the element, so a "
+     "failure elsewhere in the same tensor counts as reproduced"},
+    {"drift-judges-update-only", "divergence_tools_name_the_difference",
+     "drift calls a step a bug only when the optimizer's update leaves the bound, so a bug in the gradient "
+     "(whose update is right for the wrong gradient) is called rounding"},
     {"audit-openat-unrecorded", "audit_sees_every_write",
      "the write audit interposes openat but records nothing for it, as if programs called only open"},
 }};
@@ -537,12 +547,47 @@ OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig
   return config;
 }
 
+std::string_view fault_phase_name(FaultPhase phase) {
+  switch (phase) {
+    case FaultPhase::data: return "data";
+    case FaultPhase::local_gradient: return "local gradient";
+    case FaultPhase::all_reduce: return "all-reduce";
+    case FaultPhase::update: return "update";
+    case FaultPhase::optimizer_state: return "optimizer state";
+  }
+  return "?";
+}
+
+std::string Fault::describe() const {
+  const char* what = phase == FaultPhase::data               ? "a replaced example"
+                     : kind == FaultKind::flip_low_bit       ? "a flipped low bit"
+                     : kind == FaultKind::nan                ? "a NaN"
+                     : kind == FaultKind::bug                ? "a bug-sized change"
+                                                             : "this rank's own input left";
+  return std::string(what) + " in the " + std::string(fault_phase_name(phase)) + " of rank " + std::to_string(rank) +
+         (phase == FaultPhase::all_reduce ? " at data all-reduce " : " at step ") + std::to_string(step) +
+         (phase == FaultPhase::data ? ", position " : ", element ") + std::to_string(element);
+}
+
+namespace {
+
+// What a fault of this kind makes of v (keep_input: the caller's).
+float faulted(float v, FaultKind kind) {
+  switch (kind) {
+    case FaultKind::nan: return std::numeric_limits<float>::quiet_NaN();
+    case FaultKind::bug: return v + 0.25f * std::max(std::fabs(v), 1.0f);
+    default: return std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) ^ 1u);
+  }
+}
+
+}  // namespace
+
 void inject_fault(const MemoryService& memory, float* buf, std::size_t n, const Fault& fault) {
   if (n == 0) return;
   float* at = buf + std::min(fault.element, n - 1);
   float v = 0;
   memory.copy_to_host(at, &v, 1);
-  v = fault.kind == FaultKind::nan ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) ^ 1u);
+  v = faulted(v, fault.kind);
   memory.copy_from_host(&v, at, 1);
 }
 
@@ -562,8 +607,7 @@ class FaultCommunicator final : public ForwardingCommunicator {
     float v = input;
     if (fault_.kind != FaultKind::keep_input) {
       inner_.to_host(at, &v, sizeof v);
-      v = fault_.kind == FaultKind::nan ? std::numeric_limits<float>::quiet_NaN()
-                                        : std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) ^ 1u);
+      v = faulted(v, fault_.kind);
     }
     inner_.from_host(&v, at, sizeof v);
   }
@@ -579,16 +623,34 @@ class FaultTrainer final : public Trainer {
                const DistributedSampler& sampler, const Dataset& data)
       : Trainer(config, comm, engine, optimizer, sampler, data), fault_(fault) {}
 
+  std::vector<std::int64_t> local_indices(std::int64_t step) const override {
+    std::vector<std::int64_t> idx = Trainer::local_indices(step);
+    if (fault_.phase == FaultPhase::data && now(step) && !idx.empty()) {
+      std::int64_t& at = idx[std::min(fault_.element, idx.size() - 1)];
+      at = (at + 1) % data().size();
+    }
+    return idx;
+  }
+
  protected:
   void local_gradient_ready(std::int64_t step) override {
-    // The fault's step, or (fault.step < 0) every step from -fault.step on.
-    const bool now = fault_.step >= 0 ? step == fault_.step : step >= -fault_.step;
-    if (now && rank() == fault_.rank) inject_fault(engine().memory(), engine().grads(), engine().param_count(), fault_);
+    if (fault_.phase == FaultPhase::local_gradient && now(step))
+      inject_fault(engine().memory(), engine().grads(), engine().param_count(), fault_);
+  }
+  void update_done(std::int64_t step) override {
+    if (!now(step)) return;
+    if (fault_.phase == FaultPhase::update) inject_fault(engine().memory(), engine().params(), engine().param_count(), fault_);
+    if (fault_.phase == FaultPhase::optimizer_state)
+      inject_fault(engine().memory(), optimizer().state(), optimizer().state_size(), fault_);
   }
   // The fault goes into the whole local gradient, so buckets start after it.
   bool overlaps_backward() const override { return false; }
 
  private:
+  // The fault's step on its rank, or (fault.step < 0) every step from -fault.step on.
+  bool now(std::int64_t step) const {
+    return rank() == fault_.rank && (fault_.step >= 0 ? step == fault_.step : step >= -fault_.step);
+  }
   Fault fault_;
 };
 

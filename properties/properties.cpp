@@ -95,7 +95,7 @@ constexpr double kGradientPower = 0.9;
 // 50 cases); a bound three times looser than it is now stays below 0.12.
 constexpr double kBoundTightness = 0.12;
 
-constexpr std::array<PropertyDef, 16> kProperties{{
+constexpr std::array<PropertyDef, 17> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower, 0, true, true},
@@ -152,6 +152,11 @@ constexpr std::array<PropertyDef, 16> kProperties{{
      "the write audit reports every kind of write a rank other than 0 makes, naming its rank, path and call, and "
      "neither rank 0's writes nor any rank's reads",
      audit_writes_body, 25, rank0_writes_unavailable, 0, 0, false},
+    {"divergence_tools_name_the_difference",
+     "with one difference planted in a run (examples, local gradient, all-reduce, update or optimizer state, at a "
+     "drawn step, rank and element), diff names it first, a bundle replays as reproduced only at its own kind, "
+     "step, rank and element, and drift calls rounding rounding and a bug a bug, where it is",
+     tools_body},
 }};
 
 }  // namespace

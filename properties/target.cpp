@@ -196,7 +196,10 @@ reference::GradientBound sharded_gradient_bound(const reference::GradientBound& 
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
   const auto with_mutant = [&](Communicator& comm) {
     std::unique_ptr<Communicator> wrapped = mutant_communicator(target.mutant, comm);
-    fn(wrapped ? *wrapped : comm);
+    Communicator& inner = wrapped ? *wrapped : comm;
+    std::unique_ptr<Communicator> faulty;
+    if (target.fault && target.fault->phase == FaultPhase::all_reduce) faulty = fault_communicator(inner, *target.fault);
+    fn(faulty ? *faulty : inner);
   };
   const Backend& backend = backend_of(target);
   if (Communicator* world = world_of_processes(backend, target.process_world)) {
@@ -263,7 +266,10 @@ RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, C
   r.optimizer = make_optimizer(target, config.optimizer_for(world), r.engine->param_count(), comm.rank(), world,
                                r.engine->stream());
   r.sampler = make_sampler(target, config.sampler(world));
-  r.trainer = mutant_trainer(target.mutant, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
+  if (target.fault && target.fault->phase != FaultPhase::all_reduce)
+    r.trainer = fault_trainer(*target.fault, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
+  else
+    r.trainer = mutant_trainer(target.mutant, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
   if (!r.trainer) r.trainer = std::make_unique<Trainer>(config, comm, *r.engine, *r.optimizer, *r.sampler, data);
   return r;
 }

@@ -6,9 +6,11 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "properties/mutants.hpp"
 #include "reference/bound.hpp"
 #include "src/backends.hpp"
 #include "src/comm.hpp"
@@ -36,6 +38,10 @@ struct Target {
   std::vector<Precision> drawn_precisions;
   std::vector<DType> drawn_allreduce_dtypes;
   std::chrono::milliseconds timeout = Communicator::default_timeout;
+  // A fault planted by a property that holds the divergence tools to locating it (properties/tools.cpp):
+  // run_world's communicator takes an all-reduce fault, make_rank_trainer's trainer any other. An
+  // all-reduce fault counts the calls of each run_world from 0.
+  std::optional<Fault> fault;
   // Process backends: this process's communicator over all ranks; each case runs on every process.
   Communicator* process_world = nullptr;
 

@@ -98,14 +98,17 @@ std::vector<TensorSummary> TraceRecorder::tensors(const float* flat, std::size_t
   DPCHECK_ASSERT(n >= layout_.size());
   std::vector<TensorSummary> out;
   out.reserve(layout_.slices().size());
-  for (const Slice& s : layout_.slices()) out.push_back(summarize({flat + s.offset, s.size()}));
+  for (const Slice& s : layout_.slices()) {
+    out.push_back(summarize({flat + s.offset, s.size()}));
+    if (prefix_digest_) out.back().digest = hash_bytes(flat + s.offset, s.size());
+  }
   return out;
 }
 
 void TraceRecorder::local_gradient(Trainer& trainer, std::int64_t step, double, std::int64_t) {
   const std::vector<std::int64_t> idx = trainer.local_indices(step);
   indices_count_ = static_cast<std::int64_t>(idx.size());
-  indices_digest_ = hash_bytes(idx.data(), idx.size() * sizeof(std::int64_t));
+  indices_digest_ = hash_bytes(idx.data(), idx.size() * (prefix_digest_ ? 1 : sizeof(std::int64_t)));
   local_ = gradient_tensors(trainer.engine());
 }
 

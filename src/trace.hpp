@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +63,10 @@ class TraceRecorder final : public StepObserver {
   void record(CollectiveRecord record) { calls_.push_back(std::move(record)); }
   std::int64_t next_seq() { return seq_++; }
 
+  // The mutant "trace-digest-prefix" (properties/mutants.cpp), which breaks the digests; any other name
+  // leaves them whole.
+  void set_mutant(std::string_view mutant) { prefix_digest_ = mutant == "trace-digest-prefix"; }
+
   // This rank's part of the step's line.
   nlohmann::json rank_part(int rank) const;
 
@@ -83,6 +88,7 @@ class TraceRecorder final : public StepObserver {
   std::vector<std::vector<TensorSummary>> state_;
   std::vector<CollectiveRecord> calls_;
   std::int64_t seq_ = 0;
+  bool prefix_digest_ = false;
 };
 
 // Forwards every call to `inner` and records each data collective, with digests of its input and

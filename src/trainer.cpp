@@ -402,6 +402,7 @@ StepResult Trainer::step() {
     r.buckets_overlapped = reducer_->launched_early();
     r.buckets_may_overlap = buckets_overlap();
   }
+  update_done(r.step);
   if (observer_) observer_->updated(*this, r.step);
   r.replicas = check_replicas(comm_, engine_, optimizer_, r.step, scaler_.enabled() ? &scaler_.state() : nullptr);
   ++next_step_;

@@ -129,7 +129,8 @@ class Trainer {
   };
   virtual Slot slot(int rank, std::int64_t step) const;
   std::int64_t global_batch(std::int64_t step) const;
-  std::vector<std::int64_t> local_indices(std::int64_t step) const;
+  // This rank's examples at a step: its slot of its share (a fault-injecting trainer changes one).
+  virtual std::vector<std::int64_t> local_indices(std::int64_t step) const;
 
   // Every rank's examples at a step, concatenated in rank order: the global batch that the all-reduced
   // gradient must equal the gradient of. Computed from the sampler alone, with no communication.
@@ -182,6 +183,9 @@ class Trainer {
   // Called when the rank's local gradient is ready, before the observer sees it and before the
   // all-reduce: a fault-injecting trainer (a mutant) changes it here.
   virtual void local_gradient_ready(std::int64_t /*step*/) {}
+  // Called after the optimizer step, before the observer sees it and before the replica check: a
+  // fault-injecting trainer changes a parameter or an optimizer state element here.
+  virtual void update_done(std::int64_t /*step*/) {}
   // The mean loss over the global batch from this rank's sum of per-example losses (a collective).
   virtual double global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t global);
   // The scale this rank's backward pass runs at and its gradient is unscaled by: the scaler's.

@@ -1,6 +1,6 @@
 // The divergence tools held to their promises, each against planted faults:
-//   trace_diff_locates_first_divergence: two runs that differ by one fault at a drawn step, phase, rank
-//     and element are diffed to exactly that step, phase, rank and tensor (or all-reduce call);
+//   (two runs that differ by one planted fault, diffed, replayed and drifted: the property
+//     divergence_tools_name_the_difference, properties/tools.cpp)
 //   live_gradient_check_catches: with --check-gradient-every 1, each gradient mutant fails training at
 //     the very step where the offline property (check_sharded_gradient) first fails, and never where it
 //     passes;
@@ -37,81 +37,6 @@ void PrintTo(const MutantInfo& m, std::ostream* os) { *os << m.name; }
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Injected {
-  Fault fault;
-  bool in_allreduce = false;  // the output of one all-reduce; else a rank's local gradient
-};
-
-// Trains the scenario on the default target with the recorder on, the fault (if any) injected, and
-// writes the trace to `file`.
-void traced_run(const Scenario& s, const std::optional<Injected>& injected, const fs::path& file) {
-  Target target;
-  target.world_size = s.world_size;
-  const SyntheticDataset data(s.train.data_size(), s.train.model, s.train.seed);
-  const std::vector<std::string> state_names = make_cpu_optimizer(s.train.optimizer, 0)->state_names();
-  std::vector<std::string> lines;
-  std::mutex mu;
-  run_world(target, s.world_size, [&](Communicator& world_comm) {
-    TraceRecorder recorder(s.train.model, state_names);
-    std::unique_ptr<Communicator> faulty;
-    if (injected && injected->in_allreduce) faulty = fault_communicator(world_comm, injected->fault);
-    // The recorder sees what the trainer sends and receives: the fault's result included.
-    TracingCommunicator comm(faulty ? *faulty : world_comm, recorder);
-    RankTrainer rt = make_rank_trainer(target, s.train, comm, data);
-    if (injected && !injected->in_allreduce)
-      rt.trainer = fault_trainer(injected->fault, s.train, comm, *rt.engine, *rt.optimizer, *rt.sampler, data);
-    rt.trainer->set_observer(&recorder);
-    while (rt.trainer->next_step() < s.train.steps) {
-      const StepResult r = rt.trainer->step();
-      const nlohmann::json line = recorder.finish_step(comm.host(), r.step, {{"loss", r.loss}});
-      if (comm.rank() != 0) continue;
-      const std::lock_guard<std::mutex> lock(mu);
-      lines.push_back(line.dump());
-    }
-  });
-  std::ofstream out(file);
-  out << trace_header(s.train.to_json(s.world_size), {{"engine", "cpu"}}, s.world_size, s.train.model, state_names).dump()
-      << "\n";
-  for (const std::string& l : lines) out << l << "\n";
-}
-
-TEST(Divergence, TraceDiffLocatesFirstDivergence) {
-  const ScratchDir dir;
-  const bool ok = rc::check("trace_diff_locates_first_divergence", [&] {
-    ScenarioSpace space;
-    space.min_world_size = 2;
-    space.max_world_size = 4;
-    space.max_layers = 2;
-    space.max_width = 12;
-    space.max_batch = 24;
-    space.max_steps = 4;
-    const Scenario s = *gen_scenario(space);
-    const ParamLayout layout(s.train.model);
-    Injected in;
-    in.in_allreduce = *rc::gen::arbitrary<bool>();
-    in.fault.step = *rc::gen::inRange(0, s.train.steps);  // one data all-reduce a step: the call is the step
-    in.fault.rank = *rc::gen::inRange(0, s.world_size);
-    in.fault.element = *rc::gen::inRange<std::size_t>(0, layout.size());
-    in.fault.kind = *rc::gen::element(FaultKind::flip_low_bit, FaultKind::nan);
-    traced_run(s, std::nullopt, dir.path() / "a.jsonl");
-    traced_run(s, in, dir.path() / "b.jsonl");
-    const TraceDiff d = diff_traces(dir.path() / "a.jsonl", dir.path() / "b.jsonl");
-    RC_ASSERT(d.first() != nullptr);
-    const TraceMismatch& m = *d.first();
-    RC_ASSERT(m.step == in.fault.step);
-    RC_ASSERT(m.rank == in.fault.rank);
-    if (in.in_allreduce) {
-      RC_ASSERT(m.phase == TracePhase::all_reduce);
-      RC_ASSERT(m.item.find("seq " + std::to_string(in.fault.step) + " allreduce") != std::string::npos);
-      RC_ASSERT(m.item.ends_with(" out"));
-    } else {
-      RC_ASSERT(m.phase == TracePhase::local_gradient);
-      RC_ASSERT(m.item == "local_grad " + layout.slice_at(in.fault.element).name);
-    }
-  });
-  EXPECT_TRUE(ok);
-}
 
 // The step at which live training with --check-gradient-every 1 fails (-1: it does not).
 std::int64_t live_failing_step(const Scenario& s, const Target& target) {

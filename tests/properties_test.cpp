@@ -39,6 +39,7 @@ TEST(Properties, bound_holds_for_any_summation_order) { check_property("bound_ho
 TEST(Properties, shuffle_follows_recipe) { check_property("shuffle_follows_recipe"); }
 TEST(Properties, loss_scaler_follows_gradscaler) { check_property("loss_scaler_follows_gradscaler"); }
 TEST(Properties, lr_schedule_follows_goyal) { check_property("lr_schedule_follows_goyal"); }
+TEST(Properties, divergence_tools_name_the_difference) { check_property("divergence_tools_name_the_difference"); }
 // Its cases launch processes under the write audit (about a second each), so it runs a tenth of the
 // cases, as `dpcheck verify` runs it.
 TEST(Properties, only_rank0_writes) {
@@ -66,7 +67,7 @@ TEST(Properties, audit_sees_every_write) {
 }
 
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 16u);
+  ASSERT_EQ(properties().size(), 17u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;

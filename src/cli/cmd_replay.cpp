@@ -147,11 +147,12 @@ int run_replay(ReplayOptions& o) {
   // The step alone may pass where the run failed: a bug that depends on what ran before the step (a
   // communicator's call count, a counter that wraps) needs the run from its start.
   bool from_start = false;
-  if (recorded && !retargeted && !(r.failure && r.failure->same_place(*recorded)) && start && start->step < in.before.step) {
+  if (recorded && !retargeted && replay_verdict(*recorded, r.failure, target.mutant) == ReplayVerdict::not_reproduced && start &&
+      start->step < in.before.step) {
     ReplayInput whole = in;
     whole.before = *start;
     ReplayResult again = replay_step(target, whole);
-    if (again.failure && again.failure->same_place(*recorded)) {
+    if (replay_verdict(*recorded, again.failure, target.mutant) != ReplayVerdict::not_reproduced) {
       r = std::move(again);
       from_start = true;
     }
@@ -171,10 +172,11 @@ int run_replay(ReplayOptions& o) {
         std::printf("the step alone passes from the bundle's checkpoint; from the start of the run (step %lld) it fails "
                     "again: the failure depends on state from before the step (a communicator's or kernel's own)\n",
                     static_cast<long long>(start->step));
-      if (r.failure && r.failure->same_place(*recorded) && r.failure->message == recorded->message)
+      const ReplayVerdict verdict = replay_verdict(*recorded, r.failure, target.mutant);
+      if (verdict == ReplayVerdict::bit_for_bit)
         std::printf("reproduced bit for bit: the same verdict at the same place (%s at %s)\n", recorded->kind.c_str(),
                     recorded->where().c_str());
-      else if (r.failure && r.failure->same_place(*recorded))
+      else if (verdict == ReplayVerdict::same_place)
         std::printf("reproduced at the same place (%s at %s), with other values\n", recorded->kind.c_str(),
                     recorded->where().c_str());
       else

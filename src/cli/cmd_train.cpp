@@ -174,6 +174,7 @@ int run_train(TrainOptions& o) {
   run_world(target, world, [&](Communicator& world_comm) {
     // With --trace, the trainer talks through the recorder's wrapper, which sees its data collectives.
     TraceRecorder recorder(t.model, state_names);
+    recorder.set_mutant(target.mutant);
     std::optional<TracingCommunicator> traced;
     Communicator& comm = o.trace.empty() ? world_comm : traced.emplace(world_comm, recorder);
     RankTrainer rt = make_rank_trainer(target, t, comm, *data);

@@ -1,0 +1,456 @@
+// The divergence tools held to a property: two runs identical but for one planted difference, at a
+// drawn phase (the examples, the local gradient, the all-reduce's output, the parameters after the
+// update, the optimizer state), step, rank and element -- often the last element of a tensor or of the
+// index list, where a digest that covers a prefix stops looking. Each case checks that
+//
+//   - `dpcheck diff` of the two traces names that step, phase, rank and tensor (or index list) as the
+//     first difference, and the .npy diff of the planted buffer names that element and no other;
+//   - a repro bundle of a NaN planted in a local gradient replays as "reproduced" when the replay
+//     plants the same fault, and not when it plants it in another rank or element, or plants a bug of
+//     another kind at the same place;
+//   - `dpcheck drift` of two correct runs on different world sizes calls their difference rounding,
+//     and with a bug planted in either run names that run, step, rank and element.
+//
+// The tools' own mutants (trace-digest-prefix, replay-same-place-ignores-element,
+// drift-judges-update-only) are caught here.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+
+#include "properties/common.hpp"
+#include "properties/divergence.hpp"
+#include "properties/mutants.hpp"
+#include "reference/schedule.hpp"
+#include "src/diff.hpp"
+#include "src/npy.hpp"
+#include "src/trace.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// How the replay's fault differs from the recorded one.
+enum class ReplayChange { none, rank, element, kind };
+constexpr const char* kChangeNames[] = {"the same fault", "another rank", "another element", "another kind"};
+
+struct ToolsCase {
+  Scenario s;
+  Fault plant;            // the traces' one difference
+  Fault recorded;         // a NaN in a local gradient, which --check-finite fails on: the bundle's failure
+  ReplayChange change = ReplayChange::none;
+  Fault replayed;         // what the replay plants
+  int world_b = 1;        // drift's second run: another world size, so that the two differ by rounding
+  int drift_bug = -1;     // the run (0, 1) with a bug planted in its local gradient, or -1
+  Fault bug;
+};
+
+void showValue(const ToolsCase& k, std::ostream& os) {
+  os << k.s.describe() << "\n  planted: " << k.plant.describe() << "\n  bundle: " << k.recorded.describe()
+     << ", replayed with " << kChangeNames[static_cast<int>(k.change)] << ": " << k.replayed.describe()
+     << "\n  drift: runs on " << k.s.world_size << " and " << k.world_b << " ranks, "
+     << (k.drift_bug < 0 ? std::string("no bug") : "run " + std::string(k.drift_bug == 0 ? "A" : "B") + " with " + k.bug.describe());
+}
+
+// An element of a buffer of n elements: anywhere, the last of a drawn tensor, or the very last.
+rc::Gen<std::size_t> gen_element(const ParamLayout& layout, std::size_t n) {
+  const std::size_t blocks = n / layout.size();
+  return rc::gen::exec([layout, n, blocks] {
+    switch (*uniform(rc::gen::inRange(0, 3))) {
+      case 0: return *uniform(rc::gen::inRange<std::size_t>(0, n));
+      case 1: {
+        const Slice& t = layout.slices()[*uniform(rc::gen::inRange<std::size_t>(0, layout.slices().size()))];
+        const std::size_t block = *uniform(rc::gen::inRange<std::size_t>(0, blocks));
+        return block * layout.size() + t.offset + t.size() - 1;
+      }
+      default: return n - 1;
+    }
+  });
+}
+
+rc::Gen<ToolsCase> gen_tools_case(const Target& target) {
+  ScenarioSpace space = space_for(target);
+  space.thresholds = nullptr;
+  space.max_world_size = 4;
+  space.max_layers = 2;
+  space.max_width = 8;
+  space.max_batch = 24;
+  space.max_steps = 3;
+  return rc::gen::exec([space] {
+    ToolsCase k;
+    k.s = *gen_scenario(space);
+    const TrainConfig& c = k.s.train;
+    const ParamLayout layout(c.model);
+    const std::size_t n = layout.size();
+    const std::size_t state_blocks = make_cpu_optimizer(c.optimizer, 0)->state_names().size();
+    const int world = k.s.world_size;
+
+    Fault& p = k.plant;
+    p.phase = static_cast<FaultPhase>(*uniform(rc::gen::inRange(0, 5)));
+    if (p.phase == FaultPhase::optimizer_state && state_blocks == 0) p.phase = FaultPhase::update;
+    if (p.phase == FaultPhase::data && c.data_size() < 2) p.phase = FaultPhase::local_gradient;  // no other example
+    p.step = *uniform(rc::gen::inRange<std::int64_t>(0, c.steps));
+    // A data fault goes where the step has examples.
+    std::vector<int> ranks;
+    const reference::StepExamples ex = reference::step_examples(c, DistributedSampler(c.sampler(world)), p.step);
+    for (int r = 0; r < world; ++r)
+      if (p.phase != FaultPhase::data || !ex.ranks[static_cast<std::size_t>(r)].empty()) ranks.push_back(r);
+    if (ranks.empty()) p.phase = FaultPhase::local_gradient, ranks = {0};
+    p.rank = ranks[*uniform(rc::gen::inRange<std::size_t>(0, ranks.size()))];
+    if (p.phase == FaultPhase::data) {
+      const std::size_t examples = ex.ranks[static_cast<std::size_t>(p.rank)].size();
+      p.element = *rc::gen::weightedOneOf<std::size_t>({{1, uniform(rc::gen::inRange<std::size_t>(0, examples))},
+                                                          {1, rc::gen::just(examples - 1)}});
+    } else {
+      p.element = *gen_element(layout, p.phase == FaultPhase::optimizer_state ? state_blocks * n : n);
+    }
+    p.kind = FaultKind::flip_low_bit;
+
+    Fault& f = k.recorded;
+    f.phase = FaultPhase::local_gradient;
+    f.kind = FaultKind::nan;
+    f.step = p.step;
+    f.rank = *uniform(rc::gen::inRange(0, world));
+    f.element = *gen_element(layout, n);
+    k.change = static_cast<ReplayChange>(*uniform(rc::gen::inRange(0, 4)));
+    if (k.change == ReplayChange::rank && world == 1) k.change = ReplayChange::element;
+    if (k.change == ReplayChange::element && n == 1) k.change = ReplayChange::kind;
+    k.replayed = f;
+    switch (k.change) {
+      case ReplayChange::none: break;
+      case ReplayChange::rank: k.replayed.rank = (f.rank + *uniform(rc::gen::inRange(1, world))) % world; break;
+      case ReplayChange::element: {
+        // Within the same tensor where it has another element: the same tensor's name, another index.
+        const Slice& t = layout.slice_at(f.element);
+        const std::size_t other = t.size() > 1 ? t.offset + (f.element - t.offset + *uniform(rc::gen::inRange<std::size_t>(1, t.size()))) % t.size()
+                                               : (f.element + 1) % n;
+        k.replayed.element = other;
+        break;
+      }
+      case ReplayChange::kind: k.replayed.kind = FaultKind::bug; break;
+    }
+
+    // Drift: the second run on another world size, when the target draws them.
+    k.world_b = space.world_size > 0 ? world : (world % 4) + 1;
+    try {
+      c.validate(k.world_b);
+    } catch (const UsageError&) {
+      k.world_b = world;
+    }
+    k.drift_bug = *uniform(rc::gen::inRange(-1, 2));
+    k.bug.phase = FaultPhase::local_gradient;
+    k.bug.kind = FaultKind::bug;
+    k.bug.step = f.step;
+    k.bug.rank = std::min(f.rank, (k.drift_bug == 1 ? k.world_b : world) - 1);
+    k.bug.element = f.element;
+    return k;
+  });
+}
+
+// Captures one rank's planted buffer at one step: the buffer the fault went into, as it is after it.
+class PlantedBuffer final : public StepObserver {
+ public:
+  explicit PlantedBuffer(const Fault& plant) : plant_(plant) {}
+  void local_gradient(Trainer& t, std::int64_t step, double, std::int64_t) override {
+    if (here(t, step, FaultPhase::local_gradient)) grab_grads(t);
+  }
+  void reduced_gradient(Trainer& t, std::int64_t step) override {
+    if (here(t, step, FaultPhase::all_reduce)) grab_grads(t);
+  }
+  void updated(Trainer& t, std::int64_t step) override {
+    if (here(t, step, FaultPhase::update)) {
+      values.resize(t.engine().param_count());
+      t.engine().store_params(values);
+    }
+    if (here(t, step, FaultPhase::optimizer_state)) {
+      values.resize(t.optimizer().state_size());
+      t.optimizer().store_state(values);
+    }
+  }
+  std::vector<float> values;
+
+ private:
+  bool here(const Trainer& t, std::int64_t step, FaultPhase phase) const {
+    return t.rank() == plant_.rank && step == plant_.step && phase == plant_.phase;
+  }
+  void grab_grads(Trainer& t) {
+    values.resize(t.engine().param_count());
+    t.engine().store_grads(values);
+  }
+  Fault plant_;
+};
+
+// Trains the scenario with the recorder on, and the fault when given; writes the trace to `file`
+// (rank 0), and returns the planted buffer of the plant's rank and step.
+std::vector<float> traced_run(const Target& target, const Scenario& s, const Fault& plant, bool planted, const fs::path& file) {
+  Target t = target;
+  if (planted) t.fault = plant;
+  const SyntheticDataset data(s.train.data_size(), s.train.model, s.train.seed);
+  const std::vector<std::string> state_names = make_cpu_optimizer(s.train.optimizer, 0)->state_names();
+  std::vector<std::string> lines;
+  std::vector<float> buffer;
+  std::mutex mu;
+  run_world(t, s.world_size, [&](Communicator& world_comm) {
+    TraceRecorder recorder(s.train.model, state_names);
+    recorder.set_mutant(t.mutant);
+    PlantedBuffer grab(plant);
+    StepObservers chain;
+    chain.add(&recorder);
+    chain.add(&grab);
+    // The recorder sees what the trainer sends and receives: the fault's result included.
+    TracingCommunicator comm(world_comm, recorder);
+    RankTrainer rt = make_rank_trainer(t, s.train, comm, data);
+    rt.trainer->set_observer(&chain);
+    std::vector<std::string> mine;
+    while (rt.trainer->next_step() < s.train.steps) {
+      const StepResult r = rt.trainer->step();
+      const nlohmann::json line = recorder.finish_step(comm.host(), r.step, {{"loss", r.loss}});
+      if (comm.rank() == 0) mine.push_back(line.dump());
+    }
+    const std::lock_guard<std::mutex> lock(mu);
+    if (comm.rank() == 0) lines = std::move(mine);
+    if (!grab.values.empty()) buffer = std::move(grab.values);
+  });
+  if (target.process_world && target.process_world->rank() != 0) return buffer;
+  std::ofstream out(file);
+  out << trace_header(s.train.to_json(s.world_size), {{"engine", t.engine}}, s.world_size, s.train.model, state_names).dump()
+      << "\n";
+  for (const std::string& l : lines) out << l << "\n";
+  if (!out.flush()) throw Error("cannot write " + file.string());
+  return buffer;
+}
+
+// The buffer as a directory of .npy tensors, one per slice (per state block and slice).
+void write_buffer(const fs::path& dir, const ParamLayout& layout, const std::vector<float>& values) {
+  fs::create_directories(dir);
+  for (std::size_t b = 0; b * layout.size() < values.size(); ++b)
+    for (const Slice& t : layout.slices())
+      write_npy(dir / ("b" + std::to_string(b) + "." + t.name + ".npy"), t.shape,
+                std::span<const float>(values.data() + b * layout.size() + t.offset, t.size()));
+}
+
+// What the trace diff must name first, or "" when it does.
+std::string check_trace_diff(const ToolsCase& k, const TraceDiff& d, const std::vector<std::string>& state_names) {
+  const Fault& p = k.plant;
+  const ParamLayout layout(k.s.train.model);
+  const std::size_t n = layout.size();
+  std::string item;
+  TracePhase phase = TracePhase::data;
+  switch (p.phase) {
+    case FaultPhase::data: item = "indices"; break;
+    case FaultPhase::local_gradient:
+      phase = TracePhase::local_gradient;
+      item = "local_grad " + layout.slice_at(std::min(p.element, n - 1)).name;
+      break;
+    case FaultPhase::all_reduce: phase = TracePhase::all_reduce; break;  // the call's output: checked below
+    case FaultPhase::update:
+      phase = TracePhase::optimizer;
+      item = "params " + layout.slice_at(std::min(p.element, n - 1)).name;
+      break;
+    case FaultPhase::optimizer_state: {
+      phase = TracePhase::optimizer;
+      const std::size_t e = std::min(p.element, state_names.size() * n - 1);
+      item = "state " + state_names[e / n] + " " + layout.slice_at(e % n).name;
+      break;
+    }
+  }
+  std::ostringstream want;
+  want << "step " << p.step << ", " << phase_name(phase) << ", rank " << p.rank << ", "
+       << (p.phase == FaultPhase::all_reduce ? "collective seq " + std::to_string(p.step) + " allreduce ... out" : item);
+  const TraceMismatch* m = d.first();
+  if (!m) return "dpcheck diff finds the traces identical; the planted difference is at " + want.str();
+  const bool right = m->step == p.step && m->phase == phase && m->rank == p.rank &&
+                     (p.phase == FaultPhase::all_reduce
+                          ? m->item.starts_with("collective seq " + std::to_string(p.step) + " allreduce") && m->item.ends_with(" out")
+                          : m->item == item);
+  if (right) return "";
+  return "dpcheck diff names " + m->where() + " as the first difference; the planted difference is at " + want.str();
+}
+
+// The .npy diff of the planted buffer must name exactly the planted element.
+std::string check_npy_diff(const ToolsCase& k, const std::vector<TensorDiff>& diffs, std::size_t size) {
+  const ParamLayout layout(k.s.train.model);
+  const std::size_t e = std::min(k.plant.element, size - 1);
+  const Slice& t = layout.slice_at(e % layout.size());
+  const std::string name = "b" + std::to_string(e / layout.size()) + "." + t.name;
+  const std::string index = index_text(t.shape, e % layout.size() - t.offset);
+  std::string found;
+  for (const TensorDiff& d : diffs)
+    if (!d.passed) found += (found.empty() ? "" : ", ") + d.name + d.first_index + " (" + std::to_string(d.differing) + " differing)";
+  if (found == name + index + " (1 differing)") return "";
+  return "dpcheck diff of the planted buffer finds " + (found.empty() ? std::string("no difference") : found) +
+         "; the planted element is " + name + index;
+}
+
+// Trains with the recorded fault and --check-finite: the failure, and the bundle it leaves in `dir`.
+std::optional<StepFailure> failing_run(const Target& target, const TrainConfig& c, int world, const Fault& fault,
+                                       const LiveCheckOptions& checks, const fs::path& bundle) {
+  Target t = target;
+  t.fault = fault;
+  const SyntheticDataset data(c.data_size(), c.model, c.seed);
+  std::optional<StepFailure> failure;
+  std::mutex mu;
+  run_world(t, world, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(t, c, comm, data);
+    LiveChecks live(t, checks);
+    rt.trainer->set_observer(&live);
+    const Checkpoint start = rt.trainer->checkpoint();
+    Checkpoint before;
+    while (rt.trainer->next_step() < c.steps) {
+      rt.trainer->checkpoint_into(before);
+      try {
+        rt.trainer->step();
+      } catch (const StepCheckFailed& e) {
+        if (comm.rank() == 0) {
+          BundleManifest m;
+          m.config = c;
+          m.world_size = world;
+          m.target = target;
+          m.checks = checks;
+          m.version = DPCHECK_VERSION;
+          m.failure = e.failure;
+          for (int r = 0; r < world; ++r) {
+            const Trainer::Slot slot = rt.trainer->slot(r, e.failure.step);
+            const std::vector<std::int64_t> share = rt.trainer->sampler().indices(r, slot.epoch);
+            m.indices.emplace_back(share.begin() + slot.begin, share.begin() + slot.end);
+          }
+          write_bundle(t, comm, bundle, m, before, start, {}, false);
+        }
+        if (records(t, comm)) {
+          const std::lock_guard<std::mutex> lock(mu);
+          failure = e.failure;
+        }
+        break;
+      }
+    }
+  });
+  return failure;
+}
+
+// Trains with every step checkpointed into `dir` (rank 0 writes).
+void checkpointed_run(const Target& target, const TrainConfig& c, int world, const std::optional<Fault>& fault,
+                      const fs::path& dir) {
+  Target t = target;
+  t.fault = fault;
+  const SyntheticDataset data(c.data_size(), c.model, c.seed);
+  run_world(t, world, [&](Communicator& comm) {
+    RankTrainer rt = make_rank_trainer(t, c, comm, data);
+    const std::unique_ptr<RankZeroWriter> writer = make_writer(t, comm, dir, {}, c.steps + 1);
+    writer->save(rt.trainer->checkpoint(), c.model);
+    while (rt.trainer->next_step() < c.steps) {
+      rt.trainer->step();
+      writer->save(rt.trainer->checkpoint(), c.model);
+    }
+  });
+}
+
+}  // namespace
+
+void tools_body(const Target& given, CaseRecord& record) {
+  // The tools do not depend on the formats: float32 keeps the planted bits where they were planted.
+  Target target = given;
+  target.precision = Precision::fp32;
+  target.allreduce_dtype = DType::f32;
+  target.drawn_precisions.clear();
+  target.drawn_allreduce_dtypes.clear();
+  const ToolsCase k = *gen_tools_case(target);
+  const Scenario& s = k.s;
+  record.size = size_of(s);
+  RC_CLASSIFY(k.plant.phase == FaultPhase::data, "planted in the examples");
+  RC_CLASSIFY(k.plant.phase == FaultPhase::optimizer_state, "planted in the optimizer state");
+  RC_CLASSIFY(k.change == ReplayChange::none, "replayed with the recorded fault");
+  RC_CLASSIFY(k.drift_bug >= 0, "a bug for drift");
+  RC_CLASSIFY(k.world_b != s.world_size, "drift across two world sizes");
+
+  const fs::path dir = make_scratch(target, "tools");
+  std::string failure;
+  try {
+    const std::vector<std::string> state_names = make_cpu_optimizer(s.train.optimizer, 0)->state_names();
+    // 1. diff: the traces, and the planted buffer element by element.
+    const std::vector<float> a = traced_run(target, s, k.plant, false, dir / "a.jsonl");
+    const std::vector<float> b = traced_run(target, s, k.plant, true, dir / "b.jsonl");
+    const bool rank0 = !target.process_world || target.process_world->rank() == 0;
+    if (rank0) failure = check_trace_diff(k, diff_traces(dir / "a.jsonl", dir / "b.jsonl"), state_names);
+    if (failure.empty() && k.plant.phase != FaultPhase::data && !a.empty()) {
+      const ParamLayout layout(s.train.model);
+      write_buffer(dir / ("a." + std::to_string(k.plant.rank)), layout, a);
+      write_buffer(dir / ("b." + std::to_string(k.plant.rank)), layout, b);
+      failure = check_npy_diff(k, diff_tensor_dirs(dir / ("a." + std::to_string(k.plant.rank)),
+                                                   dir / ("b." + std::to_string(k.plant.rank)), Tolerance{}),
+                               a.size());
+    }
+
+    // 2. replay: a bundle of the recorded fault, replayed with the same fault or one changed.
+    if (agree(target, failure.empty())) {
+      LiveCheckOptions checks;
+      checks.finite = true;
+      checks.gradient_every = 1;
+      const std::optional<StepFailure> f = failing_run(target, s.train, s.world_size, k.recorded, checks, dir / "bundle");
+      const ParamLayout layout(s.train.model);
+      const std::string place = "non-finite at step " + std::to_string(k.recorded.step) + ", rank " +
+                                std::to_string(k.recorded.rank) + ", " + layout.describe_element(k.recorded.element);
+      const bool here = !target.process_world || target.process_world->rank() == 0;
+      if (here && (!f || f->kind != "non-finite" || f->step != k.recorded.step || f->rank != k.recorded.rank ||
+                   f->element != layout.describe_element(k.recorded.element)))
+        failure = "train --check-finite " + (f ? "reports " + f->kind + " at " + f->where() : std::string("passes")) +
+                  "; the planted NaN is " + place;
+      if (agree(target, failure.empty())) {
+        const Bundle bundle = read_bundle(dir / "bundle");
+        Target t = target;
+        t.fault = k.replayed;
+        ReplayInput in;
+        in.config = bundle.manifest.config;
+        in.world_size = bundle.manifest.world_size;
+        in.checks = bundle.manifest.checks;
+        in.before = bundle.before;
+        in.step = bundle.manifest.failure.step;
+        const SyntheticDataset data(in.config.data_size(), in.config.model, in.config.seed);
+        in.data = &data;
+        in.indices = bundle.manifest.indices;
+        const ReplayResult r = replay_step(t, in);
+        const ReplayVerdict v = replay_verdict(bundle.manifest.failure, r.failure, t.mutant);
+        const bool want = k.change == ReplayChange::none;
+        if (here && (v != ReplayVerdict::not_reproduced) != want)
+          failure = "replay of a bundle of " + place + " with " + kChangeNames[static_cast<int>(k.change)] + " (" +
+                    k.replayed.describe() + ", which fails " +
+                    (r.failure ? r.failure->kind + " at " + r.failure->where() : std::string("no check")) + ") says " +
+                    (v == ReplayVerdict::not_reproduced ? "NOT reproduced" : "reproduced");
+      }
+    }
+
+    // 3. drift: rounding between world sizes, and a planted bug named where it is.
+    if (agree(target, failure.empty())) {
+      checkpointed_run(target, s.train, s.world_size, k.drift_bug == 0 ? std::optional<Fault>(k.bug) : std::nullopt, dir / "drift-a");
+      checkpointed_run(target, s.train, k.world_b, k.drift_bug == 1 ? std::optional<Fault>(k.bug) : std::nullopt, dir / "drift-b");
+      const CheckpointRun runs[2] = {read_checkpoint_run(dir / "drift-a"), read_checkpoint_run(dir / "drift-b")};
+      Target targets[2] = {target, target};
+      if (k.drift_bug >= 0) targets[k.drift_bug].fault = k.bug;
+      const SyntheticDataset data(s.train.data_size(), s.train.model, s.train.seed);
+      const Dataset* const both[2] = {&data, &data};
+      const DriftReport d = rounding_or_bug(targets, runs, both);
+      const ParamLayout layout(s.train.model);
+      const std::string where = "local gradient on rank " + std::to_string(k.bug.rank) + " at " + layout.describe_element(k.bug.element);
+      const std::string said =
+          d.bug_run < 0 ? "rounding" : "a bug in run " + std::string(d.bug_run == 0 ? "A" : "B") + " at step " + std::to_string(d.bug_step) + ", " + d.bug_where;
+      const bool right = d.unreproduced_run < 0 &&
+                         (k.drift_bug < 0 ? d.bug_run < 0 : d.bug_run == k.drift_bug && d.bug_step == k.bug.step && d.bug_where == where);
+      if (!right && (!target.process_world || target.process_world->rank() == 0))
+        failure = d.unreproduced_run >= 0
+                      ? "dpcheck drift cannot replay step " + std::to_string(d.unreproduced_step) + " of run " + (d.unreproduced_run == 0 ? "A" : "B") + " to its recorded bits"
+                      : "dpcheck drift calls the runs' difference " + said + "; " +
+                            (k.drift_bug < 0 ? std::string("both are correct") : "the planted bug is in run " + std::string(k.drift_bug == 0 ? "A" : "B") +
+                                                                                     " at step " + std::to_string(k.bug.step) + ", " + where);
+    }
+  } catch (...) {
+    remove_scratch(target, dir);
+    throw;
+  }
+  remove_scratch(target, dir);
+  if (!agree(target, failure.empty())) fail_case(failure.empty() ? "another rank's tool check failed" : failure);
+}
+
+}  // namespace dpcheck
