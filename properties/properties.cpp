@@ -32,6 +32,11 @@ ScenarioSpace space_for(const Target& target) {
   s.world_size = target.world_size;
   s.thresholds = [target](int world) { return comm_thresholds(target, world); };
   s.allreduce_dtype = target.allreduce_dtype;
+  if (target.thorough) {
+    s.max_world_size = 16;
+    s.max_layers = 5;
+    s.max_steps = 12;
+  }
   if (target.precision == Precision::fp16) {
     s.loss_scaling.kind = LossScaling::dynamic;
     s.loss_scaling.growth_interval = 2;

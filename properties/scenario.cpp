@@ -22,7 +22,9 @@ std::string Scenario::describe() const {
   os << "model " << dims_string(t.model.dims) << " " << activation_name(t.model.activation) << " "
      << loss_name(t.model.loss) << " | batch " << t.batch << " of " << t.data_size() << " | world " << world_size << " "
      << split_name(t.split) << " " << policy_name(t.policy) << (t.shuffle ? " shuffled" : " in order") << " | "
-     << optimizer_name(t.optimizer.kind) << " lr " << lr_string(t.optimizer.lr) << " | " << t.steps
+     << optimizer_name(t.optimizer.kind)
+     << (t.optimizer.kind == OptimizerKind::momentum ? " " + lr_string(t.optimizer.momentum) : std::string())
+     << " lr " << lr_string(t.optimizer.lr) << " | " << t.steps
      << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << ", at step " << at_step << " | seed "
      << t.seed;
   if (t.allreduce_dtype != DType::f32) os << " | all-reduce in " << allreduce_dtype_name(t.allreduce_dtype);
@@ -44,7 +46,9 @@ std::string Scenario::train_flags() const {
      << " --loss " << loss_name(t.model.loss) << " --batch " << t.batch << " --dataset-size " << t.data_size()
      << " --world-size " << world_size
      << " --split " << split_name(t.split) << " --policy " << policy_name(t.policy)
-     << (t.shuffle ? "" : " --no-shuffle") << " --optimizer " << optimizer_name(t.optimizer.kind) << " --lr "
+     << (t.shuffle ? "" : " --no-shuffle") << " --optimizer " << optimizer_name(t.optimizer.kind)
+     << (t.optimizer.kind == OptimizerKind::momentum ? " --momentum " + lr_string(t.optimizer.momentum) : std::string())
+     << " --lr "
      << lr_string(t.optimizer.lr) << " --steps " << t.steps << " --accumulate " << t.accumulate << " --seed "
      << t.seed;
   if (t.allreduce_dtype != DType::f32) os << " --allreduce-dtype " << allreduce_dtype_name(t.allreduce_dtype);
@@ -132,6 +136,9 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     t.model.dims.assign(widths.begin(), widths.begin() + layers + 1);
     if (past > 0) grow_past(t.model.dims, limits[past - 1]);
     t.allreduce_dtype = space.allreduce_dtype;
+    // Momentum's coefficient: PyTorch's usual 0.9, one that forgets fast, one that barely forgets, and
+    // 0 (plain SGD through the momentum path). Drawn last, so that earlier draws keep their positions.
+    t.optimizer.momentum = *rc::gen::element(0.9, 0.5, 0.99, 0.0);
     return s;
   });
 }

@@ -150,6 +150,7 @@ std::string replay_command(const Target& target, const std::string& token) {
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
   // then recorded in the token).
   if (target.world_size > 0 && !target.process_world) cmd += " --world-size " + std::to_string(target.world_size);
+  if (target.thorough) cmd += " --thorough";  // the token replays a case of the wider space
   return cmd + " --reproduce " + shell_quoted(token);
 }
 

@@ -38,6 +38,9 @@ struct Target {
   std::vector<Precision> drawn_precisions;
   std::vector<DType> drawn_allreduce_dtypes;
   std::chrono::milliseconds timeout = Communicator::default_timeout;
+  // verify --thorough: scenarios drawn from a wider space (space_for): worlds of 1-16 ranks (thread
+  // backends), 1-5 layers, up to 12 steps.
+  bool thorough = false;
   // A fault planted by a property that holds the divergence tools to locating it (properties/tools.cpp):
   // run_world's communicator takes an all-reduce fault, make_rank_trainer's trainer any other. An
   // all-reduce fault counts the calls of each run_world from 0.

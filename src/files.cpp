@@ -89,7 +89,7 @@ void check_directory_of(const fs::path& target, const std::string& what, bool pr
 
 void check_output_target(const fs::path& path, std::string_view option, OutputMode mode, bool probe) {
   if (path.empty()) throw UsageError(std::string(option.empty() ? "an output path" : option) + " is empty");
-  const fs::path target = resolve_links(path);
+  const fs::path target = resolve_links(path, option);
   const std::string what = subject(path, option, target);
   if (!target.has_filename()) throw UsageError(what + ": not a file name");
   struct stat st {};
@@ -133,15 +133,16 @@ void write_all(int fd, const void* data, std::size_t size, const fs::path& path)
   }
 }
 
-fs::path resolve_links(const fs::path& path) {
+fs::path resolve_links(const fs::path& path, std::string_view option) {
+  const std::string named = option.empty() ? path.string() : std::string(option) + " " + path.string();
   fs::path p = path;
   for (int hops = 0;; ++hops) {
     struct stat st {};
     if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
-    if (hops == kMaxLinks) throw UsageError(path.string() + ": too many levels of symbolic links");
+    if (hops == kMaxLinks) throw UsageError(named + ": too many levels of symbolic links");
     std::error_code ec;
     const fs::path target = fs::read_symlink(p, ec);
-    if (ec) throw UsageError(path.string() + ": cannot read the symbolic link " + p.string() + ": " + ec.message());
+    if (ec) throw UsageError(named + ": cannot read the symbolic link " + p.string() + ": " + ec.message());
     p = target.is_absolute() ? target : p.parent_path() / target;
   }
 }
@@ -250,7 +251,7 @@ void check_writable(const fs::path& path) { check_output_target(path, {}, Output
 
 void check_output_dir(const fs::path& path, std::string_view option) {
   if (path.empty()) throw UsageError(std::string(option) + " is empty");
-  const fs::path target = resolve_links(path);
+  const fs::path target = resolve_links(path, option);
   const std::string what = subject(path, option, target);
   struct stat st {};
   // A link to nothing: creating the directory would meet the link itself ("File exists") only once the

@@ -68,8 +68,9 @@ void sync_directory(const std::filesystem::path& dir);
 void write_all(int fd, const void* data, std::size_t size, const std::filesystem::path& path);
 
 // The file `path` names once symbolic links are followed (at most 40, as the kernel does), whether or
-// not it exists; `path` itself when it is not a link. UsageError for a loop.
-std::filesystem::path resolve_links(const std::filesystem::path& path);
+// not it exists; `path` itself when it is not a link. UsageError for a loop, naming `option` ("--trace")
+// before the path when given.
+std::filesystem::path resolve_links(const std::filesystem::path& path, std::string_view option = {});
 
 // "a regular file", "a directory", "a FIFO", "a symbolic link", "a character device", ... for a (l)stat st_mode.
 std::string file_kind(unsigned mode);

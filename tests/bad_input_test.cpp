@@ -186,6 +186,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
   const std::vector<Row> rows{
       // Output paths: never replaced unless a regular file, and checked before any work.
       {"verify --cases 1 --report /dev/full", 2, {"/dev/full", "character device"}},
+      {"verify --thorough=maybe", 2, {"--thorough", "maybe"}},
+      {"verify --thorough --cases 0", 2, {"--cases must be at least 1"}},
       {"verify --cases 1 --report /dev/null", 2, {"/dev/null", "character device"}},
       {"verify --cases 1 --report {d}/fifo", 2, {"fifo", "FIFO"}},
       {"verify --cases 1 --junit {d}/link-to-fifo", 2, {"link-to-fifo", "FIFO"}},
@@ -508,7 +510,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"drift {d}/init {d}/init --trace-a {d}/trace.jsonl --trace-b {d}/trace.jsonl", 2, {"no checkpoint"}},
       // Paths the system cannot follow: said with the option and the path, before any work.
       {"train --model 4,1 --checkpoint-dir {d}/dangling-dir", 2, {"--checkpoint-dir", "symbolic link", "does not exist"}},
-      {"verify --cases 1 --report {l}/loop-a", 2, {"loop-a", "too many levels of symbolic links"}},
+      {"verify --cases 1 --report {l}/loop-a", 2, {"--report", "loop-a", "too many levels of symbolic links"}},
+      {"train --model 4,1 --trace {l}/loop-a", 2, {"--trace", "loop-a", "too many levels of symbolic links"}},
       {"train --model 4,1 --checkpoint-dir {l}/loop-a", 2, {"loop-a", "too many levels of symbolic links"}},
       {"diff {l}/loop-a {d}/init", 2, {"loop-a"}},
       {"verify --cases 1 --report {d}/" + std::string(5000, 'a'), 2, {"--report"}},
@@ -838,6 +841,22 @@ TEST_F(BadInputMpi, OneRanksBadInputStopsEveryRankAtOnce) {
     }
     EXPECT_LT(r.seconds, 20.0) << r.output;  // not the 60 s timeout
   }
+  // replay reads its checkpoint directory on every rank: rank 1's is missing.
+  for (int r : {0, 2}) {
+    const CommandResult made = run_command("cd " + (d / ("rank" + std::to_string(r))).string() + " && " + DPCHECK_BINARY +
+                                               " train --model 4,1 --batch 8 --world-size 3 --steps 2 --checkpoint-every 1 --checkpoint-dir ckpt", 60);
+    ASSERT_EQ(made.status, 0) << made.output;
+  }
+  const fs::path script = d / "replay.sh";
+  std::ofstream(script) << "#!/bin/sh\ncd " << d.string() << "/rank$OMPI_COMM_WORLD_RANK || exit 9\nexec " << DPCHECK_BINARY
+                        << " replay ckpt --step 1 --comm mpi --timeout 60\n";
+  const CommandResult r =
+      run_command(std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
+  EXPECT_EQ(r.status, 2) << r.output;
+  const std::vector<std::string> lines = error_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_NE(lines[0].find("rank 1: ckpt is not a directory"), std::string::npos) << lines[0];
+  EXPECT_LT(r.seconds, 20.0) << r.output;
 }
 
 // Under a launcher, a communicator whose ranks are threads is refused, naming the one of its engine that

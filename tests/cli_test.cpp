@@ -162,6 +162,23 @@ TEST_F(Cli, VerifyWithAMutantExitsOneWithAReplayableCounterexample) {
   EXPECT_NE(again.output.find(p["counterexample"].get<std::string>()), std::string::npos) << again.output;
 }
 
+// --thorough draws from a wider space: its replay line says so, or the token would name another case.
+TEST_F(Cli, AThoroughRunsReplayLineCarriesThorough) {
+  const CommandResult r = run("verify --thorough --cases 20 --mutant allreduce-rank-order --property "
+                              "replicas_bitwise_synchronized --report " + path("r.json"));
+  ASSERT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("world size drawn from 1-16 (thorough), 20 cases per property"), std::string::npos) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
+  const auto& p = j["properties"][0];
+  const std::string replay = p["reproduce"].get<std::string>();
+  EXPECT_NE(replay.find(" --thorough --reproduce "), std::string::npos) << replay;
+  const CommandResult again = run(replay.substr(std::string("dpcheck ").size()));
+  EXPECT_EQ(again.status, 1) << again.output;
+  // The case's scenario line (its first line names the formats).
+  const std::string counterexample = p["counterexample"].get<std::string>();
+  EXPECT_NE(again.output.find(counterexample.substr(counterexample.rfind('\n') + 1)), std::string::npos) << again.output;
+}
+
 TEST_F(Cli, VerifyWritesAnHtmlPageThatParses) {
   const CommandResult r = run("verify --cases 5 --property sampler_shards_disjoint --html " + path("r.html"));
   ASSERT_EQ(r.status, 0) << r.output;

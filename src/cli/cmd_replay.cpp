@@ -38,99 +38,105 @@ struct ReplayOptions {
 };
 
 int run_replay(ReplayOptions& o) {
-  std::error_code ec;
-  if (!fs::is_directory(o.path, ec)) throw UsageError(o.path + " is not a directory (a repro bundle or a checkpoint directory)");
-  const bool is_bundle = fs::exists(fs::path(o.path) / "indices.json", ec) || fs::exists(fs::path(o.path) / "checkpoint", ec);
-
   ReplayInput in;
-  Target target;
+  Target target, recorded_target;
   std::optional<StepFailure> recorded;
   std::optional<Checkpoint> start;
   std::string data_x, data_y;
-  if (is_bundle) {
-    if (o.given("--step")) throw UsageError("--step is for a checkpoint directory; a bundle replays its failing step");
-    if (o.given("--world-size")) throw UsageError("--world-size is for a checkpoint directory; a bundle replays on its own world size");
-    Bundle b = read_bundle(o.path);
-    if (!b.before_unreadable.empty() && is_printing_rank())
-      std::printf("the state before the step is not one to start from (%s): replaying from the run's start, step %lld\n",
-                  b.before_unreadable.c_str(), static_cast<long long>(b.start.step));
-    in.config = b.manifest.config;
-    in.world_size = b.manifest.world_size;
-    in.checks = b.manifest.checks;
-    in.before = std::move(b.before);
-    start = std::move(b.start);
-    in.step = b.manifest.failure.step;
-    in.indices = b.manifest.indices;
-    target = b.manifest.target;
-    recorded = b.manifest.failure;
-    data_x = b.manifest.x;
-    data_y = b.manifest.y;
-    if (!data_x.empty() && !o.given("--x")) {
-      // The data the run read must still be the same bytes, or the replay proves nothing.
-      for (const auto& [file, hash] : {std::pair{data_x, b.manifest.x_xxh3}, std::pair{data_y, b.manifest.y_xxh3}}) {
-        if (!fs::is_regular_file(file, ec))
-          throw UsageError("the bundle's data file " + file + " is gone (give --x and --y)");
-        if (file_xxh3(file) != hash) throw UsageError("the bundle's data file " + file + " has changed since the run");
-      }
-    }
-  } else {
-    if (!o.given("--step")) throw UsageError(o.path + " is not a repro bundle; to replay a checkpoint directory, give --step");
-    if (o.step < 0) throw UsageError("--step must be at least 0");
-    // The newest checkpoint at or before the step; the manifests say the model.
-    const fs::path dir(o.path);
-    const CheckpointRun run = read_checkpoint_run(dir);
-    in.config = run.config;
-    in.world_size = run.world_size;
-    if (!run.steps.empty() && o.step > run.steps.back())
-      throw UsageError("--step " + std::to_string(o.step) + " is beyond " + o.path + "'s newest checkpoint (step " +
-                       std::to_string(run.steps.back()) + "): the run never reached it");
-    in.before = load_checkpoint(dir, in.config.model, nullptr, o.step);
-    in.step = o.step;
-    in.checks.finite = true;
-    in.checks.gradient_every = 1;
-    target.engine = default_engine();
-    target.comm = default_comm(target.engine);
-  }
-  // The command line re-targets: another engine (and its communicator), communicator, kernels, mutant.
-  const Target recorded_target = target;
-  if (o.given("--engine")) {
-    target.engine = o.engine;
-    if (!o.given("--comm")) target.comm = default_comm(o.engine);
-    if (!o.given("--tf32")) target.tf32 = false;
-    if (!o.given("--kernels")) target.kernels.clear();
-  }
-  if (o.given("--comm")) target.comm = o.comm;
-  if (o.given("--kernels")) target.kernels = o.kernels;
-  if (o.given("--mutant")) target.mutant = o.mutant == "none" ? "" : o.mutant;
-  if (o.given("--tf32")) target.tf32 = o.tf32;
-  if (o.given("--precision")) target.precision = o.precision.value();
-  if (o.given("--timeout")) target.timeout = o.timeout.value();
-  if (o.given("--check-finite")) in.checks.finite = true;
-  if (o.given("--check-gradient-every")) {
-    if (o.checks.gradient_every < 0) throw UsageError("--check-gradient-every must be at least 0");
-    in.checks.gradient_every = o.checks.gradient_every > 0 ? 1 : 0;  // one step: checked or not
-  }
-  if (o.given("--x") != o.given("--y")) throw UsageError("give both --x and --y, or neither");
-  if (o.given("--x")) data_x = o.x, data_y = o.y;
-  if (!is_bundle && o.given("--world-size")) in.world_size = o.world_size;
-  const int world = resolve_world(target, in.world_size, true);
-  target.world_size = world;
-  validate_target(target);
-  const bool retargeted = target.engine != recorded_target.engine || target.comm != recorded_target.comm ||
-                          target.kernels != recorded_target.kernels || target.mutant != recorded_target.mutant ||
-                          target.tf32 != recorded_target.tf32 || target.precision != recorded_target.precision;
-
+  bool is_bundle = false, retargeted = false;
+  int world = 1;
   std::unique_ptr<Dataset> data;
-  if (!data_x.empty()) {
-    data = std::make_unique<ArrayDataset>(ArrayDataset::load(data_x, data_y, in.config.model));
-    if (data->size() != in.config.data_size())
-      throw UsageError(data_x + " holds " + std::to_string(data->size()) + " examples; the run had " +
-                       std::to_string(in.config.data_size()));
-  } else {
-    data = std::make_unique<SyntheticDataset>(in.config.data_size(), in.config.model, in.config.seed);
-  }
-  in.data = data.get();
-  check_train_size(in.config, world, target, true);
+  // Under a launcher every rank reads the bundle, its data and its plugin for itself: one that cannot
+  // stops every rank at once, and rank 0 says which and why.
+  agree_on_rank_inputs([&] {
+    std::error_code ec;
+    if (!fs::is_directory(o.path, ec)) throw UsageError(o.path + " is not a directory (a repro bundle or a checkpoint directory)");
+    is_bundle = fs::exists(fs::path(o.path) / "indices.json", ec) || fs::exists(fs::path(o.path) / "checkpoint", ec);
+
+    if (is_bundle) {
+      if (o.given("--step")) throw UsageError("--step is for a checkpoint directory; a bundle replays its failing step");
+      if (o.given("--world-size")) throw UsageError("--world-size is for a checkpoint directory; a bundle replays on its own world size");
+      Bundle b = read_bundle(o.path);
+      if (!b.before_unreadable.empty() && is_printing_rank())
+        std::printf("the state before the step is not one to start from (%s): replaying from the run's start, step %lld\n",
+                    b.before_unreadable.c_str(), static_cast<long long>(b.start.step));
+      in.config = b.manifest.config;
+      in.world_size = b.manifest.world_size;
+      in.checks = b.manifest.checks;
+      in.before = std::move(b.before);
+      start = std::move(b.start);
+      in.step = b.manifest.failure.step;
+      in.indices = b.manifest.indices;
+      target = b.manifest.target;
+      recorded = b.manifest.failure;
+      data_x = b.manifest.x;
+      data_y = b.manifest.y;
+      if (!data_x.empty() && !o.given("--x")) {
+        // The data the run read must still be the same bytes, or the replay proves nothing.
+        for (const auto& [file, hash] : {std::pair{data_x, b.manifest.x_xxh3}, std::pair{data_y, b.manifest.y_xxh3}}) {
+          if (!fs::is_regular_file(file, ec))
+            throw UsageError("the bundle's data file " + file + " is gone (give --x and --y)");
+          if (file_xxh3(file) != hash) throw UsageError("the bundle's data file " + file + " has changed since the run");
+        }
+      }
+    } else {
+      if (!o.given("--step")) throw UsageError(o.path + " is not a repro bundle; to replay a checkpoint directory, give --step");
+      if (o.step < 0) throw UsageError("--step must be at least 0");
+      // The newest checkpoint at or before the step; the manifests say the model.
+      const fs::path dir(o.path);
+      const CheckpointRun run = read_checkpoint_run(dir);
+      in.config = run.config;
+      in.world_size = run.world_size;
+      if (!run.steps.empty() && o.step > run.steps.back())
+        throw UsageError("--step " + std::to_string(o.step) + " is beyond " + o.path + "'s newest checkpoint (step " +
+                         std::to_string(run.steps.back()) + "): the run never reached it");
+      in.before = load_checkpoint(dir, in.config.model, nullptr, o.step);
+      in.step = o.step;
+      in.checks.finite = true;
+      in.checks.gradient_every = 1;
+      target.engine = default_engine();
+      target.comm = default_comm(target.engine);
+    }
+    // The command line re-targets: another engine (and its communicator), communicator, kernels, mutant.
+    recorded_target = target;
+    if (o.given("--engine")) {
+      target.engine = o.engine;
+      if (!o.given("--comm")) target.comm = default_comm(o.engine);
+      if (!o.given("--tf32")) target.tf32 = false;
+      if (!o.given("--kernels")) target.kernels.clear();
+    }
+    if (o.given("--comm")) target.comm = o.comm;
+    if (o.given("--kernels")) target.kernels = o.kernels;
+    if (o.given("--mutant")) target.mutant = o.mutant == "none" ? "" : o.mutant;
+    if (o.given("--tf32")) target.tf32 = o.tf32;
+    if (o.given("--precision")) target.precision = o.precision.value();
+    if (o.given("--timeout")) target.timeout = o.timeout.value();
+    if (o.given("--check-finite")) in.checks.finite = true;
+    if (o.given("--check-gradient-every")) {
+      if (o.checks.gradient_every < 0) throw UsageError("--check-gradient-every must be at least 0");
+      in.checks.gradient_every = o.checks.gradient_every > 0 ? 1 : 0;  // one step: checked or not
+    }
+    if (o.given("--x") != o.given("--y")) throw UsageError("give both --x and --y, or neither");
+    if (o.given("--x")) data_x = o.x, data_y = o.y;
+    if (!is_bundle && o.given("--world-size")) in.world_size = o.world_size;
+    world = resolve_world(target, in.world_size, true);
+    target.world_size = world;
+    validate_target(target);
+    retargeted = target.engine != recorded_target.engine || target.comm != recorded_target.comm ||
+                 target.kernels != recorded_target.kernels || target.mutant != recorded_target.mutant ||
+                 target.tf32 != recorded_target.tf32 || target.precision != recorded_target.precision;
+
+    if (!data_x.empty()) {
+      data = std::make_unique<ArrayDataset>(ArrayDataset::load(data_x, data_y, in.config.model));
+      if (data->size() != in.config.data_size())
+        throw UsageError(data_x + " holds " + std::to_string(data->size()) + " examples; the run had " +
+                         std::to_string(in.config.data_size()));
+    } else {
+      data = std::make_unique<SyntheticDataset>(in.config.data_size(), in.config.model, in.config.seed);
+    }
+    in.data = data.get();
+    check_train_size(in.config, world, target, true);
+  });
 
   const bool printing = is_printing_rank();
   if (printing) {

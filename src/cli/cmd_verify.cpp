@@ -252,7 +252,8 @@ int run_verify(VerifyOptions& o) {
   };
   Progress progress(printing && Progress::wanted(o.quiet));
   say("dpcheck verify: " + o.target.describe() + plugins_text(o.target) + ", world size " +
-      (o.target.world_size > 0 ? std::to_string(o.target.world_size) : std::string("drawn from 1-8")) + ", " +
+      (o.target.world_size > 0 ? std::to_string(o.target.world_size)
+                                : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) + ", " +
       (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
       ", seed " + std::to_string(o.seed) + "\n\n");
   say(row("%-38s %6s %7s %12s %12s %6s %9s\n", "property", "cases", "passed", "error ratio", "prob. ratio", "power",
@@ -368,10 +369,11 @@ Runner add_verify(CLI::App& app) {
       "  every training property  the model (1-4 layers, widths, relu/tanh/identity, mse/cross-entropy), the\n"
       "                           batch and a data set of 1-3 batches, the world size (1-8), the split\n"
       "                           (strided, contiguous), the policy (pad, drop-last, uneven), shuffling, the\n"
-      "                           optimizer (sgd, momentum, adam) and its rate, steps, the step checked, the\n"
-      "                           seed, sizes on both sides of the communicator's algorithm thresholds; on\n"
-      "                           the cpu engine, unless fixed by an option, the precision (fp32, bf16, fp16\n"
-      "                           with dynamic loss scaling) and the all-reduce dtype (fp32, bf16)\n"
+      "                           optimizer (sgd, momentum at 0.9, 0.5, 0.99 or 0, adam) and its rate,\n"
+      "                           steps (1-7), the step checked, the seed, sizes on both sides of the\n"
+      "                           communicator's algorithm thresholds; on the cpu engine, unless fixed by\n"
+      "                           an option, the precision (fp32, bf16, fp16 with dynamic loss scaling)\n"
+      "                           and the all-reduce dtype (fp32, bf16)\n"
       "  accumulation             2-4 micro-batches per rank (bucketing too)\n"
       "  checkpoint resume        the step at which training is checkpointed and resumed\n"
       "  buckets                  the bucket size (one element, splitting a weight, a whole layer or more)\n"
@@ -379,11 +381,19 @@ Runner add_verify(CLI::App& app) {
       "                           scales, and a resume at any step (mid-interval too)\n"
       "  learning-rate schedule   --warmup-steps 0-6 and --linear-scaling\n"
       "  shuffle                  64-bit seeds and epochs up to 2^40\n"
+      "  divergence tools         one planted difference: its phase (examples, local gradient, all-reduce,\n"
+      "                           update, optimizer state), step, rank and element (often a tensor's last);\n"
+      "                           a replay with the same fault or one moved in rank, element or kind;\n"
+      "                           drift across two world sizes, with a bug in either run or none\n"
+      "  --thorough               world sizes 1-16, 1-5 layers, up to 12 steps, 500 cases\n"
       "A mutant of one precision's path runs in that precision unless --precision is given.\n"
       "Exit status: 0 every property passed; 1 a property failed (with its minimal case and replay line);\n"
       "2 bad usage; 3 a runtime fault (a plugin's error, a launcher's).");
   sub->add_option("--world-size", o->target.world_size, "Fix the number of ranks (default: each case draws 1-8)");
-  sub->add_option("--cases", o->cases, "Cases per property (default 100)");
+  sub->add_option("--cases", o->cases, "Cases per property (default 100; 500 with --thorough)");
+  sub->add_flag("--thorough", o->target.thorough,
+                "Draw harder: 500 cases per property unless --cases says otherwise, from a wider space (world sizes "
+                "1-16, 1-5 layers, up to 12 steps); minutes where the default takes seconds");
   o->seed_option.add_to(*sub, "RapidCheck seed; the same seed runs the same cases");
   sub->add_option("--mutant", o->target.mutant, "Run against a deliberately broken part (see --list-mutants)");
   sub->add_option("--property", o->only, "Run only this property (repeatable)");
@@ -410,6 +420,7 @@ Runner add_verify(CLI::App& app) {
     o->reproduce_given = sub->count("--reproduce") > 0;
     o->precision_given = sub->count("--precision") > 0;
     o->allreduce_dtype_given = sub->count("--allreduce-dtype") > 0;
+    if (o->target.thorough && sub->count("--cases") == 0) o->cases = 500;
     if (sub->count("--comm") == 0) o->target.comm = default_comm(o->target.engine);
     return run_verify(*o);
   };

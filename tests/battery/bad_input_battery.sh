@@ -35,6 +35,8 @@ cases=(
   "--loss-scale-interval|train --model 4,1 --steps 1 --loss-scale dynamic --loss-scale-interval {v}"
   "--bucket-mb|train --model 4,1 --steps 1 --world-size 2 --bucket-mb {v}"
   "--warmup-steps|train --model 4,1 --steps 1 --linear-scaling --warmup-steps {v}"
+  "--momentum|train --model 4,1 --steps 1 --optimizer momentum --momentum {v}"
+  "verify --world-size --thorough|verify --thorough --cases 1 --property sampler_shards_disjoint --world-size {v}"
   "train --comm|train --model 4,1 --steps 1 --comm {v}"
   "train --kernels|train --model 4,1 --steps 1 --kernels {v}"
   "grad --precision|grad --model 4,1 --batch 4 --precision {v}"
