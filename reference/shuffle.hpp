@@ -4,7 +4,7 @@
 // property cannot see such a bug; a user who follows the recipe in another loader can, and so does
 // shuffle_follows_recipe, which compares the two every epoch.
 //
-// The recipe (README.md, "The shuffle"):
+// The recipe (docs/architecture.md, "The shuffle"):
 //   key(seed, epoch)   SplitMix64's finalizer of seed + 0x9E3779B97F4A7C15 * (epoch + 1)
 //   bits(key, s, i)    Philox4x32-10 (Salmon et al., SC'11) of the 128-bit counter (i, s) -- words
 //                      i mod 2^32, i / 2^32, s mod 2^32, s / 2^32 -- under the 64-bit key; the first two

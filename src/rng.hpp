@@ -70,7 +70,7 @@ DPCHECK_HD inline std::uint64_t mix_key(std::uint64_t a, std::uint64_t b) {
 
 // Uniform integer in [0, n) for n > 0, without modulo bias (Lemire's multiply-and-reject): attempt a
 // draws at the same index from stream + a * 2^32, until one is accepted. The sampler's shuffle is
-// documented in these terms (README.md, "The shuffle"), so that other loaders can follow it.
+// documented in these terms (docs/architecture.md, "The shuffle"), so that other loaders can follow it.
 inline std::uint64_t random_below(std::uint64_t key, std::uint64_t stream, std::uint64_t index,
                                   std::uint64_t n) {
   const std::uint64_t threshold = (0 - n) % n;
