@@ -313,11 +313,7 @@ std::optional<StepFailure> failing_run(const Target& target, const TrainConfig& 
           m.checks = checks;
           m.version = DPCHECK_VERSION;
           m.failure = e.failure;
-          for (int r = 0; r < world; ++r) {
-            const Trainer::Slot slot = rt.trainer->slot(r, e.failure.step);
-            const std::vector<std::int64_t> share = rt.trainer->sampler().indices(r, slot.epoch);
-            m.indices.emplace_back(share.begin() + slot.begin, share.begin() + slot.end);
-          }
+          for (int r = 0; r < world; ++r) m.indices.push_back(rt.trainer->rank_indices(r, e.failure.step));
           write_bundle(t, comm, bundle, m, before, start, {}, false);
         }
         if (records(t, comm)) {

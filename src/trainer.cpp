@@ -115,18 +115,17 @@ std::int64_t Trainer::global_batch(std::int64_t step) const {
   return total;
 }
 
-std::vector<std::int64_t> Trainer::local_indices(std::int64_t step) const {
-  const Slot s = slot(comm_.rank(), step);
-  const std::vector<std::int64_t> share = sampler_.indices(comm_.rank(), s.epoch);
+std::vector<std::int64_t> Trainer::rank_indices(int rank, std::int64_t step) const {
+  const Slot s = slot(rank, step);
+  const std::vector<std::int64_t> share = sampler_.indices(rank, s.epoch);
   return {share.begin() + s.begin, share.begin() + s.end};
 }
 
 std::vector<std::int64_t> Trainer::global_indices(std::int64_t step) const {
   std::vector<std::int64_t> all;
   for (int r = 0; r < comm_.size(); ++r) {
-    const Slot s = slot(r, step);
-    const std::vector<std::int64_t> share = sampler_.indices(r, s.epoch);
-    all.insert(all.end(), share.begin() + s.begin, share.begin() + s.end);
+    const std::vector<std::int64_t> mine = rank_indices(r, step);
+    all.insert(all.end(), mine.begin(), mine.end());
   }
   return all;
 }

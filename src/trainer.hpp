@@ -129,8 +129,10 @@ class Trainer {
   };
   virtual Slot slot(int rank, std::int64_t step) const;
   std::int64_t global_batch(std::int64_t step) const;
-  // This rank's examples at a step: its slot of its share (a fault-injecting trainer changes one).
-  virtual std::vector<std::int64_t> local_indices(std::int64_t step) const;
+  // The sampler's examples of any rank at a step: its slot of its share.
+  std::vector<std::int64_t> rank_indices(int rank, std::int64_t step) const;
+  // This rank's examples at a step: rank_indices of this rank (a fault-injecting trainer changes one).
+  virtual std::vector<std::int64_t> local_indices(std::int64_t step) const { return rank_indices(rank(), step); }
 
   // Every rank's examples at a step, concatenated in rank order: the global batch that the all-reduced
   // gradient must equal the gradient of. Computed from the sampler alone, with no communication.

@@ -222,11 +222,7 @@ int run_train(TrainOptions& o) {
         }
         m.version = DPCHECK_VERSION;
         m.failure = f;
-        for (int r = 0; r < world; ++r) {
-          const Trainer::Slot slot = rt.trainer->slot(r, f.step);
-          const std::vector<std::int64_t> share = rt.trainer->sampler().indices(r, slot.epoch);
-          m.indices.emplace_back(share.begin() + slot.begin, share.begin() + slot.end);
-        }
+        for (int r = 0; r < world; ++r) m.indices.push_back(rt.trainer->rank_indices(r, f.step));
         const std::filesystem::path path = fresh_bundle_path(o.bundle_dir, f.step);
         // Rank 0 alone, so that a bundle it cannot write (a full disk, a read-only directory) costs the
         // bundle and not a hang of the others in a collective.
