@@ -31,9 +31,10 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
   const ParamLayout layout(c.model);
   const OptimizerConfig config = c.optimizer_for(s.world_size);
   StepOutcome o;
-  WorstElement worst;
-  std::string step_error;
-  std::mutex mu;
+  // Each rank's worst element and first error, chosen from in rank order afterwards: which thread
+  // finishes first must not change the case a report shows (replicas tie on every element).
+  std::vector<WorstElement> worst_of(static_cast<std::size_t>(s.world_size));
+  std::vector<std::string> step_error_of(static_cast<std::size_t>(s.world_size));
   run_world(target, s.world_size, [&](Communicator& comm) {
     RankTrainer rt = make_rank_trainer(target, c, comm, data);
     const std::size_t n = rt.engine->param_count(), k = rt.optimizer->state_size();
@@ -72,10 +73,15 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
       worst_against_formula(st1, want.state, want.state_bound, at + "optimizer state",
               [&](std::size_t i) { return names[i / n] + " at " + layout.describe_element(i % n); }, mine);
     }
-    const std::lock_guard<std::mutex> lock(mu);
-    if (mine.ratio > worst.ratio || worst.where.empty()) worst = mine;
-    if (step_error.empty()) step_error = my_step_error;
+    worst_of[static_cast<std::size_t>(comm.rank())] = std::move(mine);
+    step_error_of[static_cast<std::size_t>(comm.rank())] = std::move(my_step_error);
   });
+  WorstElement worst;
+  std::string step_error;
+  for (std::size_t r = 0; r < worst_of.size(); ++r) {
+    if (worst_of[r].ratio > worst.ratio || worst.where.empty()) worst = worst_of[r];
+    if (step_error.empty()) step_error = step_error_of[r];
+  }
   o.ratio = worst.ratio;
   o.note = worst.where;
   if (!step_error.empty()) o.message = step_error;
