@@ -5,7 +5,8 @@
 # reference/ or kernels/; reference/ (the oracle) nothing from kernels/ or above it; kernels/ nothing from
 # reference/, properties/ or src/cli/; properties/ nothing from kernels/ or src/cli/; src/cli/ nothing from
 # kernels/ (it reaches the CUDA plugin through the core's contract, src/cuda_api.hpp); and no file in
-# src/ includes a CUDA header. Prints each include that breaks the rule and exits 1; ctest runs it
+# src/ includes a CUDA header; and no two modules include each other, directly or through others. Prints
+# each include that breaks the rule (each module of a loop) and exits 1; ctest runs it
 # (Layers.IncludesRunOneWay). The libraries follow the same rule in CMake (dpcheck_kernels links the
 # core only).
 #   bash ci/layers.sh [SOURCE-DIR]
@@ -42,6 +43,19 @@ check 'src/cli/' kernels/
 cuda_headers=$(grep -rHnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(cuda|cublas|nccl|curand|cub/|thrust/)' src || true)
 if [ -n "$cuda_headers" ]; then
   echo "$cuda_headers" | sed 's|$|   <- the core includes no CUDA header|'
+  broken=1
+fi
+
+# No include loop between modules, where a module is a header with the source files of the same stem
+# (src/writer.hpp, src/writer.cpp): a loop means neither side can be understood, built or tested without
+# the other. tsort names the modules of each loop.
+mapfile -t sources < <(find src properties reference kernels include -type f \( -name '*.c' -o -name '*.cpp' -o -name '*.cu' \
+                         -o -name '*.h' -o -name '*.hpp' -o -name '*.cuh' -o -name '*.inc' \) | sort)
+edges=$(grep -HoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]+"' "${sources[@]}" |
+        sed -E 's|^([^:]+):.*"([^"]+)"$|\1 \2|' |
+        while read -r from to; do [ -e "$to" ] && echo "${from%.*} ${to%.*}"; done | awk '$1 != $2' | sort -u)
+if ! loops=$(tsort <<<"$edges" 2>&1 >/dev/null); then
+  echo "$loops" | sed -n 's|^tsort: \([^-].*\)$|include loop through \1|p'
   broken=1
 fi
 

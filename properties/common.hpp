@@ -1,6 +1,7 @@
 // What the property files share (internal to properties/): agreeing on a verdict across processes,
 // which rank records a world's results, the scenario space a target draws from, scratch directories,
-// and each property's case body for the table in properties.cpp.
+// and the shared parts of the checks (step_check_body, worst_against_formula); implemented in common.cpp.
+// The case bodies themselves are declared in properties/bodies.hpp.
 #pragma once
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "properties/bodies.hpp"
 #include "properties/properties.hpp"
 
 namespace dpcheck {
@@ -50,25 +52,5 @@ struct WorstElement {
 void worst_against_formula(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
                            const std::string& what, const std::function<std::string(std::size_t)>& element,
                            WorstElement& worst);
-
-// Case bodies, one file per property (or family of properties).
-void gradient_average_body(const Target& target, CaseRecord& record);
-void accumulation_body(const Target& target, CaseRecord& record);
-void uneven_body(const Target& target, CaseRecord& record);
-void replicas_body(const Target& target, CaseRecord& record);
-void overflow_body(const Target& target, CaseRecord& record);
-void sampler_body(const Target& target, CaseRecord& record);
-void rank0_writes_body(const Target& target, CaseRecord& record);
-std::string rank0_writes_unavailable(const Target& target);
-void audit_writes_body(const Target& target, CaseRecord& record);
-void resume_body(const Target& target, CaseRecord& record);
-void optimizer_update_body(const Target& target, CaseRecord& record);
-void loss_body(const Target& target, CaseRecord& record);
-void any_order_body(const Target& target, CaseRecord& record);
-void bucketing_body(const Target& target, CaseRecord& record);
-void loss_scaler_body(const Target& target, CaseRecord& record);
-void lr_schedule_body(const Target& target, CaseRecord& record);
-void shuffle_body(const Target& target, CaseRecord& record);
-void tools_body(const Target& target, CaseRecord& record);
 
 }  // namespace dpcheck

@@ -1,93 +1,16 @@
-// The table of properties, and what their files share (properties/common.hpp).
+// The table of properties: each one's name, promise, case body (properties/bodies.hpp) and floors.
 #include "properties/properties.hpp"
 
-#include <unistd.h>
-
-#include <algorithm>
 #include <array>
-#include <atomic>
-#include <cmath>
-#include <cstdio>
-#include <system_error>
+#include <string>
 
-#include "properties/common.hpp"
+#include "properties/bodies.hpp"
 #include "src/error.hpp"
-#include "src/replica_check.hpp"
-#include "src/comm/local_comm.hpp"
 
 namespace dpcheck {
 
 void fail_case(const std::string& message) {
   throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Failure, message);
-}
-
-bool agree(const Target& target, bool verdict) {
-  return target.process_world ? target.process_world->all(verdict) : verdict;
-}
-
-bool records(const Target& target, const Communicator& comm) { return target.process_world || comm.rank() == 0; }
-
-ScenarioSpace space_for(const Target& target) {
-  ScenarioSpace s;
-  s.world_size = target.world_size;
-  s.thresholds = [target](int world) { return comm_thresholds(target, world); };
-  s.allreduce_dtype = target.allreduce_dtype;
-  if (target.thorough) {
-    s.max_world_size = 16;
-    s.max_layers = 5;
-    s.max_steps = 12;
-  }
-  if (target.precision == Precision::fp16) {
-    s.loss_scaling.kind = LossScaling::dynamic;
-    s.loss_scaling.growth_interval = 2;
-  }
-  return s;
-}
-
-CaseRecord::Size size_of(const Scenario& s) {
-  return {s.train.data_size(), s.world_size, s.train.model.layers(),
-          *std::max_element(s.train.model.dims.begin(), s.train.model.dims.end())};
-}
-
-void step_check_body(const Target& target, CaseRecord& record,
-                     StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
-                     void (*classify)(const Scenario& scenario)) {
-  const Scenario s = *gen_scenario(space_for(target));
-  record.size = size_of(s);
-  const StepOutcome o = check(s, target);
-  record.ratio = o.ratio;
-  record.note = o.note;
-  if (classify) classify(s);
-  if (!agree(target, o.passed)) fail_case(o.message.empty() ? elsewhere : o.message);
-}
-
-std::filesystem::path make_scratch(const Target& target, const std::string& what, bool in_memory) {
-  static std::atomic<unsigned> counter{0};
-  std::int64_t id[2] = {static_cast<std::int64_t>(::getpid()), static_cast<std::int64_t>(counter++)};
-  if (target.process_world) target.process_world->broadcast(id, 2, DType::i64, 0);
-  // Durability is tested elsewhere (tests/writer_test.cpp); here memory-backed /dev/shm spares the
-  // fsyncs of hundreds of checkpoints.
-  std::error_code ec;
-  const std::filesystem::path base =
-      in_memory && std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
-          ? std::filesystem::path("/dev/shm")
-          : std::filesystem::temp_directory_path();
-  const std::filesystem::path dir = base /
-                                    ("dpcheck-" + what + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]));
-  if (!target.process_world || target.process_world->rank() == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  if (target.process_world) target.process_world->barrier();
-  return dir;
-}
-
-void remove_scratch(const Target& target, const std::filesystem::path& dir) {
-  if (target.process_world) target.process_world->barrier();
-  if (!target.process_world || target.process_world->rank() == 0) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
 }
 
 namespace {
@@ -174,20 +97,6 @@ const PropertyDef& find_property(std::string_view name) {
   std::string names;
   for (const PropertyDef& p : kProperties) names += (names.empty() ? "" : ", ") + std::string(p.name);
   throw UsageError("unknown property '" + std::string(name) + "' (known: " + names + ")");
-}
-
-void worst_against_formula(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
-                           const std::string& what, const std::function<std::string(std::size_t)>& element,
-                           WorstElement& worst) {
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    const double ratio = !std::isfinite(got[i]) ? INFINITY : err == 0 ? 0.0 : bound[i] > 0 ? err / bound[i] : INFINITY;
-    if (ratio <= worst.ratio && !(worst.where.empty() && i == 0)) continue;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, " is %s, the formula gives %.17g (error %.3g, bound %.3g, error ratio %.4g)",
-                  float_bits_text(got[i]).c_str(), want[i], err, bound[i], ratio);
-    worst = {ratio, what + " " + element(i) + buf, i};
-  }
 }
 
 }  // namespace dpcheck

@@ -10,7 +10,6 @@
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/comm/mpi_comm.hpp"
-#include "src/comm/plugin_comm.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/error.hpp"
 #include "src/plugin/plugin_loader.hpp"
@@ -161,9 +160,19 @@ const Backend* find_registered_backend(std::string_view name) {
   return nullptr;
 }
 
+namespace {
+std::vector<BackendFinder>& finders() {
+  static std::vector<BackendFinder> all;
+  return all;
+}
+}  // namespace
+
+void add_backend_finder(BackendFinder finder) { finders().push_back(finder); }
+
 const Backend* find_backend(std::string_view name) {
   if (const Backend* b = find_registered_backend(name)) return b;
-  if (looks_like_plugin_path(name)) return &register_comm_plugin(std::string(name));
+  for (const BackendFinder finder : finders())
+    if (const Backend* b = finder(name)) return b;
   return nullptr;
 }
 

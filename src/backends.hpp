@@ -83,10 +83,17 @@ struct Backend {
 // The rows, built-in ones first (local, mpi, cuda-local, nccl), then those registered, in that order.
 const std::deque<Backend>& backends();
 
-// The row named `name`, or nullptr. A name that is a path to a shared object (holding a '/' or ending
-// in ".so") is a communicator plugin (include/dpcheck/plugin.h): loaded and registered as a row on
-// first use (src/comm/plugin_comm.hpp), UsageError if it cannot be.
+// The row named `name`, or nullptr. A name that no row has goes to the finders (add_backend_finder):
+// a path to a shared object (holding a '/' or ending in ".so") is a communicator plugin
+// (include/dpcheck/plugin.h), loaded and registered as a row on first use (src/comm/plugin_comm.cpp),
+// UsageError if it cannot be.
 const Backend* find_backend(std::string_view name);
+
+// Where rows come from besides the table: a finder takes a --comm value that names no row and returns
+// the row it has registered for it (register_backend), or nullptr when the value is not of its kind.
+// The plugin layer adds its finder at start-up, so that the table never calls back into it.
+using BackendFinder = const Backend* (*)(std::string_view name);
+void add_backend_finder(BackendFinder finder);
 // The row named `name` among those already in the table, or nullptr; loads nothing.
 const Backend* find_registered_backend(std::string_view name);
 

@@ -25,7 +25,7 @@
 #include "src/json_limits.hpp"
 #include "src/hash.hpp"
 #include "src/npy.hpp"
-#include "src/trainer.hpp"
+#include "src/train_config.hpp"
 
 namespace dpcheck {
 
@@ -120,7 +120,7 @@ UsageError not_a_regular_log(const fs::path& path, mode_t mode) {
 // ---- the manifest ---------------------------------------------------------------------------------
 
 // A JSON value as a reason quotes it: short enough for one line.
-std::string shown(const nlohmann::json& v) {
+std::string shown_json(const nlohmann::json& v) {
   constexpr std::size_t kMax = 60;
   std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (s.size() > kMax) s = s.substr(0, kMax) + "...";
@@ -128,7 +128,7 @@ std::string shown(const nlohmann::json& v) {
 }
 
 // A field's name as JSON spells it, quotes and escapes included.
-std::string in_quotes(const std::string& name) { return shown(nlohmann::json(name)); }
+std::string in_quotes(const std::string& name) { return shown_json(nlohmann::json(name)); }
 
 std::string bound_text(std::int64_t hi) {
   if (hi == kMaxCount) return "2^53";
@@ -142,7 +142,7 @@ std::string bound_text(std::int64_t hi) {
 class Fields {
  public:
   Fields(const nlohmann::json& object, std::string name) : object_(object), prefix_(name.empty() ? "" : name + ".") {
-    if (!object.is_object()) refuse((name.empty() ? std::string("the manifest") : in_quotes(name)) + " is " + shown(object) + ", not a JSON object");
+    if (!object.is_object()) refuse((name.empty() ? std::string("the manifest") : in_quotes(name)) + " is " + shown_json(object) + ", not a JSON object");
   }
 
   const nlohmann::json& at(const std::string& key) {
@@ -163,27 +163,27 @@ class Fields {
       const std::int64_t i = v.get<std::int64_t>();
       if (i >= lo && i < hi) return i;
     }
-    refuse(in_quotes(name(key)) + " is " + shown(v) + ", not an integer in [" + std::to_string(lo) + ", " + bound_text(hi) + ")");
+    refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not an integer in [" + std::to_string(lo) + ", " + bound_text(hi) + ")");
   }
   std::uint64_t unsigned_integer(const std::string& key) {
     const nlohmann::json& v = at(key);
     if (v.is_number_unsigned()) return v.get<std::uint64_t>();
     if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
-    refuse(in_quotes(name(key)) + " is " + shown(v) + ", not an integer in [0, 2^64)");
+    refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not an integer in [0, 2^64)");
   }
   double number(const std::string& key) {
     const nlohmann::json& v = at(key);
-    if (!v.is_number() || !std::isfinite(v.get<double>())) refuse(in_quotes(name(key)) + " is " + shown(v) + ", not a finite number");
+    if (!v.is_number() || !std::isfinite(v.get<double>())) refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not a finite number");
     return v.get<double>();
   }
   bool boolean(const std::string& key) {
     const nlohmann::json& v = at(key);
-    if (!v.is_boolean()) refuse(in_quotes(name(key)) + " is " + shown(v) + ", not true or false");
+    if (!v.is_boolean()) refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not true or false");
     return v.get<bool>();
   }
   std::string text(const std::string& key) {
     const nlohmann::json& v = at(key);
-    if (!v.is_string()) refuse(in_quotes(name(key)) + " is " + shown(v) + ", not a string");
+    if (!v.is_string()) refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not a string");
     return v.get<std::string>();
   }
   // A string that `parse` turns into a value, or refuses (UsageError) with its own reason.
@@ -240,8 +240,8 @@ nlohmann::json parse_json(std::string_view text) {
 
 }  // namespace
 
-std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
-  Fields f(json, "config");
+std::pair<TrainConfig, int> recorded_config(const nlohmann::json& doc) {
+  Fields f(doc, "config");
   TrainConfig c;
   c.model.dims = f.choice("model", [](std::string_view t) { return parse_dims(t); });
   c.model.activation = f.choice("activation", parse_activation);
@@ -286,16 +286,16 @@ std::pair<TrainConfig, int> recorded_config(const nlohmann::json& json) {
   // spells it so. (A number's spelling, 1 for 1.0, compares equal.)
   const nlohmann::json written = c.to_json(world);
   for (const auto& [key, value] : written.items())
-    if (json.at(key) != value) refuse(in_quotes("config." + key) + " is " + shown(json.at(key)) + ", which dpcheck writes as " + shown(value));
+    if (doc.at(key) != value) refuse(in_quotes("config." + key) + " is " + shown_json(doc.at(key)) + ", which dpcheck writes as " + shown_json(value));
   return {c, world};
 }
 
 Manifest parse_manifest(std::string_view text) {
-  const nlohmann::json json = parse_json(text);
-  Fields f(json, "");
+  const nlohmann::json doc = parse_json(text);
+  Fields f(doc, "");
   Manifest m;
   const nlohmann::json& format = f.at("format");
-  if (format != kFormat) refuse("\"format\" is " + shown(format) + ", not \"" + kFormat + "\"");
+  if (format != kFormat) refuse("\"format\" is " + shown_json(format) + ", not \"" + kFormat + "\"");
   if (const std::int64_t version = f.integer("version", 0, kMaxCount); version != kVersion)
     refuse("\"version\" is " + std::to_string(version) + ": this dpcheck reads version " + std::to_string(kVersion));
   m.step = f.integer("step", 0, kMaxCount);
@@ -326,7 +326,7 @@ Manifest parse_manifest(std::string_view text) {
     const double scale = s.number("scale");
     int e = 0;
     if (!(scale >= 0x1p-24 && scale <= 0x1p64) || std::frexp(scale, &e) != 0.5)
-      refuse("\"loss_scaler.scale\" is " + shown(s.at("scale")) + ", not a power of two from 2^-24 to 2^64");
+      refuse("\"loss_scaler.scale\" is " + shown_json(s.at("scale")) + ", not a power of two from 2^-24 to 2^64");
     st.scale = static_cast<float>(scale);  // exact: checked first, so no double beyond float's range is cast
     st.growth_tracker = s.integer("growth_tracker", 0, config.loss_scaling.growth_interval);
     st.skipped = s.integer("skipped", 0, m.step + 1);
@@ -341,7 +341,7 @@ Manifest parse_manifest(std::string_view text) {
   const nlohmann::json& state = optimizer.at("state");
   const std::vector<std::string> want = make_cpu_optimizer(config.optimizer, 0)->state_names();
   if (state != nlohmann::json(want))
-    refuse("\"optimizer.state\" is " + shown(state) + ", but " + std::string(optimizer_name(config.optimizer.kind)) +
+    refuse("\"optimizer.state\" is " + shown_json(state) + ", but " + std::string(optimizer_name(config.optimizer.kind)) +
            " keeps " + nlohmann::json(want).dump());
   m.state_names = want;
   optimizer.done();
@@ -371,7 +371,7 @@ Manifest parse_manifest(std::string_view text) {
   }
   for (const auto& [key, value] : listed.items())
     if (std::find(names.begin(), names.end(), key) == names.end())
-      refuse("\"files\" lists " + shown(key) + ", which is no tensor of " + tensors);
+      refuse("\"files\" lists " + shown_json(key) + ", which is no tensor of " + tensors);
   f.done();
   return m;
 }

@@ -1,4 +1,4 @@
-// What the files of the MPI backend share (mpi_world.cpp, mpi_comm.cpp, mpi_native_comm.cpp): the
+// What the files of the MPI backend share (mpi_world.cpp, mpi_session.cpp, mpi_comm.cpp, mpi_native_comm.cpp): the
 // check every MPI call goes through, and the duplicate of MPI_COMM_WORLD each communicator is made on.
 // It includes <mpi.h>, so only files built with MPI include it; the public side is src/comm/mpi_comm.hpp.
 #pragma once

@@ -383,4 +383,12 @@ const Backend& register_comm_plugin(const std::string& path) {
   return register_backend(std::move(row));
 }
 
+namespace {
+// --comm PATH: the plugin's row (add_backend_finder), registered with the table by this file at start-up.
+const Backend* plugin_row(std::string_view name) {
+  return looks_like_plugin_path(name) ? &register_comm_plugin(std::string(name)) : nullptr;
+}
+[[maybe_unused]] const bool plugin_rows_found = (add_backend_finder(plugin_row), true);
+}  // namespace
+
 }  // namespace dpcheck
