@@ -215,13 +215,13 @@ float poison() {
   std::memcpy(&f, &kPoisonBits, sizeof f);
   return f;
 }
-constexpr std::int64_t kGuard = 8;  // elements after a buffer that must stay untouched
+constexpr std::int64_t kTailGuard = 8;  // elements after a buffer that must stay untouched
 
 // A buffer of n floats `offset` floats into an allocation of its own, guard elements around it poisoned.
 class Buffer {
  public:
   Buffer(std::int64_t n, std::int64_t offset)
-      : n_(n), offset_(offset), storage_(static_cast<std::size_t>(offset + n + kGuard), poison()) {}
+      : n_(n), offset_(offset), storage_(static_cast<std::size_t>(offset + n + kTailGuard), poison()) {}
   float* data() { return storage_.data() + offset_; }
   const float* data() const { return storage_.data() + offset_; }
   std::span<const float> span() const { return {data(), static_cast<std::size_t>(n_)}; }
