@@ -12,8 +12,11 @@ command that replays it.
                                            docs/libraries.md
   ci/validate-libraries.sh --check         the CI subset (N = 2 and 3, small cases, a few minutes): exit 1
                                            when a verdict differs from the committed table's subset
+  --jobs N                                 rows run N at a time (default: one per CPU); a row's time is
+                                           its own run's, so on a busy machine it reads longer
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -238,17 +241,24 @@ def main():
     parser.add_argument("--output", default=os.path.join(ROOT, "docs/libraries.md"),
                         help="the table to write, or with --check to compare with (default docs/libraries.md)")
     parser.add_argument("--only", default="", help="rows whose 'library algorithm N' matches this regex")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="rows run at once (default: the number of CPUs); each row's time is its own run's")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs %d: not a positive number" % args.jobs)
     build = os.path.abspath(args.build)
     if not os.path.exists(os.path.join(build, "dpcheck")):
         sys.exit("%s: no dpcheck here; build first (bash ci/build.sh)" % build)
 
     def go(rows, label):
-        for i, r in enumerate(rows, 1):
-            run(r, build)
-            print("[%s %d/%d] %-9s %-18s N=%s  %-5s %6.1f s  %s" % (
-                label, i, len(rows), r.library, r.algorithm, r.world, r.verdict, r.seconds,
-                r.check or r.detail[:60]), flush=True)
+        # Rows run args.jobs at a time and are printed in table order as they end.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            ended = [pool.submit(run, r, build) for r in rows]
+            for i, (r, end) in enumerate(zip(rows, ended), 1):
+                end.result()
+                print("[%s %d/%d] %-9s %-18s N=%s  %-5s %6.1f s  %s" % (
+                    label, i, len(rows), r.library, r.algorithm, r.world, r.verdict, r.seconds,
+                    r.check or r.detail[:60]), flush=True)
         return rows
 
     if args.check:
