@@ -51,7 +51,9 @@ class RankZeroWriter {
 
   // Writes the checkpoint (rank 0) and keeps the newest `keep` of them. Returns its directory, or an
   // empty path on ranks that do not write. A collective (every rank may read the checkpoint once it
-  // returns), unless `collective` is false: then rank 0 alone calls it (a peer may be gone).
+  // returns), unless `collective` is false: then rank 0 alone calls it (a peer may be gone). When rank 0
+  // cannot write it, every rank throws: rank 0 its own error, the others an Error naming rank 0 and its
+  // reason, so that no rank waits for one that has left.
   std::filesystem::path save(const Checkpoint& checkpoint, const ModelConfig& model, bool collective = true);
   // Appends one JSON line to the log (rank 0). The first call opens the log: UsageError naming the path
   // if it is anything but a regular file (a FIFO would block the open, or every write, forever).

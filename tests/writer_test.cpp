@@ -20,6 +20,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "properties/target.hpp"
 #include "src/error.hpp"
@@ -575,6 +576,36 @@ TEST_F(Writer, ACheckpointTheReaderWouldRefuseIsNotWritten) {
       EXPECT_NE(std::string(e.what()).find("\"optimizer.steps\" is 1 after 2 steps"), std::string::npos) << e.what();
     }
   });
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// The same refusal among four ranks: every rank ends at once with rank 0's reason, none is left in
+// save()'s barrier or at the next collective (which, with rank 0 gone on, matched another call and
+// left the others to the timeout).
+TEST_F(Writer, ACheckpointRankZeroCannotWriteEndsTheSaveOnEveryRank) {
+  const TrainConfig c = small_config(OptimizerKind::momentum);
+  Checkpoint bad = trained(c, 2);
+  bad.optimizer_steps = 1;
+  std::vector<std::string> said(4);
+  const auto start = std::chrono::steady_clock::now();
+  run_local(
+      4,
+      [&](Communicator& comm) {
+        try {
+          RankZeroWriter(comm, dir_, {}).save(bad, c.model);
+        } catch (const Error& e) {
+          said[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+        // Every rank is still in step with the others: the next collective is the same call everywhere.
+        comm.host().barrier();
+      },
+      std::chrono::milliseconds(20000));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_NE(said[0].find("\"optimizer.steps\" is 1 after 2 steps"), std::string::npos) << said[0];
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_EQ(said[static_cast<std::size_t>(r)].rfind("rank 0: cannot write checkpoint", 0), 0u) << said[static_cast<std::size_t>(r)];
+    EXPECT_NE(said[static_cast<std::size_t>(r)].find("\"optimizer.steps\" is 1 after 2 steps"), std::string::npos);
+  }
   EXPECT_TRUE(fs::is_empty(dir_));
 }
 
