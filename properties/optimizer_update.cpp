@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 
 #include "properties/common.hpp"
 #include "reference/training_rules.hpp"

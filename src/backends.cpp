@@ -12,7 +12,6 @@
 #include "src/comm/mpi_comm.hpp"
 #include "src/cuda_plugin.hpp"
 #include "src/error.hpp"
-#include "src/plugin/plugin_loader.hpp"
 
 namespace dpcheck {
 

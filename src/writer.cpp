@@ -402,7 +402,8 @@ RankZeroWriter::~RankZeroWriter() {
 
 fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, bool collective) {
   fs::path final_dir;
-  std::exception_ptr failed;  // this rank's, when it could not write the checkpoint
+  std::exception_ptr failed;  // this rank's, when it could not write the checkpoint, and its text
+  std::string why;
   if (writes() && !checkpoint_dir_.empty()) try {
     fs::create_directories(checkpoint_dir_);
     remove_abandoned(checkpoint_dir_);
@@ -481,23 +482,20 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, boo
     if (replacing) fs::remove_all(old);
 
     prune(checkpoint_dir_, final_dir, keep_);
+  } catch (const std::exception& e) {
+    if (!collective) throw;
+    failed = std::current_exception();
+    why = *e.what() ? e.what() : "cannot write checkpoint " + checkpoint_name(c.step);
   } catch (...) {
     if (!collective) throw;
     failed = std::current_exception();
+    why = "cannot write checkpoint " + checkpoint_name(c.step);
   }
   // Every rank may read the checkpoint once save() returns. When the writing rank could not write it,
   // every rank ends with its error here, instead of waiting in a barrier (or at the next collective) for
   // a rank that has left.
   if (collective) {
-    std::string mine;
-    if (failed) try {
-        std::rethrow_exception(failed);
-      } catch (const std::exception& e) {
-        mine = e.what();
-      } catch (...) {
-        mine = "cannot write checkpoint " + checkpoint_name(c.step);
-      }
-    const std::vector<std::string> said = allgather_strings(comm_.host(), mine);
+    const std::vector<std::string> said = allgather_strings(comm_.host(), why);
     if (failed) std::rethrow_exception(failed);
     for (std::size_t r = 0; r < said.size(); ++r)
       if (!said[r].empty()) throw Error("rank " + std::to_string(r) + ": " + said[r]);
