@@ -119,9 +119,7 @@ WriteAuditOutcome check_audit_sees(const PlantCase& c, const Target& target) {
                                 "plant-writes", "--dir", dir.string()};
   for (const audit::Plant& p : c.plants) argv.insert(argv.end(), {"--plant", audit::plant_text(p)});
   audit::AuditOptions options;
-  // As only_rank0_writes launches: Open MPI refuses root and more ranks than cores without these.
-  options.extra_env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                       "OMPI_MCA_rmaps_base_oversubscribe=1"};
+  options.extra_env = launcher_env();  // as only_rank0_writes launches
   if (target.process_world)
     options.unset = {"OMPI_COMM_WORLD", "OMPI_MCA_", "PMIX_", "PMI_", "OMPI_FILE", "OMPI_UNIVERSE"};
   options.output = scratch / "output.txt";

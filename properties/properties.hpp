@@ -199,6 +199,11 @@ WriteAuditOutcome check_rank0_writes(const Scenario& scenario, const Target& tar
 
 // mpirun or mpiexec from PATH, or "" when there is none.
 std::string find_mpi_launcher();
+// The environment a property's own launch adds for the launcher: Open MPI refuses root and more ranks
+// than cores without the first three (other launchers ignore them); and when a rank exits non-zero,
+// mpirun ends the others at once instead of waiting a second before SIGTERM and another before SIGKILL.
+// A failing case's launch took two seconds more, and shrinking one launches dozens.
+std::vector<std::string> launcher_env();
 // The dpcheck executable that processes of a property run: $DPCHECK_BINARY, this process if it is the
 // dpcheck command (whatever its file is called: the command says so with this_process_is_dpcheck, as
 // an installed or copied binary may be renamed), else the dpcheck beside the audit library of this build

@@ -115,6 +115,11 @@ std::string rank0_writes_unavailable(const Target&) {
 
 std::string find_mpi_launcher() { return find_in_path({"mpirun", "mpiexec"}); }
 
+std::vector<std::string> launcher_env() {
+  return {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
+          "OMPI_MCA_odls_base_sigkill_timeout=0"};
+}
+
 std::string run_failure_reason(const std::string& output) {
   // What launchers print around a failing rank (Open MPI's mpirun, MPICH's mpiexec): never the reason.
   static constexpr std::string_view boilerplate[] = {
@@ -182,9 +187,7 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     if (target.precision != Precision::fp32) argv.insert(argv.end(), {"--precision", std::string(precision_name(target.precision))});
 
     audit::AuditOptions options;
-    // Open MPI refuses root and more ranks than cores without these; other launchers ignore them.
-    options.extra_env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                         "OMPI_MCA_rmaps_base_oversubscribe=1"};
+    options.extra_env = launcher_env();
     // Launched from inside an MPI job, the new launcher must not think it belongs to this one.
     if (target.process_world)
       options.unset = {"OMPI_COMM_WORLD", "OMPI_MCA_", "PMIX_", "PMI_", "OMPI_FILE", "OMPI_UNIVERSE"};
