@@ -103,16 +103,6 @@ TEST_F(MpiTrain, AKilledRankEndsTheJobNamingTheRank) {
   EXPECT_NE(own.output.find("no message from rank 2"), std::string::npos) << own.output;
 }
 
-TEST_F(MpiTrain, VerifyRunsEveryPropertyAcrossProcesses) {
-  const CommandResult o = run(mpirun(3) + " verify --comm mpi --cases 20", 300);
-  EXPECT_EQ(o.status, 0) << o.output;
-  EXPECT_NE(o.output.find("world size 3"), std::string::npos) << o.output;
-  EXPECT_NE(o.output.find("all properties passed"), std::string::npos) << o.output;
-  const CommandResult bad = run(mpirun(3) + " verify --comm mpi --cases 20 --mutant allreduce-rank-order", 300);
-  EXPECT_EQ(bad.status, 1) << bad.output;
-  EXPECT_NE(bad.output.find("replay: mpirun -np 3 dpcheck verify"), std::string::npos) << bad.output;
-}
-
 }  // namespace
 
 namespace {
