@@ -8,6 +8,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "src/rng.hpp"
 #include "src/trainer.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "properties/target.hpp"
+#include "src/target.hpp"
 
 namespace dpcheck {
 

@@ -32,6 +32,7 @@
 #include <sstream>
 
 #include "properties/conform.hpp"
+#include "properties/bounds.hpp"
 #include "properties/properties.hpp"
 #include "reference/kernel_bound.hpp"
 #include "reference/optimizer.hpp"
@@ -928,7 +929,7 @@ std::vector<std::string> conform_kernel_checks() {
 std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptions& options) {
   if (target.kernels.empty()) throw UsageError("conform_kernels needs a kernel plugin (--kernels PATH)");
   const KernelPlugin& plugin = load_kernel_plugin(target.kernels);
-  require_kernels_for_engine(plugin, target.engine);
+  require_kernels_for_engine(plugin, find_engine(target.engine));
   if (options.cases < 1) throw UsageError("--cases must be at least 1");
   if (options.max_kernel_size < 1 || options.max_kernel_size > kMaxSizeLimit)
     throw UsageError("--max-size must be in [1, " + std::to_string(kMaxSizeLimit) +

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "reference/bound.hpp"
 #include "reference/optimizer.hpp"

@@ -25,8 +25,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "properties/target.hpp"
 #include "src/error.hpp"
+#include "src/target.hpp"
 #include "src/trainer.hpp"
 
 namespace dpcheck {

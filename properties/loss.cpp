@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "reference/bound.hpp"
 #include "reference/schedule.hpp"

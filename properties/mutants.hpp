@@ -11,7 +11,10 @@
 #include <string>
 #include <string_view>
 
+#include "reference/bound.hpp"
 #include "src/comm.hpp"
+#include "src/fault.hpp"
+#include "src/mutant_hooks.hpp"
 #include "src/optimizer.hpp"
 #include "src/sampler.hpp"
 #include "src/trainer.hpp"
@@ -42,43 +45,18 @@ void require_known_mutant(std::string_view name);      // UsageError listing the
 // own judgement (the rows named audit-...), else "".
 std::string audit_mutant(std::string_view mutant);
 
-// Fault injection, like Megatron's error injector: one element of one buffer changed at one step, so
-// that a check or a trace diff can be held to locating exactly it: the lowest mantissa bit flipped
-// (the smallest change there is), a NaN, a change no rounding makes (a quarter of max(|v|, 1) added:
-// a bug), or (all-reduce only) the element left as this rank's own input, as a reduction that skips
-// one chunk on one rank leaves it. A data fault replaces one example of the rank's step with the next
-// one of the data set, whatever the kind.
-enum class FaultKind { flip_low_bit, nan, keep_input, bug };
-// Where the fault goes: the rank's examples, its local gradient before the all-reduce, the output of
-// the all-reduce, its parameters after the optimizer step, or its optimizer state after it.
-enum class FaultPhase { data, local_gradient, all_reduce, update, optimizer_state };
-std::string_view fault_phase_name(FaultPhase phase);  // "data", "local gradient", ..., "optimizer state"
-struct Fault {
-  // The training step (local gradient only: below 0, every step from -step on); all-reduce: the data
-  // call's sequence number on the communicator, from 0 (the step, without buckets, from step 0).
-  std::int64_t step = 0;
-  int rank = 0;
-  // The flat element of the buffer, or the position in the step's examples (data); beyond the buffer:
-  // its last element.
-  std::size_t element = 0;
-  FaultKind kind = FaultKind::flip_low_bit;
-  FaultPhase phase = FaultPhase::local_gradient;
+// Registers this table's hooks as the program's mutant table (src/mutant_hooks.hpp), through which
+// a Target builds its broken parts; idempotent. The dpcheck command, the property runner and the test
+// programs call it before they run a target.
+void register_mutants();
 
-  bool operator==(const Fault&) const = default;
-  std::string describe() const;  // "a flipped low bit in the local gradient of rank 1 at step 2, element 7"
-};
-// Changes element fault.element of n floats in `memory`'s space (one float copied out and back).
-void inject_fault(const MemoryService& memory, float* buf, std::size_t n, const Fault& fault);
-// The output of data all-reduce number fault.step (counted from 0 on this communicator) on fault.rank.
-std::unique_ptr<Communicator> fault_communicator(Communicator& inner, const Fault& fault);
-// A trainer whose fault.rank takes the fault at step fault.step: in its examples, its local gradient
-// before the all-reduce, or its parameters or optimizer state after the update (not all-reduce faults:
-// fault_communicator).
-std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm, Engine& engine,
-                                       Optimizer& optimizer, const DistributedSampler& sampler, const Dataset& data);
-
-// Hooks for target.cpp. Each returns nullptr (or its input unchanged) when the mutant does not break
-// that part, so the correct part is used.
+// The table's hooks (src/mutant_hooks.hpp's MutantTable). Each returns nullptr (or its input unchanged)
+// when the mutant does not break that part, so the correct part is used.
+MutantTraits mutant_traits(std::string_view name);  // UsageError for an unknown name (require_known_mutant)
+void mutant_engine_spec(std::string_view mutant, EngineSpec& spec);
+bool mutant_trace_digest_prefix(std::string_view mutant);
+// The bound mutants: the derived bound without its kink term, or three times as loose.
+void mutant_bound_options(std::string_view mutant, reference::BoundOptions& options);
 std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner);
 std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config);
 // The optimizer itself, wrapped when the mutant breaks its formula.

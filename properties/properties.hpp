@@ -36,7 +36,8 @@
 #include <string_view>
 
 #include "properties/scenario.hpp"
-#include "properties/target.hpp"
+#include "reference/bound.hpp"
+#include "src/target.hpp"
 
 namespace dpcheck {
 

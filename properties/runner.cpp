@@ -8,6 +8,7 @@
 
 #include <rapidcheck.h>
 
+#include "properties/mutants.hpp"
 #include "properties/replay.hpp"
 #include "properties/scenario.hpp"
 #include "src/error.hpp"
@@ -308,6 +309,7 @@ class Search {
 const PropertyDef& replay_property(const std::string& token) { return find_property(decode_replay(token).property); }
 
 PropertyResult run_property(const PropertyDef& property, const Target& target, const RunOptions& options) {
+  register_mutants();  // the target's mutant, if any, is built through the table
   if (options.cases < 1) throw UsageError("the number of cases must be at least 1");
   if (options.reruns < 1) throw UsageError("the number of runs of a failing case must be at least 1");
   PropertyResult out;

@@ -196,7 +196,7 @@ std::vector<float> traced_run(const Target& target, const Scenario& s, const Fau
   std::mutex mu;
   run_world(t, s.world_size, [&](Communicator& world_comm) {
     TraceRecorder recorder(s.train.model, state_names);
-    recorder.set_mutant(t.mutant);
+    recorder.set_digest_prefix(trace_digest_prefix(t));
     PlantedBuffer grab(plant);
     StepObservers chain;
     chain.add(&recorder);

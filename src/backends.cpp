@@ -11,7 +11,10 @@
 #include "src/comm/local_comm.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/cuda_plugin.hpp"
+#include "src/engine.hpp"
 #include "src/error.hpp"
+#include "src/optimizer.hpp"
+#include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck {
 
@@ -19,10 +22,56 @@ namespace {
 
 void require_cuda_device() { (void)require_cuda(); }
 
+std::unique_ptr<Engine> make_host_engine(const ModelConfig& model, const EngineSpec& spec, int rank) {
+  CpuEngineOptions options;
+  options.precision = spec.precision;
+  options.accumulate_in_low_precision = spec.accumulate_in_low_precision;
+  return make_cpu_engine(model, make_kernels(spec.kernels, rank, spec.timeout), options);
+}
+
+std::unique_ptr<Optimizer> make_host_optimizer(const OptimizerConfig& config, std::size_t size, void*,
+                                               const EngineSpec& spec, int rank) {
+  return make_cpu_optimizer(config, size, make_kernels(spec.kernels, rank, spec.timeout));
+}
+
+std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& model, const EngineSpec& spec, int rank);
+
+std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerConfig& config, std::size_t size, void* stream,
+                                               const EngineSpec& spec, int rank) {
+  return require_cuda().make_optimizer(config, size, stream, make_kernels(spec.kernels, rank, spec.timeout));
+}
+
 const EngineRow kEngines[] = {
-    {"cpu", MemorySpace::host, "Eigen, float32", nullptr},
-    {"cuda", MemorySpace::device, "cuBLAS and dpcheck's kernels, from the CUDA plugin", &require_cuda_device},
+    {.name = "cpu",
+     .memory = MemorySpace::host,
+     .help = "Eigen, float32",
+     .require = nullptr,
+     .low_precision = true,
+     .low_precision_with_kernels = true,
+     .bf16_allreduce = true,
+     .draws_formats = true,
+     .make_engine = &make_host_engine,
+     .make_optimizer = &make_host_optimizer},
+    {.name = "cuda",
+     .memory = MemorySpace::device,
+     .help = "cuBLAS and dpcheck's kernels, from the CUDA plugin",
+     .require = &require_cuda_device,
+     .tf32 = true,
+     .low_precision = true,
+     .products_may_truncate = true,
+     .make_engine = &make_cuda_engine,
+     .make_optimizer = &make_cuda_optimizer},
 };
+
+std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& model, const EngineSpec& spec, int rank) {
+  if (!spec.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(spec.kernels), engine_for_memory(MemorySpace::device));
+  cuda::EngineOptions options;
+  options.tf32 = spec.tf32;
+  options.precision = spec.precision;
+  options.bias_grad = spec.bias_grad;
+  options.kernels = make_kernels(spec.kernels, rank, spec.timeout);
+  return require_cuda().make_engine(model, options);
+}
 
 // The launcher the process backends run under: main joins an MPI world when one started it.
 constexpr std::string_view kMpiLauncher = "mpirun -np";
@@ -47,6 +96,7 @@ std::deque<Backend> built_in_rows() {
   mpi.memory = MemorySpace::host;
   mpi.help = "one process per rank, under mpirun";
   mpi.rank_order = true;
+  mpi.mpi = MpiUse::transport;
   // The launcher's world is dpcheck's mpi communicator itself (src/comm/mpi_comm.hpp).
   mpi.run_processes = [](Communicator& world, const RankFunction& fn) { fn(world); };
   mpi.launcher = kMpiLauncher;
@@ -69,6 +119,7 @@ std::deque<Backend> built_in_rows() {
     fn(*native);
   };
   mpi_native.launcher = kMpiLauncher;
+  mpi_native.mpi = MpiUse::collectives;
   rows.push_back(std::move(mpi_native));
 
   Backend cuda_local;
@@ -146,6 +197,31 @@ const EngineRow& find_engine(std::string_view name) {
   throw UsageError("unknown engine '" + std::string(name) + "' (choose " + or_list(names) + ")");
 }
 
+const EngineRow& engine_for_memory(MemorySpace memory) {
+  for (const EngineRow& e : kEngines)
+    if (e.memory == memory) return e;
+  throw Error("no engine keeps its buffers in " + std::string(memory == MemorySpace::host ? "host" : "device") +
+              " memory");
+}
+
+std::string engines_with(bool EngineRow::*has) {
+  std::vector<std::string_view> names;
+  for (const EngineRow& e : kEngines)
+    if (e.*has) names.push_back(e.name);
+  return "the " + and_list(names) + (names.size() == 1 ? " engine" : " engines");
+}
+
+void require_kernels_for_engine(const KernelPlugin& plugin, const EngineRow& engine) {
+  const MemorySpace memory = plugin.memory() == DPCHECK_CUDA ? MemorySpace::device : MemorySpace::host;
+  if (memory == engine.memory) return;
+  const std::string plugin_is = plugin.what() + ": plugin '" + std::string(plugin.name()) + "' works on ";
+  if (memory == MemorySpace::host)
+    throw UsageError(plugin_is + "host memory (DPCHECK_HOST): it runs with --engine " +
+                     std::string(engine_for_memory(memory).name) + ", not the " + std::string(engine.name) + " engine");
+  throw UsageError(plugin_is + "device memory (DPCHECK_CUDA), which the " + std::string(engine.name) +
+                   " engine does not have: run it with --engine " + std::string(engine_for_memory(memory).name));
+}
+
 std::string Backend::launch_prefix(int processes) const {
   if (!may_run_under_launcher() || launcher.empty()) return {};
   return launcher + " " + std::to_string(processes) + " ";
@@ -190,6 +266,12 @@ const Backend& backend_for(std::string_view engine, std::string_view comm) {
 std::string default_comm(std::string_view engine) {
   for (const Backend& b : table())
     if (b.engine == engine && b.engine_default) return b.name;
+  return {};
+}
+
+std::string process_comm(std::string_view engine) {
+  for (const Backend& b : table())
+    if (b.engine == engine && b.may_run_under_launcher()) return b.name;
   return {};
 }
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 
 #include "src/comm.hpp"
 #include "src/dtype.hpp"
+#include "src/engine_spec.hpp"
 
 namespace dpcheck {
 
@@ -33,6 +35,21 @@ struct EngineRow {
   // Throws UsageError naming why this machine cannot run the engine (no GPU, no plugin); null when it
   // always can.
   void (*require)();
+  // What the engine can do, which validation and verify's drawing read instead of its name.
+  bool tf32 = false;                        // --tf32: TF32 tensor cores for the matrix products
+  bool low_precision = false;               // --precision bf16 and fp16
+  bool low_precision_with_kernels = false;  // the same with --kernels
+  bool bf16_allreduce = false;              // --allreduce-dtype bf16: the gradient all-reduced in bfloat16
+  // verify draws the precision and the all-reduce's dtype per case where no option fixes them.
+  bool draws_formats = false;
+  // Its low-precision products may accumulate with truncation rather than rounding to nearest (tensor
+  // cores), which the bound allows for.
+  bool products_may_truncate = false;
+  // Its engine, and an optimizer whose work goes on that engine's stream (nullptr on a host engine); for
+  // `rank` (-1: none, in messages), with the spec's kernels on a handle of their own.
+  std::unique_ptr<Engine> (*make_engine)(const ModelConfig& model, const EngineSpec& spec, int rank) = nullptr;
+  std::unique_ptr<Optimizer> (*make_optimizer)(const OptimizerConfig& config, std::size_t size, void* stream,
+                                               const EngineSpec& spec, int rank) = nullptr;
 };
 
 // The engines, the default first.
@@ -40,8 +57,17 @@ std::span<const EngineRow> engines();
 std::string_view default_engine();
 // UsageError "unknown engine 'x' (choose cpu or cuda)".
 const EngineRow& find_engine(std::string_view name);
+// The first engine whose buffers live in `memory` (a plugin of host or device memory joins it).
+const EngineRow& engine_for_memory(MemorySpace memory);
+// "the cpu and cuda engines": the engines whose row has `has` set, for messages.
+std::string engines_with(bool EngineRow::*has);
+// UsageError when a kernel plugin's memory is not the engine's (a host plugin on the cuda engine, or a
+// device plugin on an engine without device memory), naming the engine to run it with.
+void require_kernels_for_engine(const KernelPlugin& plugin, const EngineRow& engine);
 
 // ---- communicator backends ------------------------------------------------------------------------
+
+enum class MpiUse { none, transport, collectives };
 
 // The run functions are std::function rather than bare pointers so that a row added at run time can
 // carry what it needs (a plugin's handle and its table of entry points).
@@ -55,6 +81,9 @@ struct Backend {
   // element's place in the call (as a ring's chunks make it): then all-reducing the gradient in
   // buckets changes no bit (src/bucketing.hpp).
   bool rank_order = false;
+  // What it takes from the MPI library: nothing, its transport (dpcheck's collectives over it), or its
+  // own collectives, whose algorithm Open MPI's MCA parameters may force. Reports name the library.
+  MpiUse mpi = MpiUse::none;
 
   // Ranks as threads of this process: runs fn on n threads, each with its rank's communicator of a world
   // of n, joins them, and rethrows the exception that ended the world. Empty when the ranks can only be
@@ -105,6 +134,9 @@ const Backend& backend_for(std::string_view engine, std::string_view comm);
 // The engine's communicator when --comm is not given ("local" for cpu, "cuda-local" for cuda); "" for
 // an unknown engine, which backend_for then names.
 std::string default_comm(std::string_view engine);
+// The engine's first communicator whose ranks may be a launcher's processes ("mpi" for cpu, "nccl"
+// for cuda); "" when it has none.
+std::string process_comm(std::string_view engine);
 
 // How backend b's ranks run in this process: the launcher's world (launcher_world, nullptr when no
 // launcher started this process) when they are its processes, nullptr when they are threads here.

@@ -63,9 +63,9 @@ class TraceRecorder final : public StepObserver {
   void record(CollectiveRecord record) { calls_.push_back(std::move(record)); }
   std::int64_t next_seq() { return seq_++; }
 
-  // The mutant "trace-digest-prefix" (properties/mutants.cpp), which breaks the digests; any other name
-  // leaves them whole.
-  void set_mutant(std::string_view mutant) { prefix_digest_ = mutant == "trace-digest-prefix"; }
+  // Digests only a prefix of each buffer: the broken digests of a mutant (trace_digest_prefix of
+  // src/target.hpp says when).
+  void set_digest_prefix(bool prefix) { prefix_digest_ = prefix; }
 
   // This rank's part of the step's line.
   nlohmann::json rank_part(int rank) const;

@@ -14,11 +14,11 @@
 
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
-#include "properties/target.hpp"
 #include "src/backends.hpp"
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
+#include "src/target.hpp"
 
 namespace dpcheck {
 namespace {

@@ -13,13 +13,13 @@
 
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
-#include "properties/target.hpp"
 #include "src/backends.hpp"
+#include "src/comm/mpi_comm.hpp"
+#include "src/cuda_plugin.hpp"
 #include "src/model.hpp"
 #include "src/npy.hpp"
-#include "src/comm/mpi_comm.hpp"
 #include "src/process.hpp"
-#include "src/cuda_plugin.hpp"
+#include "src/target.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

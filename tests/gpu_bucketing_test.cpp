@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "properties/target.hpp"
 #include "src/data.hpp"
 #include "src/error.hpp"
 #include "src/loss_scaler.hpp"
+#include "src/target.hpp"
 #include "src/trainer.hpp"
 #include "tests/target_support.hpp"
 

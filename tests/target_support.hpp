@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "properties/target.hpp"
 #include "src/error.hpp"
+#include "src/target.hpp"
 
 namespace dpcheck {
 

@@ -22,11 +22,11 @@
 #include <thread>
 #include <vector>
 
-#include "properties/target.hpp"
+#include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
 #include "src/hash.hpp"
-#include "src/comm/local_comm.hpp"
 #include "src/npy.hpp"
+#include "src/target.hpp"
 #include "src/writer.hpp"
 #include "tests/test_support.hpp"
 

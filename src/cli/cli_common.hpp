@@ -10,11 +10,11 @@
 #include <string_view>
 #include <vector>
 
-#include "properties/target.hpp"
 #include "src/data.hpp"
 #include "src/model.hpp"
 #include "src/replica_check.hpp"  // float_text
 #include "src/sampler.hpp"
+#include "src/target.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 

@@ -21,25 +21,25 @@
 #include <string>
 #include <vector>
 
-#include "properties/target.hpp"
 #include "src/backends.hpp"
 #include "src/bench.hpp"
 #include "src/bench_cpu_step.hpp"
-#include "src/cpu_gemm.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/cmd_bench_scaling.hpp"
-#include "src/files.hpp"
-#include "src/model.hpp"
-#include "src/process.hpp"
-#include "src/report/html.hpp"
-#include "src/trace.hpp"
-#include "src/cuda_plugin.hpp"
-#include "src/cli/gpu_report.hpp"
 #include "src/cli/commands.hpp"
-#include "src/error.hpp"
+#include "src/cli/gpu_report.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/plugin_comm.hpp"
+#include "src/cpu_gemm.hpp"
+#include "src/cuda_plugin.hpp"
+#include "src/error.hpp"
+#include "src/files.hpp"
+#include "src/model.hpp"
 #include "src/plugin/plugin_loader.hpp"
+#include "src/process.hpp"
+#include "src/report/html.hpp"
+#include "src/target.hpp"
+#include "src/trace.hpp"
 
 namespace dpcheck::cli {
 
@@ -120,7 +120,8 @@ int run_allreduce(const AllreduceArgs& args) {
   for (const std::string& path : args.plugins) {
     if (!looks_like_plugin_path(path))
       throw UsageError("--comm " + path + ": give a communicator plugin's path (the built-in backends go in --backends)");
-    const Backend& row = backend_for("cpu", path);  // loads and checks it: a host-memory plugin
+    // Loads and checks it: a host-memory plugin.
+    const Backend& row = backend_for(std::string(engine_for_memory(MemorySpace::host).name), path);
     plugin_rows.push_back({load_comm_plugin(path).name, [&row](int ranks, const std::function<void(Communicator&)>& fn) {
                              row.run_threads(ranks, fn, Communicator::default_timeout);
                            }});
@@ -325,16 +326,25 @@ int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const
 int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
   if ((repeats_given && a.repeats < 1) || (warmup_given && a.warmup < 0))
     throw UsageError("--repeats must be at least 1 and --warmup at least 0");
+  // Without --engine: the GPU's engine where a device answers, else the host's, saying why.
+  const std::string host(engine_for_memory(MemorySpace::host).name), gpu(engine_for_memory(MemorySpace::device).name);
   std::string engine = a.engine;
   std::string note;
   if (engine.empty()) {
     std::string why;
     const cuda::Plugin* p = cuda_plugin(&why);
-    engine = p != nullptr && p->device_available(&why) ? "cuda" : "cpu";
-    if (engine == "cpu") note = "# no GPU for the cuda benchmark (" + why + "): the cpu one; --engine cuda or cpu to choose";
+    engine = p != nullptr && p->device_available(&why) ? gpu : host;
+    if (engine == host)
+      note = "# no GPU for the " + gpu + " benchmark (" + why + "): the " + host + " one; --engine " + gpu + " or " + host +
+             " to choose";
   }
-  if (engine == "cpu") return run_cpu_step(a, warmup_given, repeats_given, note);
-  if (engine != "cuda") throw UsageError("--engine: unknown engine '" + engine + "' (choose cpu or cuda)");
+  const EngineRow* row = nullptr;
+  try {
+    row = &find_engine(engine);
+  } catch (const UsageError& e) {
+    throw UsageError("--engine: " + std::string(e.what()));
+  }
+  if (row->memory == MemorySpace::host) return run_cpu_step(a, warmup_given, repeats_given, note);
   cuda::StepBenchOptions o;
   o.models = parse_models(a.models.empty() ? "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1" : a.models);
   o.warmup = warmup_given ? a.warmup : 10;

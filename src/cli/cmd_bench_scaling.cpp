@@ -23,7 +23,6 @@
 #include <utility>
 #include <vector>
 
-#include "properties/target.hpp"
 #include "src/bench.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/cmd_bench_scaling.hpp"
@@ -34,6 +33,7 @@
 #include "src/process.hpp"
 #include "src/report/html.hpp"
 #include "src/scaling.hpp"
+#include "src/target.hpp"
 
 namespace dpcheck::cli {
 

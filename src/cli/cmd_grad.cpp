@@ -11,11 +11,11 @@
 
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
-#include "properties/target.hpp"
 #include "reference/bound.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
+#include "src/target.hpp"
 
 namespace dpcheck::cli {
 

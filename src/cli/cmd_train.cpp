@@ -18,12 +18,12 @@
 
 #include "properties/divergence.hpp"
 #include "properties/mutants.hpp"
-#include "properties/target.hpp"
-#include "src/report/html.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
 #include "src/files.hpp"
+#include "src/report/html.hpp"
+#include "src/target.hpp"
 #include "src/trace.hpp"
 
 namespace dpcheck::cli {
@@ -174,7 +174,7 @@ int run_train(TrainOptions& o) {
   run_world(target, world, [&](Communicator& world_comm) {
     // With --trace, the trainer talks through the recorder's wrapper, which sees its data collectives.
     TraceRecorder recorder(t.model, state_names);
-    recorder.set_mutant(target.mutant);
+    recorder.set_digest_prefix(trace_digest_prefix(target));
     std::optional<TracingCommunicator> traced;
     Communicator& comm = o.trace.empty() ? world_comm : traced.emplace(world_comm, recorder);
     RankTrainer rt = make_rank_trainer(target, t, comm, *data);

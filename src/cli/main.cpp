@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
   ::signal(SIGXFSZ, SIG_IGN);
   // only_rank0_writes launches this very program, whatever its file is called.
   this_process_is_dpcheck();
+  // Targets build their broken parts through the mutant table.
+  register_mutants();
   // One line naming the problem; subcommands inherit this from the app.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string("dpcheck: error: ") + e.what() + " (see --help)\n";

@@ -339,8 +339,8 @@ const Backend& register_comm_plugin(const std::string& path) {
   row.help = "the plugin '" + std::string(plugin.name) + "'";
   const std::string name = path;
   if (plugin.memory == DPCHECK_HOST) {
-    row.engine = "cpu";
     row.memory = MemorySpace::host;
+    row.engine = engine_for_memory(row.memory).name;
     row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
       export_timeout(timeout);
       run_local(
@@ -366,8 +366,8 @@ const Backend& register_comm_plugin(const std::string& path) {
     // Device buffers: the ranks are the cuda engine's replicas on this machine's GPU, a thread each, and
     // the plugin's communicator stands in for cuda-local's collectives (whose copies and host transport
     // it keeps).
-    row.engine = "cuda";
     row.memory = MemorySpace::device;
+    row.engine = engine_for_memory(row.memory).name;
     row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
       export_timeout(timeout);
       require_cuda().run_cuda_local(

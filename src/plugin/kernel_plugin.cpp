@@ -58,17 +58,6 @@ const KernelPlugin& load_kernel_plugin(const std::string& path) {
   return *loaded.emplace(path, std::move(plugin)).first->second;
 }
 
-void require_kernels_for_engine(const KernelPlugin& plugin, std::string_view engine) {
-  const bool device = plugin.memory() == DPCHECK_CUDA;
-  if (engine == "cuda" && !device)
-    throw UsageError(plugin.what() + ": plugin '" + std::string(plugin.name()) +
-                     "' works on host memory (DPCHECK_HOST): it runs with --engine cpu, not the cuda engine");
-  if (engine != "cuda" && device)
-    throw UsageError(plugin.what() + ": plugin '" + std::string(plugin.name()) +
-                     "' works on device memory (DPCHECK_CUDA), which the " + std::string(engine) +
-                     " engine does not have: run it with --engine cuda");
-}
-
 Kernels::Kernels(const KernelPlugin& plugin, int rank, std::chrono::milliseconds timeout)
     : plugin_(plugin), rank_(rank), timeout_(timeout) {
   if (plugin_.table().init) call("init", [&] { return plugin_.table().init(&handle_); });

@@ -59,11 +59,6 @@ class KernelPlugin {
 // memory that is neither DPCHECK_HOST nor DPCHECK_CUDA.
 const KernelPlugin& load_kernel_plugin(const std::string& path);
 
-// UsageError unless the plugin's buffers live where `engine`'s do: a DPCHECK_HOST plugin for the cpu
-// engine, a DPCHECK_CUDA one for the cuda engine (kernels/cuda_engine.cpp and kernels/optimizer.cu
-// call it on the engine's stream).
-void require_kernels_for_engine(const KernelPlugin& plugin, std::string_view engine);
-
 // One handle of a plugin: init on construction, finalize on destruction. Calls are made from the thread
 // that owns the handle (a rank's). Each guarded by a watchdog of `timeout` (zero: none).
 class Kernels {

@@ -1,11 +1,11 @@
-#include "properties/target.hpp"
+#include "src/target.hpp"
 
-#include "properties/mutants.hpp"
-#include "src/error.hpp"
 #include "src/comm/plugin_comm.hpp"
 #include "src/cuda_plugin.hpp"
-#include "src/plugin/plugin_loader.hpp"
+#include "src/error.hpp"
+#include "src/mutant_hooks.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/plugin/plugin_loader.hpp"
 
 #include <vector>
 
@@ -79,9 +79,12 @@ std::string gradient_allreduce_unsupported(const Target& target) {
 
 namespace {
 
+// The mutant table's hooks when the target names a mutant, else nullptr.
+const MutantTable* hooks(const Target& target) { return target.mutant.empty() ? nullptr : &mutant_table(); }
+
 bool formats_drawable(const Target& target) {
-  const MutantInfo* m = target.mutant.empty() ? nullptr : find_mutant(target.mutant);
-  return target.engine == "cpu" && !target.tf32 && !(m && !m->precision.empty());
+  const MutantTable* m = hooks(target);
+  return find_engine(target.engine).draws_formats && !target.tf32 && !(m && !m->require(target.mutant).precision.empty());
 }
 
 }  // namespace
@@ -98,29 +101,32 @@ bool allreduce_dtype_drawable(const Target& target) {
 void validate_target(const Target& target, GradientAllreduce gradient) {
   const Backend& backend = backend_of(target);
   (void)world_of_processes(backend, target.process_world);
-  if (target.tf32 && target.engine != "cuda") throw UsageError("--tf32 is for the cuda engine's matrix products");
+  const EngineRow& engine = find_engine(target.engine);
+  if (target.tf32 && !engine.tf32) throw UsageError("--tf32 is for " + engines_with(&EngineRow::tf32) + "'s matrix products");
   if (target.tf32 && target.precision != Precision::fp32)
     throw UsageError("--tf32 and --precision " + std::string(precision_name(target.precision)) +
                      " both set the matrix products' input format: choose one");
-  if (target.allreduce_dtype != DType::f32 && target.engine != "cpu")
-    throw UsageError("--allreduce-dtype bf16 runs on the cpu engine; the " + target.engine +
+  if (target.allreduce_dtype != DType::f32 && !engine.bf16_allreduce)
+    throw UsageError("--allreduce-dtype bf16 runs on " + engines_with(&EngineRow::bf16_allreduce) + "; the " + target.engine +
                      " engine's bf16 gradient all-reduce is not built yet");
-  if (target.precision != Precision::fp32 && target.engine != "cpu" && target.engine != "cuda")
-    throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on the cpu and cuda engines");
-  if (target.precision != Precision::fp32 && target.engine == "cuda" && !target.kernels.empty())
-    throw UsageError("--precision " + std::string(precision_name(target.precision)) +
-                     " and --kernels on the cuda engine do not go together yet");
-  require_known_mutant(target.mutant);
-  if (const MutantInfo* m = find_mutant(target.mutant); m && !m->engine.empty() && m->engine != target.engine)
-    throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m->engine) + " engine: add --engine " +
-                     std::string(m->engine));
-  if (const MutantInfo* m = find_mutant(target.mutant);
-      m && !m->precision.empty() && m->precision != precision_name(target.precision))
-    throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m->precision) + " path: add --precision " +
-                     std::string(m->precision));
+  if (target.precision != Precision::fp32 && !engine.low_precision)
+    throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on " +
+                     engines_with(&EngineRow::low_precision));
+  if (target.precision != Precision::fp32 && !engine.low_precision_with_kernels && !target.kernels.empty())
+    throw UsageError("--precision " + std::string(precision_name(target.precision)) + " and --kernels on the " +
+                     target.engine + " engine do not go together yet");
+  if (const MutantTable* table = hooks(target)) {
+    const MutantTraits m = table->require(target.mutant);
+    if (!m.engine.empty() && m.engine != target.engine)
+      throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m.engine) + " engine: add --engine " +
+                       std::string(m.engine));
+    if (!m.precision.empty() && m.precision != precision_name(target.precision))
+      throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m.precision) +
+                       " path: add --precision " + std::string(m.precision));
+  }
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
-  if (const EngineRow& engine = find_engine(target.engine); engine.require) engine.require();
-  if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), target.engine);
+  if (engine.require) engine.require();
+  if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), engine);
   if (gradient == GradientAllreduce::required)
     if (const std::string why = gradient_allreduce_unsupported(target); !why.empty()) throw UsageError(why);
 }
@@ -154,49 +160,10 @@ std::string replay_command(const Target& target, const std::string& token) {
   return cmd + " --reproduce " + shell_quoted(token);
 }
 
-reference::BoundOptions bound_options(const Target& target) {
-  reference::BoundOptions o;
-  o.uncertain_kinks = target.mutant != "bound-without-kink-term";
-  if (target.mutant == "bound-three-times-loose") o.looseness = 3;
-  if (target.tf32) {
-    o.unit_roundoff = 0x1p-11;  // TF32 keeps 10 explicit mantissa bits
-    o.product_input_roundings = 4;
-  }
-  o.input_format = target.precision;
-  // Tensor cores may accumulate with truncation rather than rounding to nearest (Fasi, Higham, Mikaitis
-  // and Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ Comput. Sci. 7, 2021), which doubles
-  // float32's unit roundoff in the accumulation: the bound allows it on the cuda engine's products.
-  if (target.precision != Precision::fp32 && target.engine == "cuda") o.unit_roundoff = 0x1p-23;
-  o.allreduce_format = target.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
-  return o;
-}
-
-reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size) {
-  if (options.input_format != Precision::fp32) options.delta_scale *= world_size;
-  if (options.allreduce_format != Precision::fp32)
-    options.allreduce_roundings =
-        (world_size + 1) * static_cast<std::int64_t>(precision_unit_roundoff(options.allreduce_format) / options.unit_roundoff);
-  return options;
-}
-
-reference::BoundOptions bound_options(const Target& target, const TrainConfig& config) {
-  reference::BoundOptions o = bound_options(target);
-  o.allreduce_format = config.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
-  return o;
-}
-
-reference::GradientBound sharded_gradient_bound(const reference::GradientBound& whole, const ModelConfig& model,
-                                                std::span<const float> params, const Batch& batch, int world_size) {
-  const reference::BoundOptions options = sharded_bound_options(whole.options, world_size);
-  if (options.delta_scale != whole.options.delta_scale) return reference::gradient_bound(model, params, batch, options);
-  reference::GradientBound out = whole;
-  out.options.allreduce_roundings = options.allreduce_roundings;
-  return out;
-}
-
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
   const auto with_mutant = [&](Communicator& comm) {
-    std::unique_ptr<Communicator> wrapped = mutant_communicator(target.mutant, comm);
+    const MutantTable* table = hooks(target);
+    std::unique_ptr<Communicator> wrapped = table ? table->communicator(target.mutant, comm) : nullptr;
     Communicator& inner = wrapped ? *wrapped : comm;
     std::unique_ptr<Communicator> faulty;
     if (target.fault && target.fault->phase == FaultPhase::all_reduce) faulty = fault_communicator(inner, *target.fault);
@@ -213,46 +180,47 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
   backend.run_threads(world_size, with_mutant, target.timeout);
 }
 
+namespace {
+
+// What the target asks of its engine; the engine mutants' broken parts set here.
+EngineSpec engine_spec(const Target& target) {
+  EngineSpec spec;
+  spec.precision = target.precision;
+  spec.tf32 = target.tf32;
+  spec.kernels = target.kernels;
+  spec.timeout = target.timeout;
+  if (const MutantTable* table = hooks(target)) table->engine_spec(target.mutant, spec);
+  return spec;
+}
+
+}  // namespace
+
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model, int rank) {
-  if (target.engine == "cpu") {
-    CpuEngineOptions options;
-    options.precision = target.precision;
-    options.accumulate_in_low_precision = target.mutant == "bf16-accumulate";
-    return make_cpu_engine(model, make_kernels(target.kernels, rank, target.timeout), options);
-  }
-  if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), target.engine);
-  if (target.engine == "cuda") {
-    cuda::EngineOptions options;
-    options.tf32 = target.tf32;
-    options.precision = target.precision;
-    // The GPU mutants swap in a broken bias-gradient kernel (kernels/bias_grad.cu).
-    if (target.mutant == "bias-grad-atomic") options.bias_grad = cuda::BiasGradKernel::atomic;
-    if (target.mutant == "bias-grad-skip-tail") options.bias_grad = cuda::BiasGradKernel::skip_tail;
-    options.kernels = make_kernels(target.kernels, rank, target.timeout);
-    return require_cuda().make_engine(model, options);
-  }
-  throw UsageError("unknown engine '" + target.engine + "'");
+  return find_engine(target.engine).make_engine(model, engine_spec(target), rank);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
                                           int rank, int world_size, void* stream) {
-  const OptimizerConfig c = mutant_optimizer_config(target.mutant, config, rank, world_size);
-  if (target.engine == "cpu")
-    return mutant_optimizer(target.mutant, make_cpu_optimizer(c, size, make_kernels(target.kernels, rank, target.timeout)));
-  if (target.engine == "cuda")
-    return require_cuda().make_optimizer(c, size, stream, make_kernels(target.kernels, rank, target.timeout));
-  throw UsageError("unknown engine '" + target.engine + "'");
+  const EngineRow& engine = find_engine(target.engine);
+  const MutantTable* table = hooks(target);
+  const OptimizerConfig c = table ? table->optimizer_config(target.mutant, config, rank, world_size) : config;
+  std::unique_ptr<Optimizer> optimizer = engine.make_optimizer(c, size, stream, engine_spec(target), rank);
+  // The optimizer mutants break a host engine's formula (the cuda engine's optimizer is kernels/optimizer.cu).
+  if (table && engine.memory == MemorySpace::host) return table->optimizer(target.mutant, std::move(optimizer));
+  return optimizer;
 }
 
 std::unique_ptr<DistributedSampler> make_sampler(const Target& target, const SamplerConfig& config) {
-  if (auto m = mutant_sampler(target.mutant, config)) return m;
+  if (const MutantTable* table = hooks(target))
+    if (auto m = table->sampler(target.mutant, config)) return m;
   return std::make_unique<DistributedSampler>(config);
 }
 
 std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& comm,
                                             const std::filesystem::path& checkpoint_dir,
                                             const std::filesystem::path& log_path, int keep) {
-  if (auto m = mutant_writer(target.mutant, comm, checkpoint_dir, log_path, keep)) return m;
+  if (const MutantTable* table = hooks(target))
+    if (auto m = table->writer(target.mutant, comm, checkpoint_dir, log_path, keep)) return m;
   return std::make_unique<RankZeroWriter>(comm, checkpoint_dir, log_path, keep);
 }
 
@@ -269,10 +237,15 @@ RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, C
   r.sampler = make_sampler(target, config.sampler(world));
   if (target.fault && target.fault->phase != FaultPhase::all_reduce)
     r.trainer = fault_trainer(*target.fault, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
-  else
-    r.trainer = mutant_trainer(target.mutant, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
+  else if (const MutantTable* table = hooks(target))
+    r.trainer = table->trainer(target.mutant, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
   if (!r.trainer) r.trainer = std::make_unique<Trainer>(config, comm, *r.engine, *r.optimizer, *r.sampler, data);
   return r;
+}
+
+bool trace_digest_prefix(const Target& target) {
+  const MutantTable* table = hooks(target);
+  return table && table->trace_digest_prefix(target.mutant);
 }
 
 }  // namespace dpcheck

@@ -10,11 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "properties/mutants.hpp"
-#include "reference/bound.hpp"
 #include "src/backends.hpp"
 #include "src/comm.hpp"
 #include "src/engine.hpp"
+#include "src/fault.hpp"
 #include "src/optimizer.hpp"
 #include "src/sampler.hpp"
 #include "src/trainer.hpp"
@@ -104,20 +103,6 @@ std::string shell_quoted(const std::string& text);
 // `text` as one shell word: as it is when no shell would change it (a name, a plain path), else quoted.
 std::string shell_word(const std::string& text);
 
-// The unit roundoff and error model of the target's float path, for the derived bound.
-reference::BoundOptions bound_options(const Target& target);
-// The same for the all-reduced gradient of world_size shards: with mixed precision its deltas are
-// rounded at world_size times the whole batch's scale, and a bf16 all-reduce adds its roundings
-// (reference/bound.hpp).
-reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size);
-// bound_options for a run of `config`: its gradient all-reduce's dtype is the configuration's.
-reference::BoundOptions bound_options(const Target& target, const TrainConfig& config);
-// The bound of the all-reduced gradient of world_size shards, from the whole batch's (made by
-// gradient_bound from these parameters and batch): `whole` itself when nothing differs, `whole` with
-// the all-reduce's roundings when only those do, else one computed at the shards' delta scale.
-reference::GradientBound sharded_gradient_bound(const reference::GradientBound& whole, const ModelConfig& model,
-                                                std::span<const float> params, const Batch& batch, int world_size);
-
 // Runs fn once for every rank of a world of world_size ranks, through the target's row: as threads of
 // this process, or on this process's rank alone when the ranks are the launcher's processes (whose
 // number must equal world_size). The communicator fn receives has the mutant's wrapper, if the mutant
@@ -148,5 +133,9 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
 // A trainer for this rank: parameters from init_params(config.model, config.seed), data from `data`.
 RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,
                               const Dataset& data);
+
+// Whether the target's trace digests only a prefix of each buffer (the mutant trace-digest-prefix):
+// for TraceRecorder::set_digest_prefix.
+bool trace_digest_prefix(const Target& target);
 
 }  // namespace dpcheck
