@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The dependency rule between dpcheck's folders, checked on every #include:
-#   src/cli -> properties -> {reference, core};  kernels -> core
-# where the core is src/ without src/cli/. So: the core includes nothing from src/cli/, properties/,
-# reference/ or kernels/; reference/ (the oracle) nothing from kernels/ or above it; kernels/ nothing from
-# reference/, properties/ or src/cli/; properties/ nothing from kernels/ or src/cli/; src/cli/ nothing from
+#   src/cli -> {conform, properties, divergence} -> {reference, core};  kernels -> core
+# where the core is src/ without src/cli/. So: the core includes nothing from src/cli/, conform/,
+# properties/, divergence/, reference/ or kernels/; reference/ (the oracle) nothing from kernels/ or
+# above it; kernels/ nothing from reference/, the checks or src/cli/; the checks (conform/, properties/
+# and divergence/, one layer in three folders) nothing from kernels/ or src/cli/; src/cli/ nothing from
 # kernels/ (it reaches the CUDA plugin through the core's contract, src/cuda_api.hpp); and no file in
 # src/ includes a CUDA header; and no two modules include each other, directly or through others. Prints
 # each include that breaks the rule (each module of a loop) and exits 1; ctest runs it
@@ -34,10 +35,11 @@ check() {
   done
 }
 
-check 'src/:!src/cli/' src/cli/ properties/ reference/ kernels/
-check 'reference/' kernels/ properties/ src/cli/
-check 'kernels/' reference/ properties/ src/cli/
-check 'properties/' kernels/ src/cli/
+checks=(conform/ properties/ divergence/)
+check 'src/:!src/cli/' src/cli/ "${checks[@]}" reference/ kernels/
+check 'reference/' kernels/ "${checks[@]}" src/cli/
+check 'kernels/' reference/ "${checks[@]}" src/cli/
+for folder in "${checks[@]}"; do check "$folder" kernels/ src/cli/; done
 check 'src/cli/' kernels/
 # The core loads the CUDA plugin through the contract it owns: no CUDA header anywhere in src/.
 cuda_headers=$(grep -rHnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(cuda|cublas|nccl|curand|cub/|thrust/)' src || true)
@@ -47,9 +49,9 @@ if [ -n "$cuda_headers" ]; then
 fi
 
 # No include loop between modules, where a module is a header with the source files of the same stem
-# (src/writer.hpp, src/writer.cpp): a loop means neither side can be understood, built or tested without
+# (src/train/writer.hpp, src/train/writer.cpp): a loop means neither side can be understood, built or tested without
 # the other. tsort names the modules of each loop.
-mapfile -t sources < <(find src properties reference kernels include -type f \( -name '*.c' -o -name '*.cpp' -o -name '*.cu' \
+mapfile -t sources < <(find src conform properties divergence reference kernels include -type f \( -name '*.c' -o -name '*.cpp' -o -name '*.cu' \
                          -o -name '*.h' -o -name '*.hpp' -o -name '*.cuh' -o -name '*.inc' \) | sort)
 edges=$(grep -HoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]+"' "${sources[@]}" |
         sed -E 's|^([^:]+):.*"([^"]+)"$|\1 \2|' |

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "src/model.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck::cuda {
 

@@ -1,5 +1,5 @@
 // First differing element (kernels/first_difference.hpp). Reference: the CPU engine's first_difference
-// (src/cpu_engine.cpp); test: tests/first_difference_test.cpp.
+// (src/cpu/cpu_engine.cpp); test: tests/first_difference_test.cpp.
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
 #include "kernels/first_difference.hpp"

@@ -1,6 +1,6 @@
 // The first element whose bits differ between two device buffers, for locating a replica desync
 // without copying whole replicas to the host. Reference: the host MemoryService's first_difference
-// (src/cpu_engine.cpp), a plain loop over the bits; test: tests/first_difference_test.cpp.
+// (src/cpu/cpu_engine.cpp), a plain loop over the bits; test: tests/first_difference_test.cpp.
 #pragma once
 
 #include <cuda_runtime.h>

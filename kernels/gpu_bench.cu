@@ -15,9 +15,9 @@
 #include "kernels/gpu_bench.hpp"
 #include "kernels/hash.hpp"
 #include "kernels/optimizer.hpp"
-#include "src/data.hpp"
 #include "src/error.hpp"
-#include "src/process.hpp"
+#include "src/io/process.hpp"
+#include "src/train/data.hpp"
 
 namespace dpcheck::cuda {
 

@@ -13,8 +13,8 @@
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
 #include "src/comm/collective.hpp"
-#include "src/error.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/error.hpp"
 
 #define DPCHECK_NCCL_CHECK(call)                                                                           \
   do {                                                                                                     \
@@ -40,7 +40,7 @@ class DeviceCommunicator : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::device; }
   Communicator& host() override { return host_; }
   bool shares_address_space() const override { return host_.shares_address_space(); }
-  // A bucketed all-reduce's communication thread (src/bucketing.hpp) may make the calls, one at a time:
+  // A bucketed all-reduce's communication thread (src/train/bucketing.hpp) may make the calls, one at a time:
   // the host side must allow it, and each call selects its device itself (select_device).
   bool callable_from_any_thread() const override { return host_.callable_from_any_thread(); }
   void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }

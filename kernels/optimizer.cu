@@ -1,5 +1,5 @@
 // SGD, momentum and Adam on the GPU (kernels/optimizer.hpp), the same operations in the same order as
-// the CPU optimizer (src/optimizer.cpp). Reference: reference/optimizer.cpp; test: tests/optimizer_test.cpp.
+// the CPU optimizer (src/train/optimizer.cpp). Reference: reference/optimizer.cpp; test: tests/optimizer_test.cpp.
 #include <cmath>
 #include <vector>
 

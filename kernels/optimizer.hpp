@@ -6,8 +6,8 @@
 
 #include <memory>
 
-#include "src/optimizer.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/train/optimizer.hpp"
 
 namespace dpcheck::cuda {
 

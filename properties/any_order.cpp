@@ -11,7 +11,7 @@
 #include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "src/rng.hpp"
-#include "src/trainer.hpp"
+#include "src/train/trainer.hpp"
 
 namespace dpcheck {
 

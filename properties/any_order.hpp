@@ -20,8 +20,8 @@
 #include <rapidcheck.h>
 
 #include "reference/bound.hpp"
-#include "src/data.hpp"
-#include "src/model.hpp"
+#include "src/train/data.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck {
 

@@ -6,9 +6,9 @@
 #include <span>
 
 #include "reference/bound.hpp"
-#include "src/model.hpp"
 #include "src/target.hpp"
-#include "src/train_config.hpp"
+#include "src/train/model.hpp"
+#include "src/train/train_config.hpp"
 
 namespace dpcheck {
 

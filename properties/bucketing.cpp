@@ -1,5 +1,5 @@
 // bucketing_preserves_bits: a drawn scenario trained twice, with one all-reduce after the backward pass
-// and with the gradient in buckets of a drawn size (src/bucketing.hpp), each started as the backward
+// and with the gradient in buckets of a drawn size (src/train/bucketing.hpp), each started as the backward
 // pass produces it: every step's reported loss, and the parameters, the optimizer state and the loss
 // scaler's state after every step, must be the same bits. Each element is still reduced once, by the
 // same backend in rank order, so nothing may change: a bucket that leaves an element out, or one taken
@@ -14,9 +14,9 @@
 #include <mutex>
 
 #include "properties/common.hpp"
-#include "src/bucketing.hpp"
 #include "src/error.hpp"
-#include "src/replica_check.hpp"
+#include "src/train/bucketing.hpp"
+#include "src/train/replica_check.hpp"
 
 namespace dpcheck {
 

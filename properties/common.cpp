@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <system_error>
 
-#include "src/error.hpp"
-#include "src/replica_check.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/error.hpp"
+#include "src/train/replica_check.hpp"
 
 namespace dpcheck {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "src/error.hpp"
-#include "src/json_limits.hpp"
+#include "src/io/json_limits.hpp"
 #include "src/low_precision.hpp"
 #include "src/rng.hpp"
 

@@ -13,12 +13,12 @@
 
 #include "reference/bound.hpp"
 #include "src/comm.hpp"
-#include "src/fault.hpp"
 #include "src/mutant_hooks.hpp"
-#include "src/optimizer.hpp"
-#include "src/sampler.hpp"
-#include "src/trainer.hpp"
-#include "src/writer.hpp"
+#include "src/train/fault.hpp"
+#include "src/train/optimizer.hpp"
+#include "src/train/sampler.hpp"
+#include "src/train/trainer.hpp"
+#include "src/train/writer.hpp"
 
 namespace dpcheck {
 

@@ -10,9 +10,9 @@
 #include <cstdio>
 
 #include "properties/common.hpp"
-#include "reference/training_rules.hpp"
 #include "reference/optimizer.hpp"
-#include "src/replica_check.hpp"
+#include "reference/training_rules.hpp"
+#include "src/train/replica_check.hpp"
 
 namespace dpcheck {
 

@@ -18,7 +18,7 @@
 #include "properties/mutants.hpp"
 #include "src/audit/audit.hpp"
 #include "src/comm/mpi_comm.hpp"
-#include "src/process.hpp"
+#include "src/io/process.hpp"
 
 namespace dpcheck {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "src/error.hpp"
-#include "src/hash.hpp"
+#include "src/io/hash.hpp"
 
 namespace dpcheck {
 

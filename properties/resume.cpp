@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "properties/common.hpp"
-#include "src/replica_check.hpp"
+#include "src/train/replica_check.hpp"
 
 namespace dpcheck {
 

@@ -13,7 +13,7 @@
 
 #include <rapidcheck.h>
 
-#include "src/trainer.hpp"
+#include "src/train/trainer.hpp"
 
 namespace dpcheck {
 

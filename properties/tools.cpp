@@ -20,13 +20,13 @@
 #include <ostream>
 #include <sstream>
 
+#include "divergence/diff.hpp"
+#include "divergence/divergence.hpp"
+#include "divergence/trace.hpp"
 #include "properties/common.hpp"
-#include "properties/divergence.hpp"
 #include "properties/mutants.hpp"
 #include "reference/schedule.hpp"
-#include "src/diff.hpp"
-#include "src/npy.hpp"
-#include "src/trace.hpp"
+#include "src/io/npy.hpp"
 
 namespace dpcheck {
 

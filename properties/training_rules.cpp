@@ -23,7 +23,7 @@
 #include "properties/mutants.hpp"
 #include "reference/shuffle.hpp"
 #include "reference/training_rules.hpp"
-#include "src/replica_check.hpp"
+#include "src/train/replica_check.hpp"
 
 namespace dpcheck {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "reference/bound.hpp"
-#include "src/model.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck::reference {
 

@@ -17,9 +17,9 @@
 #include <span>
 #include <vector>
 
-#include "src/data.hpp"
 #include "src/low_precision.hpp"
-#include "src/model.hpp"
+#include "src/train/data.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck::reference {
 

@@ -1,5 +1,5 @@
 // Reference optimizer steps with PyTorch's formulas (torch.optim.SGD, SGD with momentum, Adam; no
-// weight decay), one element at a time in T. The float32 optimizers in src/optimizer.cpp and kernels/
+// weight decay), one element at a time in T. The float32 optimizers in src/train/optimizer.cpp and kernels/
 // are checked against the float64 instantiation.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "src/optimizer.hpp"
+#include "src/train/optimizer.hpp"
 
 namespace dpcheck::reference {
 

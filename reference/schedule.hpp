@@ -1,4 +1,4 @@
-// Which examples every rank trains on at a step, restated from the definition (src/trainer.hpp: each
+// Which examples every rank trains on at a step, restated from the definition (src/train/trainer.hpp: each
 // rank walks its share of the epoch in slices of ceil(batch / N) examples; an epoch has
 // ceil(largest share / slice) steps, the last of them possibly short) with none of the trainer's code,
 // so that a trainer that walks its epochs wrongly -- never advancing the sampler's epoch, dropping a
@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "src/sampler.hpp"
-#include "src/trainer.hpp"
+#include "src/train/sampler.hpp"
+#include "src/train/trainer.hpp"
 
 namespace dpcheck::reference {
 

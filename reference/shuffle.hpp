@@ -1,5 +1,5 @@
 // The sampler's documented recipe, restated from its definition with none of the sampler's code
-// (src/sampler.hpp, src/rng.hpp), so that a shuffle that is biased, off by one or keyed wrongly cannot
+// (src/train/sampler.hpp, src/rng.hpp), so that a shuffle that is biased, off by one or keyed wrongly cannot
 // agree with itself. A permutation stays disjoint and covering whatever it is, so the sampler's own
 // property cannot see such a bug; a user who follows the recipe in another loader can, and so does
 // shuffle_follows_recipe, which compares the two every epoch.
@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "src/sampler.hpp"
+#include "src/train/sampler.hpp"
 
 namespace dpcheck::reference {
 

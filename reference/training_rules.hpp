@@ -1,5 +1,5 @@
 // The trainer's stateful rules, restated from their definitions with none of the trainer's code
-// (src/loss_scaler.*, TrainConfig::lr_at), so that a wrong rule shared by every rank -- which every
+// (src/train/loss_scaler.*, TrainConfig::lr_at), so that a wrong rule shared by every rank -- which every
 // rank-against-rank or run-against-run property passes -- disagrees with these. The properties
 // loss_scaler_follows_gradscaler and lr_schedule_follows_goyal compare the trainer's state with them
 // after every step.

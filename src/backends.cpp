@@ -10,11 +10,11 @@
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/comm/mpi_comm.hpp"
-#include "src/cuda_plugin.hpp"
 #include "src/engine.hpp"
 #include "src/error.hpp"
-#include "src/optimizer.hpp"
+#include "src/plugin/cuda_plugin.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/train/optimizer.hpp"
 
 namespace dpcheck {
 

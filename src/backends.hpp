@@ -79,7 +79,7 @@ struct Backend {
   std::string help;                        // one line for --help: how its ranks run
   // Whether each element's reduction depends on the inputs alone, summed in rank order, and not on the
   // element's place in the call (as a ring's chunks make it): then all-reducing the gradient in
-  // buckets changes no bit (src/bucketing.hpp).
+  // buckets changes no bit (src/train/bucketing.hpp).
   bool rank_order = false;
   // What it takes from the MPI library: nothing, its transport (dpcheck's collectives over it), or its
   // own collectives, whose algorithm Open MPI's MCA parameters may force. Reports name the library.
@@ -114,7 +114,7 @@ const std::deque<Backend>& backends();
 
 // The row named `name`, or nullptr. A name that no row has goes to the finders (add_backend_finder):
 // a path to a shared object (holding a '/' or ending in ".so") is a communicator plugin
-// (include/dpcheck/plugin.h), loaded and registered as a row on first use (src/comm/plugin_comm.cpp),
+// (include/dpcheck/plugin.h), loaded and registered as a row on first use (src/plugin/plugin_comm.cpp),
 // UsageError if it cannot be.
 const Backend* find_backend(std::string_view name);
 

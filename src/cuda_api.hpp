@@ -16,8 +16,8 @@
 
 #include "src/comm.hpp"
 #include "src/engine.hpp"
-#include "src/optimizer.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/train/optimizer.hpp"
 
 namespace dpcheck::cuda {
 

@@ -1,5 +1,5 @@
 // The Engine: forward and backward of the MLP on one rank's examples, into a flat gradient buffer laid
-// out like the parameters (src/model.hpp). Implementations: "cpu" (Eigen, float32, src/cpu_engine.cpp)
+// out like the parameters (src/train/model.hpp). Implementations: "cpu" (Eigen, float32, src/cpu/cpu_engine.cpp)
 // and "cuda" (kernels/). Buffers live in memory_space(), whose hashes, comparisons and copies are the
 // engine's MemoryService (src/memory_service.hpp); the trainer moves only the gradient through the
 // Communicator and the parameters through the Optimizer, so a device engine never copies to the host
@@ -13,17 +13,17 @@
 #include <span>
 #include <string_view>
 
-#include "src/data.hpp"
 #include "src/dtype.hpp"
 #include "src/low_precision.hpp"
 #include "src/memory_service.hpp"
-#include "src/model.hpp"
+#include "src/train/data.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck {
 
 class Kernels;  // src/plugin/kernel_plugin.hpp
 
-// A device engine's part in a bucketed all-reduce that overlaps its backward pass (src/bucketing.hpp).
+// A device engine's part in a bucketed all-reduce that overlaps its backward pass (src/train/bucketing.hpp).
 // On a GPU the layer-ready hook fires when a layer's kernels are queued, not when they have run, so a
 // bucket cannot be copied then: its copy and its all-reduce go to a stream of their own, ordered after
 // the backward pass's kernels by an event, and the host thread that reduces it only queues and waits.

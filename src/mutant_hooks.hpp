@@ -10,10 +10,10 @@
 
 #include "src/comm.hpp"
 #include "src/engine_spec.hpp"
-#include "src/optimizer.hpp"
-#include "src/sampler.hpp"
-#include "src/trainer.hpp"
-#include "src/writer.hpp"
+#include "src/train/optimizer.hpp"
+#include "src/train/sampler.hpp"
+#include "src/train/trainer.hpp"
+#include "src/train/writer.hpp"
 
 namespace dpcheck {
 

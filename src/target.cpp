@@ -1,10 +1,10 @@
 #include "src/target.hpp"
 
-#include "src/comm/plugin_comm.hpp"
-#include "src/cuda_plugin.hpp"
 #include "src/error.hpp"
 #include "src/mutant_hooks.hpp"
+#include "src/plugin/cuda_plugin.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/plugin/plugin_comm.hpp"
 #include "src/plugin/plugin_loader.hpp"
 
 #include <vector>

@@ -17,7 +17,7 @@
 #include "src/audit/audit.hpp"
 #include "src/audit/planted.hpp"
 #include "src/error.hpp"
-#include "src/process.hpp"
+#include "src/io/process.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck::audit {

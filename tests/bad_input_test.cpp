@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "properties/replay.hpp"
-#include "src/model.hpp"
-#include "src/npy.hpp"
+#include "src/io/npy.hpp"
+#include "src/train/model.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

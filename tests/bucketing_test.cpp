@@ -1,9 +1,9 @@
-// Tests for src/bucketing: the bucket plan (covering the gradient once, from its end, each bucket ready
+// Tests for src/train/bucketing: the bucket plan (covering the gradient once, from its end, each bucket ready
 // with its lowest layer), --bucket-mb's sizes, the reducer against one all-reduce (bitwise, threaded
 // and not, float32 and bf16), an error on the communication thread reaching the rank's thread, the
 // trainer starting buckets during the backward pass and giving one all-reduce's bits, and the staged
 // path a GPU engine takes (marks, copies on the communication thread, its own stream), on the host.
-#include "src/bucketing.hpp"
+#include "src/train/bucketing.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,8 +20,8 @@
 #include "src/comm/local_comm.hpp"
 #include "src/engine.hpp"
 #include "src/error.hpp"
-#include "src/optimizer.hpp"
-#include "src/trainer.hpp"
+#include "src/train/optimizer.hpp"
+#include "src/train/trainer.hpp"
 
 namespace dpcheck {
 namespace {

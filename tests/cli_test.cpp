@@ -15,11 +15,11 @@
 #include "properties/properties.hpp"
 #include "src/backends.hpp"
 #include "src/comm/mpi_comm.hpp"
-#include "src/cuda_plugin.hpp"
-#include "src/model.hpp"
-#include "src/npy.hpp"
-#include "src/process.hpp"
+#include "src/io/npy.hpp"
+#include "src/io/process.hpp"
+#include "src/plugin/cuda_plugin.hpp"
 #include "src/target.hpp"
+#include "src/train/model.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

@@ -1,4 +1,4 @@
-// conform --kernels (properties/conform_kernels.cpp) against the naive kernels
+// conform --kernels (conform/conform_kernels.cpp) against the naive kernels
 // (examples/kernels_naive/) and the broken ones (tests/plugins/kernels/): the naive kernels pass every
 // check, on every class of shapes up to the size limit, empty batches included; each broken plugin fails
 // the one check its bug breaks, with a small minimal case whose replay (--check NAME --case TEXT) fails
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "properties/conform.hpp"
+#include "conform/conform.hpp"
 #include "src/error.hpp"
 #include "tests/test_support.hpp"
 

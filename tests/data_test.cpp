@@ -1,8 +1,8 @@
-// Tests for src/data: the synthetic data set as a pure function of (seed, example index), batches
+// Tests for src/train/data: the synthetic data set as a pure function of (seed, example index), batches
 // that slice and concatenate back to themselves, and ArrayDataset::load on .npy fixtures written
 // into a fresh temporary directory -- every accepted layout, and every rejection, each checked for a
 // UsageError whose message names the offending file.
-#include "src/data.hpp"
+#include "src/train/data.hpp"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "src/error.hpp"
-#include "src/npy.hpp"
+#include "src/io/npy.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

@@ -1,4 +1,4 @@
-// dpcheck diff (src/diff.hpp). Traces are written here line by line in the format of train --trace, with
+// dpcheck diff (divergence/diff.hpp). Traces are written here line by line in the format of train --trace, with
 // digests that name what they stand for (the step, the rank, the tensor), so that two traces built alike
 // agree and a planted change is the only difference: each must be found exactly where it was planted --
 // step, phase, rank, tensor -- and not before. Directories of .npy tensors are written with write_npy:
@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "src/diff.hpp"
+#include "divergence/diff.hpp"
 #include "src/error.hpp"
-#include "src/hash.hpp"
-#include "src/npy.hpp"
-#include "src/replica_check.hpp"
+#include "src/io/hash.hpp"
+#include "src/io/npy.hpp"
+#include "src/train/replica_check.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

@@ -20,13 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "divergence/diff.hpp"
+#include "divergence/divergence.hpp"
+#include "divergence/trace.hpp"
 #include "properties/common.hpp"
-#include "properties/divergence.hpp"
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "properties/scenario.hpp"
-#include "src/diff.hpp"
-#include "src/trace.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

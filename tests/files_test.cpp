@@ -1,4 +1,4 @@
-// write_file_atomic, sync_directory and FileDescriptor (src/files.hpp): a write that fails anywhere
+// write_file_atomic, sync_directory and FileDescriptor (src/io/files.hpp): a write that fails anywhere
 // leaves the old file as it was and no temporary file behind; links are written through; what rename
 // would destroy is refused; new files get new_file_mode whatever the umask.
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "src/error.hpp"
-#include "src/files.hpp"
+#include "src/io/files.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

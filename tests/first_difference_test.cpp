@@ -1,5 +1,5 @@
 // The first element whose bits differ between two buffers, as the replica check uses it to locate a
-// desync: the CPU engine's loop (src/cpu_engine.cpp), which is the reference, and the kernel
+// desync: the CPU engine's loop (src/cpu/cpu_engine.cpp), which is the reference, and the kernel
 // (kernels/first_difference.cu) on the GPU. Bits, not values: +0 and -0 differ, a NaN equals itself
 // only bit for bit, and identical buffers give n.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // train --bucket-mb on the GPU: the cuda engine with cuda-local replicas, each bucket's copy and
 // all-reduce queued on a stream of its own after an event the backward pass records as it queues the
-// bucket's last layer (kernels/cuda_engine.cpp, src/bucketing.hpp). Every bucket must start during the
+// bucket's last layer (kernels/cuda_engine.cpp, src/train/bucketing.hpp). Every bucket must start during the
 // backward pass, and every step's parameters must be the bits of one all-reduce, for bucket sizes that
 // split tensors, end at one, or hold the whole gradient, with and without micro-batches.
 //
@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "src/data.hpp"
 #include "src/error.hpp"
-#include "src/loss_scaler.hpp"
 #include "src/target.hpp"
-#include "src/trainer.hpp"
+#include "src/train/data.hpp"
+#include "src/train/loss_scaler.hpp"
+#include "src/train/trainer.hpp"
 #include "tests/target_support.hpp"
 
 namespace dpcheck {

@@ -4,7 +4,7 @@
 // break a CUDA kernel, must be caught by the property aimed at it, with a replay string that reproduces
 // the same counterexample. GPU time is scarce, so each property runs 50 cases, not verify's 100.
 //
-// The target goes through the CUDA plugin (src/target.cpp, src/cuda_plugin.cpp), as `dpcheck
+// The target goes through the CUDA plugin (src/target.cpp, src/plugin/cuda_plugin.cpp), as `dpcheck
 // verify --engine cuda` does; without the plugin or a device every test here skips with the reason.
 #include <gtest/gtest.h>
 

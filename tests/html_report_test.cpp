@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "src/bench.hpp"
+#include "src/bench/bench.hpp"
 #include "src/report/html.hpp"
 #include "tests/test_support.hpp"
 

@@ -2,7 +2,7 @@
 // conformance suite (tests/comm_conformance.hpp), run here on every world size from 1 to 8; this file
 // adds what only threads in one process can show: a barrier watched through shared memory, a missing
 // rank that times out, run_local's error handling and LocalWorld::abort. Failure paths must end in an
-// error, not a hang. The allreduce benchmark (src/bench.cpp) gets a short smoke run here too.
+// error, not a hang. The allreduce benchmark (src/bench/bench.cpp) gets a short smoke run here too.
 #include "src/comm/local_comm.hpp"
 
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/bench.hpp"
+#include "src/bench/bench.hpp"
 #include "src/error.hpp"
 #include "tests/comm_conformance.hpp"
 

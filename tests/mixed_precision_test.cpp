@@ -14,7 +14,7 @@
 #include "properties/mutants.hpp"
 #include "properties/runner.hpp"
 #include "src/error.hpp"
-#include "src/loss_scaler.hpp"
+#include "src/train/loss_scaler.hpp"
 
 namespace dpcheck {
 namespace {

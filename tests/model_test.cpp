@@ -1,8 +1,8 @@
-// Tests for src/model: the parsing of --model and the names, the flat parameter layout against
+// Tests for src/train/model: the parsing of --model and the names, the flat parameter layout against
 // PyTorch's names and offsets worked out by hand, and init_params against torch.nn.Linear's default
 // initialization (the interval, and the first two moments of a large layer within a tolerance
 // derived from the sample size).
-#include "src/model.hpp"
+#include "src/train/model.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// Tests for src/npy: round trips of every dtype and shape dpcheck stores, byte-for-byte agreement
+// Tests for src/io/npy: round trips of every dtype and shape dpcheck stores, byte-for-byte agreement
 // with the files np.save writes (embedded below, so no NumPy is needed to run them), and every
 // rejection, each checked for a message that names the file and the problem.
-#include "src/npy.hpp"
+#include "src/io/npy.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

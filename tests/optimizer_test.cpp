@@ -1,4 +1,4 @@
-// Tests for src/optimizer (the float32 CPU optimizers) against PyTorch's formulas: closed forms worked
+// Tests for src/train/optimizer (the float32 CPU optimizers) against PyTorch's formulas: closed forms worked
 // by hand for the first steps, several steps against the float64 reference (reference/optimizer)
 // within a rounding bound carried element by element beside it, single steps from drawn inputs against
 // reference::optimizer_step_bound (which must also reject dampened momentum, a step count stuck at 1
@@ -6,7 +6,7 @@
 // that continues bit for bit like one that was never interrupted. With CUDA, the GPU optimizers
 // (kernels/optimizer.cu) face the same reference with the same bound, and must repeat themselves bit
 // for bit.
-#include "src/optimizer.hpp"
+#include "src/train/optimizer.hpp"
 
 #include <gtest/gtest.h>
 

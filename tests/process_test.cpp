@@ -1,4 +1,4 @@
-// run_child, find_in_path and self_executable (src/process.hpp): exit status and signal, both streams
+// run_child, find_in_path and self_executable (src/io/process.hpp): exit status and signal, both streams
 // captured without a stall, a timeout that signals the child (or its whole group), the environment
 // and signal dispositions a child starts with, and what happens when a program is not there.
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "src/error.hpp"
-#include "src/process.hpp"
+#include "src/io/process.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

@@ -1,8 +1,8 @@
-// Tests for src/replica_check: identical replicas pass with equal hashes; a single flipped bit in a
+// Tests for src/train/replica_check: identical replicas pass with equal hashes; a single flipped bit in a
 // parameter, a perturbed optimizer state element, or a differing step count is found and located
 // (tensor, index, every rank's value and bits, the minority, the ULP distance) on every rank; and
 // ulp_distance on the cases where the float bit patterns are not simply ordered.
-#include "src/replica_check.hpp"
+#include "src/train/replica_check.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "src/comm/local_comm.hpp"
-#include "src/model.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck {
 namespace {

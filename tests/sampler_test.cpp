@@ -14,7 +14,7 @@
 
 #include "src/error.hpp"
 #include "src/rng.hpp"
-#include "src/sampler.hpp"
+#include "src/train/sampler.hpp"
 
 namespace dpcheck {
 namespace {

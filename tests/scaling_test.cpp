@@ -1,7 +1,7 @@
-// Tests for src/scaling: the speed-up model against the project's first question, worked by hand
+// Tests for src/bench/scaling: the speed-up model against the project's first question, worked by hand
 // (400 ms of compute a step on one device, 25 ms for an all-reduce), the ring's alpha-beta model and
 // its fit, and the overlap of buckets with the backward pass.
-#include "src/scaling.hpp"
+#include "src/bench/scaling.hpp"
 
 #include <gtest/gtest.h>
 

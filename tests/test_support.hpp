@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "properties/scenario.hpp"
-#include "src/data.hpp"
-#include "src/process.hpp"
+#include "src/io/process.hpp"
+#include "src/train/data.hpp"
 
 namespace dpcheck {
 

@@ -1,9 +1,9 @@
-// Tests for src/trainer: how a step is cut out of the sampler's shares (slots, global batch, steps
+// Tests for src/train/trainer: how a step is cut out of the sampler's shares (slots, global batch, steps
 // per epoch, worked out by hand for each policy), that the all-reduced gradient is the gradient of
 // the mean loss over the global batch (bitwise for one rank, within the derived rounding bound of
 // the float64 reference otherwise), that its loss is the example-weighted mean of the shard losses,
 // and that step() keeps every replica identical. Ranks run as threads through run_local.
-#include "src/trainer.hpp"
+#include "src/train/trainer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "reference/bound.hpp"
-#include "src/error.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/error.hpp"
 
 namespace dpcheck {
 namespace {

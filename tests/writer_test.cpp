@@ -1,4 +1,4 @@
-// The RankZeroWriter (src/writer.cpp): checkpoints that load back bit for bit, that are either whole
+// The RankZeroWriter (src/train/writer.cpp): checkpoints that load back bit for bit, that are either whole
 // or ignored, that survive a SIGKILL of the writing process at any moment, that are refused with the
 // reason when any field or file is wrong, and a log of JSON lines that is a regular file or nothing.
 #include <gtest/gtest.h>
@@ -24,10 +24,10 @@
 
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
-#include "src/hash.hpp"
-#include "src/npy.hpp"
+#include "src/io/hash.hpp"
+#include "src/io/npy.hpp"
 #include "src/target.hpp"
-#include "src/writer.hpp"
+#include "src/train/writer.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

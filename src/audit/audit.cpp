@@ -17,8 +17,8 @@
 #include <sstream>
 
 #include "src/error.hpp"
-#include "src/json_limits.hpp"
-#include "src/process.hpp"
+#include "src/io/json_limits.hpp"
+#include "src/io/process.hpp"
 
 namespace dpcheck::audit {
 

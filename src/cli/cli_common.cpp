@@ -23,8 +23,8 @@
 #include <sstream>
 
 #include "src/error.hpp"
-#include "src/files.hpp"
-#include "src/npy.hpp"
+#include "src/io/files.hpp"
+#include "src/io/npy.hpp"
 
 namespace dpcheck::cli {
 

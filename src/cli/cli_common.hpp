@@ -1,6 +1,6 @@
 // Options shared by the dpcheck subcommands, and their conversion to dpcheck's types. Every value is
 // checked here, before any work starts, so bad input ends with one line and exit status 2: output
-// paths (src/files.hpp), timeouts, seeds, and whether a run fits in this machine's memory and threads.
+// paths (src/io/files.hpp), timeouts, seeds, and whether a run fits in this machine's memory and threads.
 #pragma once
 
 #include <chrono>
@@ -10,11 +10,11 @@
 #include <string_view>
 #include <vector>
 
-#include "src/data.hpp"
-#include "src/model.hpp"
-#include "src/replica_check.hpp"  // float_text
-#include "src/sampler.hpp"
 #include "src/target.hpp"
+#include "src/train/data.hpp"
+#include "src/train/model.hpp"
+#include "src/train/replica_check.hpp"  // float_text
+#include "src/train/sampler.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -137,7 +137,7 @@ struct AllreduceDtypeOption {
 };
 
 // --loss-scale none|dynamic, --loss-scale-init S, --loss-scale-interval N (train, grad): the loss
-// scaler (src/loss_scaler.hpp); by default dynamic with fp16, none otherwise.
+// scaler (src/train/loss_scaler.hpp); by default dynamic with fp16, none otherwise.
 struct LossScaleOptions {
   std::string kind;  // empty: the precision's default
   double init = 65536;

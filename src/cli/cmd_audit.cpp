@@ -13,7 +13,7 @@
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
+#include "src/io/files.hpp"
 
 namespace dpcheck::cli {
 

@@ -1,4 +1,4 @@
-// `dpcheck bench`: collective benchmarks in the style of nccl-tests (src/bench.hpp), one subcommand per
+// `dpcheck bench`: collective benchmarks in the style of nccl-tests (src/bench/bench.hpp), one subcommand per
 // collective. Each run measures its memcpy baseline first and prints one table; a wrong element in any
 // row makes the exit status 1.
 //
@@ -21,25 +21,25 @@
 #include <string>
 #include <vector>
 
+#include "divergence/trace.hpp"
 #include "src/backends.hpp"
-#include "src/bench.hpp"
-#include "src/bench_cpu_step.hpp"
+#include "src/bench/bench.hpp"
+#include "src/bench/bench_cpu_step.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/cmd_bench_scaling.hpp"
 #include "src/cli/commands.hpp"
 #include "src/cli/gpu_report.hpp"
 #include "src/comm/mpi_comm.hpp"
-#include "src/comm/plugin_comm.hpp"
-#include "src/cpu_gemm.hpp"
-#include "src/cuda_plugin.hpp"
+#include "src/cpu/cpu_gemm.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
-#include "src/model.hpp"
+#include "src/io/files.hpp"
+#include "src/io/process.hpp"
+#include "src/plugin/cuda_plugin.hpp"
+#include "src/plugin/plugin_comm.hpp"
 #include "src/plugin/plugin_loader.hpp"
-#include "src/process.hpp"
 #include "src/report/html.hpp"
 #include "src/target.hpp"
-#include "src/trace.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck::cli {
 
@@ -283,7 +283,7 @@ std::vector<cuda::StepModel> parse_models(const std::string& text) {
   return models;
 }
 
-// The CPU engine's step against bare GEMMs of its shapes (src/bench_cpu_step.hpp); GOAL is the step's
+// The CPU engine's step against bare GEMMs of its shapes (src/bench/bench_cpu_step.hpp); GOAL is the step's
 // ratio to the best GEMM that counts as met.
 // `note`, when not empty, is printed once every input has been checked (a refusal is one line).
 int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const std::string& note) {

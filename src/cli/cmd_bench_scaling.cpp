@@ -2,7 +2,7 @@
 // For each N = 1..--world-size it measures, on N ranks together:
 //   - the compute of a step on a share of B/N examples (forward, backward, optimizer; the slowest rank),
 //   - the all-reduce (avg) of a sweep of sizes up to the gradient's, which fits the ring's alpha-beta
-//     model over every N (src/scaling.hpp),
+//     model over every N (src/bench/scaling.hpp),
 //   - the data-parallel step as `train` runs it, with one all-reduce after the backward pass and with
 //     the gradient in buckets overlapped with it (--bucket-mb), and the communication each leaves
 //     exposed;
@@ -23,16 +23,16 @@
 #include <utility>
 #include <vector>
 
-#include "src/bench.hpp"
+#include "src/bench/bench.hpp"
+#include "src/bench/scaling.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/cmd_bench_scaling.hpp"
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
-#include "src/process.hpp"
+#include "src/io/files.hpp"
+#include "src/io/process.hpp"
 #include "src/report/html.hpp"
-#include "src/scaling.hpp"
 #include "src/target.hpp"
 
 namespace dpcheck::cli {

@@ -1,5 +1,5 @@
 // dpcheck conform: does a user's communicator or kernel plugin keep the promises? One table of checks
-// (properties/conform.hpp), printed row by row as each is decided, then each failure with the promise
+// (conform/conform.hpp), printed row by row as each is decided, then each failure with the promise
 // that broke, its minimal case and the command that replays it; JSON and JUnit reports like verify's.
 #include <CLI/CLI.hpp>
 
@@ -9,15 +9,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "properties/conform.hpp"
+#include "conform/conform.hpp"
 #include "properties/properties.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
+#include "src/io/files.hpp"
+#include "src/io/process.hpp"
 #include "src/plugin/plugin_loader.hpp"
-#include "src/process.hpp"
 #include "src/report/html.hpp"
 
 namespace dpcheck::cli {

@@ -1,7 +1,7 @@
 // `dpcheck diff A B`: where two runs part. Two traces (train --trace) are walked to the first step,
 // phase, rank and tensor whose digest differs; two directories of .npy tensors (checkpoint steps, or
 // PyTorch state_dicts saved with NumPy) are compared tensor by tensor against --ulp, --rtol or bit for
-// bit. The work is src/diff.hpp's; this file reads the command line and says the verdict.
+// bit. The work is divergence/diff.hpp's; this file reads the command line and says the verdict.
 #include <CLI/CLI.hpp>
 
 #include <charconv>
@@ -10,11 +10,11 @@
 #include <memory>
 #include <string>
 
+#include "divergence/diff.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
-#include "src/diff.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
+#include "src/io/files.hpp"
 
 namespace dpcheck::cli {
 

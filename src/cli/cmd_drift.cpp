@@ -13,12 +13,12 @@
 #include <fstream>
 #include <memory>
 
-#include "properties/divergence.hpp"
+#include "divergence/divergence.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
-#include "src/json_limits.hpp"
+#include "src/io/files.hpp"
+#include "src/io/json_limits.hpp"
 
 namespace dpcheck::cli {
 

@@ -12,11 +12,11 @@
 #include <memory>
 #include <optional>
 
-#include "properties/divergence.hpp"
+#include "divergence/divergence.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/writer.hpp"
+#include "src/train/writer.hpp"
 
 namespace dpcheck::cli {
 

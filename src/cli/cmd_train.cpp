@@ -16,15 +16,15 @@
 #include <span>
 #include <thread>
 
-#include "properties/divergence.hpp"
+#include "divergence/divergence.hpp"
+#include "divergence/trace.hpp"
 #include "properties/mutants.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
+#include "src/io/files.hpp"
 #include "src/report/html.hpp"
 #include "src/target.hpp"
-#include "src/trace.hpp"
 
 namespace dpcheck::cli {
 

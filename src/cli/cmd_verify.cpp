@@ -14,7 +14,7 @@
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/files.hpp"
+#include "src/io/files.hpp"
 #include "src/report/html.hpp"
 
 namespace dpcheck::cli {

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "src/comm/collective.hpp"
-#include "src/cpu_gemm.hpp"
+#include "src/cpu/cpu_gemm.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck {

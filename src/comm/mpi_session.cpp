@@ -29,7 +29,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   DPCHECK_MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) throw Error("MpiSession: MPI is already initialized in this process (one session per process)");
   // One thread calls MPI at a time: the rank's own, or a bucketed all-reduce's communication thread
-  // while the rank's thread runs the backward pass (src/bucketing.hpp). The local backend's threads
+  // while the rank's thread runs the backward pass (src/train/bucketing.hpp). The local backend's threads
   // never call it.
   int provided = 0;
   DPCHECK_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));

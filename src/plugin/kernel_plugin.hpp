@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include <dpcheck/plugin.h>
-#include "src/model.hpp"
+#include "src/train/model.hpp"
 
 namespace dpcheck {
 

@@ -21,7 +21,7 @@ void* plugin_symbol(const std::string& path, const char* symbol, std::string_vie
 // The plugin ABIs this dpcheck loads (include/dpcheck/plugin.h): from the first to the header's. 2
 // added the 16-bit floating dtypes, which a communicator of ABI 1 is never passed; 3 appended the
 // version and a communicator's capability masks, which dpcheck reads only from a table of ABI 3 or
-// later (src/comm/plugin_comm.hpp).
+// later (src/plugin/plugin_comm.hpp).
 inline constexpr unsigned kOldestPluginAbi = 1;
 
 // "ABI 1 to 3": the ABIs this dpcheck knows, as its messages say them.

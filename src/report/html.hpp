@@ -55,7 +55,7 @@ std::string scaling_page(const nlohmann::json& report);
 // (bench allreduce) a plot of busbw against size, one series per backend and N. `title` heads the
 // page, e.g. "bench allreduce".
 std::string bench_page(const nlohmann::json& report, std::string_view title);
-// The same from allreduce_json's ordered report (src/bench.hpp).
+// The same from allreduce_json's ordered report (src/bench/bench.hpp).
 std::string bench_page(const nlohmann::ordered_json& report, std::string_view title);
 
 // Text for HTML/XML: & < > " ' as entities; control characters other than tab, newline and carriage

@@ -1,4 +1,4 @@
-// libFuzzer target for the checkpoint manifest (src/writer.hpp): the input is a step directory's
+// libFuzzer target for the checkpoint manifest (src/train/writer.hpp): the input is a step directory's
 // manifest.json, beside the parameter and optimizer files of a real checkpoint (checkpoint/, from
 // `dpcheck train --model 3,4,2 --optimizer adam --steps 2 --batch 4 --checkpoint-dir DIR`; its manifest
 // is corpus/manifest/real-adam). read_checkpoint refuses a bad manifest by returning nothing with a
@@ -12,8 +12,8 @@
 #include <string>
 
 #include "src/error.hpp"
-#include "src/model.hpp"
-#include "src/writer.hpp"
+#include "src/train/model.hpp"
+#include "src/train/writer.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 
 namespace {

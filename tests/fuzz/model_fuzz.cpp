@@ -1,4 +1,4 @@
-// libFuzzer target for the model spec parser, parse_dims (src/model.hpp): "784,256,10" -> widths. What
+// libFuzzer target for the model spec parser, parse_dims (src/train/model.hpp): "784,256,10" -> widths. What
 // it accepts is at least two widths, each >= 1, that the model's own validation accepts too, and that
 // print back (dims_string) to a spec parsing to the same widths.
 #include <cstddef>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "src/error.hpp"
-#include "src/model.hpp"
+#include "src/train/model.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

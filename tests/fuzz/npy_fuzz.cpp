@@ -1,11 +1,11 @@
-// libFuzzer target for the .npy reader (src/npy.hpp): the input is a whole file. read_npy reads from a
+// libFuzzer target for the .npy reader (src/io/npy.hpp): the input is a whole file. read_npy reads from a
 // path, so each input is written to a private scratch directory first. A file it accepts must hold
 // exactly shape x dtype bytes, convert as documented, and come back unchanged through write_npy.
 #include <cstddef>
 #include <cstdint>
 
 #include "src/error.hpp"
-#include "src/npy.hpp"
+#include "src/io/npy.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 
 namespace {

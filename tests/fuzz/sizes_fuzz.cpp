@@ -1,4 +1,4 @@
-// libFuzzer target for the benchmark's size list parser, bench::parse_sizes (src/bench.hpp): "4K,1M,64M"
+// libFuzzer target for the benchmark's size list parser, bench::parse_sizes (src/bench/bench.hpp): "4K,1M,64M"
 // -> bytes. What it accepts is one positive size per comma-separated item, each of which reads back the
 // same when written as a plain number of bytes.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "src/bench.hpp"
+#include "src/bench/bench.hpp"
 #include "src/error.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 

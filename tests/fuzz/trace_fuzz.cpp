@@ -1,11 +1,11 @@
-// libFuzzer target for the trace reader of `dpcheck diff` (src/diff.hpp): the input is a whole trace
+// libFuzzer target for the trace reader of `dpcheck diff` (divergence/diff.hpp): the input is a whole trace
 // file (corpus/trace/ holds ones that train --trace wrote, a resumed one and a failing step that a live
 // check stopped part way). Diffing a file against itself must either refuse it with a UsageError naming
 // it, or find the two identical: every step compared, no mismatch.
 #include <cstddef>
 #include <cstdint>
 
-#include "src/diff.hpp"
+#include "divergence/diff.hpp"
 #include "src/error.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 
