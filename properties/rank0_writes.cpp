@@ -176,11 +176,11 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     const Backend& row = backend_for(target.engine, target.comm);
     // The audited argv names no --engine: it trains on the default engine, whose communicators these are.
     const bool own_comm = target.engine == default_engine() && row.may_run_under_launcher();
-    argv.insert(argv.end(), {"--comm", own_comm ? target.comm : process_comm(default_engine()), "--checkpoint-dir", checkpoints.string(), "--checkpoint-every", "1",
-                            "--log", log.string(), "--timeout", "60",
-                            // A run that fails a check leaves its bundle in the scratch folder, not in the
-                            // user's working directory.
-                            "--bundle-dir", (dir / "bundles").string()});
+    argv.insert(argv.end(), {"--comm", own_comm ? target.comm : process_comm(default_engine()), "--checkpoint-dir",
+                             checkpoints.string(), "--checkpoint-every", "1", "--log", log.string(), "--timeout", "60",
+                             // A run that fails a check leaves its bundle in the scratch folder, not in the
+                             // user's working directory.
+                             "--bundle-dir", (dir / "bundles").string()});
     if (resume) argv.insert(argv.end(), {"--resume", checkpoints.string()});
     if (!target.mutant.empty()) argv.insert(argv.end(), {"--mutant", target.mutant});
     // A kernel plugin runs in every rank's process: one that writes a file breaks the promise too.

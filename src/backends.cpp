@@ -64,7 +64,8 @@ const EngineRow kEngines[] = {
 };
 
 std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& model, const EngineSpec& spec, int rank) {
-  if (!spec.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(spec.kernels), engine_for_memory(MemorySpace::device));
+  if (!spec.kernels.empty())
+    require_kernels_for_engine(load_kernel_plugin(spec.kernels), engine_for_memory(MemorySpace::device));
   cuda::EngineOptions options;
   options.tf32 = spec.tf32;
   options.precision = spec.precision;

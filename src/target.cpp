@@ -84,7 +84,8 @@ const MutantTable* hooks(const Target& target) { return target.mutant.empty() ? 
 
 bool formats_drawable(const Target& target) {
   const MutantTable* m = hooks(target);
-  return find_engine(target.engine).draws_formats && !target.tf32 && !(m && !m->require(target.mutant).precision.empty());
+  return find_engine(target.engine).draws_formats && !target.tf32 &&
+         !(m && !m->require(target.mutant).precision.empty());
 }
 
 }  // namespace
@@ -102,13 +103,14 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
   const Backend& backend = backend_of(target);
   (void)world_of_processes(backend, target.process_world);
   const EngineRow& engine = find_engine(target.engine);
-  if (target.tf32 && !engine.tf32) throw UsageError("--tf32 is for " + engines_with(&EngineRow::tf32) + "'s matrix products");
+  if (target.tf32 && !engine.tf32)
+    throw UsageError("--tf32 is for " + engines_with(&EngineRow::tf32) + "'s matrix products");
   if (target.tf32 && target.precision != Precision::fp32)
     throw UsageError("--tf32 and --precision " + std::string(precision_name(target.precision)) +
                      " both set the matrix products' input format: choose one");
   if (target.allreduce_dtype != DType::f32 && !engine.bf16_allreduce)
-    throw UsageError("--allreduce-dtype bf16 runs on " + engines_with(&EngineRow::bf16_allreduce) + "; the " + target.engine +
-                     " engine's bf16 gradient all-reduce is not built yet");
+    throw UsageError("--allreduce-dtype bf16 runs on " + engines_with(&EngineRow::bf16_allreduce) + "; the " +
+                     target.engine + " engine's bf16 gradient all-reduce is not built yet");
   if (target.precision != Precision::fp32 && !engine.low_precision)
     throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on " +
                      engines_with(&EngineRow::low_precision));
