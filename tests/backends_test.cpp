@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
 #include "src/backends.hpp"
@@ -110,6 +111,38 @@ TEST(Backends, EveryEngineHasOneDefaultRowAndTheTargetStartsThere) {
   EXPECT_EQ(t.engine, "cpu");
   EXPECT_EQ(t.comm, "local");
   EXPECT_EQ(default_comm("cuda"), "cuda-local");
+}
+
+// Every engine row builds its engine and optimizer, says what it can do consistently, and is what the
+// messages and the mutant table name: no engine is named outside the table.
+TEST(Backends, EngineRowsBuildTheirPartsAndAreWhatEveryoneElseNames) {
+  for (const EngineRow& e : engines()) {
+    SCOPED_TRACE(e.name);
+    EXPECT_NE(e.make_engine, nullptr);
+    EXPECT_NE(e.make_optimizer, nullptr);
+    EXPECT_TRUE(!e.low_precision_with_kernels || e.low_precision);
+    EXPECT_TRUE(!e.products_may_truncate || e.low_precision);
+    EXPECT_EQ(engine_for_memory(e.memory).memory, e.memory);
+  }
+  EXPECT_EQ(engine_for_memory(MemorySpace::host).name, "cpu");
+  EXPECT_EQ(engine_for_memory(MemorySpace::device).name, "cuda");
+  EXPECT_EQ(engines_with(&EngineRow::low_precision), "the cpu and cuda engines");
+  EXPECT_EQ(engines_with(&EngineRow::tf32), "the cuda engine");
+  EXPECT_EQ(process_comm("cpu"), "mpi");
+  EXPECT_EQ(process_comm("cuda"), "nccl");
+  for (const MutantInfo& m : mutants()) {
+    if (!m.engine.empty()) {
+      EXPECT_NO_THROW((void)find_engine(m.engine)) << m.name;
+    }
+  }
+  // The default engine runs on any machine: its row builds a working engine and optimizer here.
+  const Target t;
+  const ModelConfig model{{4, 3, 2}, Activation::relu, Loss::mse};
+  const std::unique_ptr<Engine> engine = make_engine(t, model);
+  EXPECT_EQ(engine->name(), t.engine);
+  EXPECT_EQ(engine->param_count(), ParamLayout(model).size());
+  OptimizerConfig sgd;
+  EXPECT_NE(make_optimizer(t, sgd, engine->param_count(), 0, 1), nullptr);
 }
 
 TEST(Backends, EveryRowCarriesItsEnginesMemoryAndCanRun) {
