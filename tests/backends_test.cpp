@@ -122,7 +122,6 @@ TEST(Backends, EngineRowsBuildTheirPartsAndAreWhatEveryoneElseNames) {
     EXPECT_NE(e.make_optimizer, nullptr);
     EXPECT_TRUE(!e.low_precision_with_kernels || e.low_precision);
     EXPECT_TRUE(!e.products_may_truncate || e.low_precision);
-    EXPECT_EQ(engine_for_memory(e.memory).memory, e.memory);
   }
   EXPECT_EQ(engine_for_memory(MemorySpace::host).name, "cpu");
   EXPECT_EQ(engine_for_memory(MemorySpace::device).name, "cuda");
