@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "divergence/trace.hpp"
+#include "divergence/training_run.hpp"
 #include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "reference/bound.hpp"
@@ -284,20 +285,15 @@ void LiveChecks::reduced_gradient(Trainer& trainer, std::int64_t step) {
 // ---- bundles -------------------------------------------------------------------------------------
 
 nlohmann::json BundleManifest::to_json() const {
+  nlohmann::json recorded_target = target_to_json(target);
+  recorded_target["timeout_ms"] = target.timeout.count();
   nlohmann::json data = x.empty() ? nlohmann::json{{"synthetic", true}}
                                   : nlohmann::json{{"x", x}, {"y", y}, {"x_xxh3", x_xxh3}, {"y_xxh3", y_xxh3}};
   return {{"dpcheck_bundle", kBundleVersion},
           {"dpcheck_version", version},
           {"command_line", command_line},
           {"config", config.to_json(world_size)},
-          {"target",
-           {{"engine", target.engine},
-            {"comm", target.comm},
-            {"kernels", target.kernels},
-            {"mutant", target.mutant},
-            {"tf32", target.tf32},
-            {"precision", precision_name(target.precision)},
-            {"timeout_ms", target.timeout.count()}}},
+          {"target", recorded_target},
           {"checks", {{"finite", checks.finite}, {"gradient_every", checks.gradient_every}}},
           {"data", std::move(data)},
           {"failure", failure.to_json()}};
@@ -318,13 +314,7 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   }
   std::tie(m.config, m.world_size) = recorded_config(field(j, "config", ""));
   const nlohmann::json& t = field(j, "target", "");
-  m.target.engine = text_field(t, "engine", "target.");
-  m.target.comm = text_field(t, "comm", "target.");
-  m.target.kernels = text_field(t, "kernels", "target.");
-  m.target.mutant = text_field(t, "mutant", "target.");
-  m.target.tf32 = bool_field(t, "tf32", "target.");
-  // Bundles written before --precision have none: float32.
-  if (t.contains("precision")) m.target.precision = parse_precision(text_field(t, "precision", "target."));
+  m.target = target_from_json(t);
   m.target.timeout = std::chrono::milliseconds(int_field(t, "timeout_ms", "target.", 1, std::int64_t{1} << 40));
   const nlohmann::json& c = field(j, "checks", "");
   m.checks.finite = bool_field(c, "finite", "checks.");
@@ -591,16 +581,14 @@ ReplayResult replay_step(const Target& target, const ReplayInput& in) {
     std::optional<StepFailure> failure;
     std::optional<ReplicaReport> replicas;
     double loss = 0;
-    try {
-      const StepResult r = rt.trainer->step();
-      loss = r.loss;
-      replicas = r.replicas;
-      if (!r.replicas.synchronized) failure = replica_failure(r.replicas);
-      else if (!std::isfinite(r.loss) && !r.skipped) failure = loss_failure(step, r.loss);
-      else if (has_non_finite(cap.params) || has_non_finite(cap.state))
+    // Judged as train judges a step, and then the state it leaves.
+    const CheckedStep c = checked_step(*rt.trainer);
+    failure = c.failure;
+    if (c.completed) {
+      loss = c.result.loss;
+      replicas = c.result.replicas;
+      if (!failure && (has_non_finite(cap.params) || has_non_finite(cap.state)))
         failure = non_finite_state_failure(step, cap.params, cap.state, ParamLayout(in.config.model), "");
-    } catch (const StepCheckFailed& e) {
-      failure = e.failure;
     }
     const std::vector<std::int64_t> used = rt.trainer->local_indices(step);
     const nlohmann::json row = attribute_rank(target, in, ex, used, cap, replicas ? &*replicas : nullptr, comm.rank());

@@ -9,6 +9,8 @@
 
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace dpcheck {
 
 std::string Target::describe() const {
@@ -248,6 +250,43 @@ RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, C
 bool trace_digest_prefix(const Target& target) {
   const MutantTable* table = hooks(target);
   return table && table->trace_digest_prefix(target.mutant);
+}
+
+nlohmann::json target_to_json(const Target& target) {
+  return {{"engine", target.engine},
+          {"comm", target.comm},
+          {"kernels", target.kernels},
+          {"mutant", target.mutant},
+          {"tf32", target.tf32},
+          {"precision", precision_name(target.precision)}};
+}
+
+Target target_from_json(const nlohmann::json& j, const std::string& where) {
+  const auto get = [&](const char* key) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(key)) throw UsageError("\"" + where + key + "\" is missing");
+    return j.at(key);
+  };
+  const auto text = [&](const char* key) {
+    const nlohmann::json& v = get(key);
+    if (!v.is_string()) throw UsageError("\"" + where + key + "\" is " + v.dump() + ", not a string");
+    return v.get<std::string>();
+  };
+  Target t;
+  t.engine = text("engine");
+  t.comm = text("comm");
+  t.kernels = text("kernels");
+  t.mutant = text("mutant");
+  const nlohmann::json& tf32 = get("tf32");
+  if (!tf32.is_boolean()) throw UsageError("\"" + where + "tf32\" is " + tf32.dump() + ", not true or false");
+  t.tf32 = tf32.get<bool>();
+  if (j.contains("precision")) {
+    try {
+      t.precision = parse_precision(text("precision"));
+    } catch (const UsageError& e) {
+      throw UsageError("\"" + where + "precision\": " + e.what());
+    }
+  }
+  return t;
 }
 
 }  // namespace dpcheck

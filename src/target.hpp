@@ -19,6 +19,8 @@
 #include "src/train/trainer.hpp"
 #include "src/train/writer.hpp"
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace dpcheck {
 
 struct Target {
@@ -49,6 +51,15 @@ struct Target {
 
   std::string describe() const;  // "engine cpu, comm local, mutant none" ("engine cpu (bf16), ...")
 };
+
+// A target as every file that records one writes it (train's trace and report, a repro bundle, verify's
+// report): {"engine", "comm", "kernels", "mutant" ("" for none), "tf32", "precision"}. A bundle adds
+// "timeout_ms", and verify's report "world_size" and "plugins", beside these.
+nlohmann::json target_to_json(const Target& target);
+// The same fields back into a Target (the others keep their defaults). A file written before
+// --precision has none: fp32. UsageError naming the field, with `where` in front of its name
+// ("\"target.tf32\" is missing", "\"target.engine\" is 3, not a string").
+Target target_from_json(const nlohmann::json& j, const std::string& where = "target.");
 
 // A plugin the target runs, as reports name it: the option and path it was given with, and what its
 // table says of itself.
