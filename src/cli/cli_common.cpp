@@ -328,6 +328,62 @@ void add_kernels_option(CLI::App& sub, std::string& path) {
                  "device one with --engine cuda)");
 }
 
+void TargetOptions::add_to(CLI::App& sub, unsigned fields) {
+  sub_ = &sub;
+  namespace f = target_option;
+  if (fields & f::engine) sub.add_option("--engine", engine, engine_option_help());
+  if (fields & f::comm) sub.add_option("--comm", comm, comm_option_help());
+  if (fields & f::kernels) add_kernels_option(sub, kernels);
+  if (fields & f::mutant)
+    sub.add_option("--mutant", mutant, "Run with a deliberately broken part (see dpcheck verify --list-mutants)");
+  if (fields & f::world_size)
+    sub.add_option("--world-size", world_size,
+                   "Number of ranks (default " + std::to_string(world_size) + "; under a launcher, its processes)");
+  if (fields & f::tf32) sub.add_flag("--tf32", tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
+  if (fields & f::precision) precision.add_to(sub);
+  if (fields & f::allreduce_dtype) allreduce_dtype.add_to(sub);
+  if (fields & f::timeout) timeout.add_to(sub);
+}
+
+void TargetOptions::reword(const std::string& option, const std::string& help) {
+  sub_->get_option(option)->description(help);
+}
+
+bool TargetOptions::given(const std::string& option) const {
+  return sub_ != nullptr && sub_->get_option_no_throw(option) != nullptr && sub_->count(option) > 0;
+}
+
+Target TargetOptions::target() const {
+  Target t;
+  t.engine = engine;
+  t.comm = given("--comm") ? comm : default_comm(engine);
+  t.kernels = kernels;
+  t.mutant = mutant;
+  t.world_size = world_size;
+  t.tf32 = tf32;
+  t.precision = precision.value();
+  t.allreduce_dtype = allreduce_dtype.value();
+  t.timeout = timeout.value();
+  return t;
+}
+
+Target TargetOptions::resolved() const {
+  Target t = target();
+  t.world_size = resolve_world(t, world_size, given("--world-size"));
+  return t;
+}
+
+std::string TargetOptions::flags(const Target& t) {
+  std::string out;
+  if (t.engine != default_engine()) out += " --engine " + t.engine;
+  if (t.comm != default_comm(t.engine)) out += " --comm " + shell_word(t.comm);
+  if (!t.kernels.empty()) out += " --kernels " + shell_word(t.kernels);
+  if (!t.mutant.empty()) out += " --mutant " + t.mutant;
+  if (t.tf32) out += " --tf32";
+  if (t.precision != Precision::fp32) out += " --precision " + std::string(precision_name(t.precision));
+  return out;
+}
+
 std::uint64_t parse_seed(std::string_view text, std::string_view option) {
   std::uint64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);

@@ -150,6 +150,68 @@ struct LossScaleOptions {
 // engine's own; validate_target loads and checks it.
 void add_kernels_option(CLI::App& sub, std::string& path);
 
+// ---- the target ------------------------------------------------------------------------------------
+
+// The options that say what a command runs against, each registered here alone with its help text:
+// --engine, --comm, --kernels, --mutant, --world-size, --tf32, --precision, --allreduce-dtype and
+// --timeout. A command registers those it takes, may reword one's help for its own sense, and builds
+// its Target from them once the command line is parsed:
+//   TargetOptions target;
+//   target.add_to(*sub, target_option::training);
+//   target.reword("--world-size", "Fix the number of ranks (default: each case draws 1-8)");
+//   ...
+//   Target t = target.resolved();  // the engine's communicator unless --comm; the world resolved
+namespace target_option {
+enum : unsigned {
+  engine = 1u << 0,
+  comm = 1u << 1,
+  kernels = 1u << 2,
+  mutant = 1u << 3,
+  world_size = 1u << 4,
+  tf32 = 1u << 5,
+  precision = 1u << 6,
+  allreduce_dtype = 1u << 7,
+  timeout = 1u << 8,
+  // What a training run takes (train, verify, grad).
+  training = (1u << 9) - 1,
+};
+}  // namespace target_option
+
+class TargetOptions {
+ public:
+  // The world size when --world-size is not given (0: verify's cases draw it).
+  explicit TargetOptions(int default_world_size = 1) : world_size(default_world_size) {}
+
+  void add_to(CLI::App& sub, unsigned fields);
+  // Replaces a registered option's help text.
+  void reword(const std::string& option, const std::string& help);
+  // Whether the option was on the command line (after parsing).
+  bool given(const std::string& option) const;
+
+  // The Target the options give: the engine's default communicator unless --comm was given, and the
+  // --world-size asked for (unresolved). UsageError on a bad --precision, --allreduce-dtype or --timeout.
+  Target target() const;
+  // target() with its world resolved against the launcher (resolve_world) and recorded in world_size.
+  Target resolved() const;
+
+  // The options that give `target` again, each one not at its default, with a space in front of each:
+  // " --engine cuda --comm nccl --mutant ring-skip-chunk --tf32 --precision bf16" (for a replay line).
+  static std::string flags(const Target& target);
+
+  std::string engine{default_engine()};
+  std::string comm;  // empty: the engine's default
+  std::string kernels;
+  std::string mutant;
+  int world_size;
+  bool tf32 = false;
+  PrecisionOption precision;
+  AllreduceDtypeOption allreduce_dtype;
+  TimeoutOption timeout;
+
+ private:
+  CLI::App* sub_ = nullptr;
+};
+
 // A whole number from 0 to 2^64 - 1 in decimal; UsageError naming `option` otherwise (no sign, no wrap
 // of -1 to 2^64 - 1, no saturation of larger numbers).
 std::uint64_t parse_seed(std::string_view text, std::string_view option = "--seed");

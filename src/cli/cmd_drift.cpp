@@ -25,47 +25,37 @@ namespace dpcheck::cli {
 namespace {
 
 struct DriftOptions {
-  std::string a, b, engine{default_engine()}, comm, kernels, x, y, trace[2];
+  std::string a, b, x, y, trace[2];
   std::int64_t from = 0;
-  TimeoutOption timeout;
+  TargetOptions target;
 };
 
-// The "target" object of a trace's header (train --trace), each field with its type.
-nlohmann::json trace_target(const std::string& path, const char* option) {
+// The target a trace's header names (train --trace), with the options' timeout.
+Target trace_target(const std::string& path, const char* option, const Target& options) {
+  const std::string where = std::string(option) + " " + path;
   // /dev/zero would be read for ever, a FIFO would block: a trace is a regular file.
-  check_input_file(path, std::string(option) + " " + path);
+  check_input_file(path, where);
   std::ifstream in(path);
   std::string line;
   bool too_long = false;
-  if (!in || !read_bounded_line(in, line, too_long))
-    throw UsageError(std::string(option) + " " + path + ": cannot read its first line");
-  if (too_long) throw UsageError(std::string(option) + " " + path + ": its first line is " + line_length_reason());
+  if (!in || !read_bounded_line(in, line, too_long)) throw UsageError(where + ": cannot read its first line");
+  if (too_long) throw UsageError(where + ": its first line is " + line_length_reason());
   nlohmann::json header;
-  check_json_depth(line, std::string(option) + " " + path);
+  check_json_depth(line, where);
   try {
     header = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception&) {
-    throw UsageError(std::string(option) + " " + path + ": its first line is not JSON");
+    throw UsageError(where + ": its first line is not JSON");
   }
   if (!header.is_object() || !header.contains("dpcheck_trace") || !header.contains("target") || !header["target"].is_object())
-    throw UsageError(std::string(option) + " " + path + ": not a trace of train --trace (no \"target\" in its header)");
-  const nlohmann::json& t = header["target"];
-  for (const char* key : {"engine", "comm", "kernels", "mutant"})
-    if (!t.contains(key) || !t[key].is_string())
-      throw UsageError(std::string(option) + " " + path + ": \"target." + key + "\" is missing or not a string");
-  if (!t.contains("tf32") || !t["tf32"].is_boolean())
-    throw UsageError(std::string(option) + " " + path + ": \"target.tf32\" is missing or not true or false");
-  // Traces written before --precision have none: float32.
-  if (t.contains("precision")) {
-    if (!t["precision"].is_string())
-      throw UsageError(std::string(option) + " " + path + ": \"target.precision\" is not a string");
-    try {
-      (void)parse_precision(t["precision"].get<std::string>());
-    } catch (const UsageError& e) {
-      throw UsageError(std::string(option) + " " + path + ": target." + e.what());
-    }
+    throw UsageError(where + ": not a trace of train --trace (no \"target\" in its header)");
+  try {
+    Target t = target_from_json(header["target"]);
+    t.timeout = options.timeout;
+    return t;
+  } catch (const UsageError& e) {
+    throw UsageError(where + ": " + e.what());
   }
-  return t;
 }
 
 int run_drift(DriftOptions& o) {
@@ -81,19 +71,8 @@ int run_drift(DriftOptions& o) {
   Target targets[2];
   for (int k = 0; k < 2; ++k) {
     Target& t = targets[k];
-    t.engine = o.engine;
-    t.comm = o.comm.empty() ? default_comm(o.engine) : o.comm;
-    t.kernels = o.kernels;
-    t.timeout = o.timeout.value();
-    if (!o.trace[k].empty()) {
-      const nlohmann::json target = trace_target(o.trace[k], k == 0 ? "--trace-a" : "--trace-b");
-      t.engine = target.at("engine").get<std::string>();
-      t.comm = target.at("comm").get<std::string>();
-      t.kernels = target.at("kernels").get<std::string>();
-      t.mutant = target.at("mutant").get<std::string>();
-      t.tf32 = target.at("tf32").get<bool>();
-      if (target.contains("precision")) t.precision = parse_precision(target.at("precision").get<std::string>());
-    }
+    t = o.target.target();
+    if (!o.trace[k].empty()) t = trace_target(o.trace[k], k == 0 ? "--trace-a" : "--trace-b", t);
     t.world_size = runs[k].world_size;
     validate_target(t);
   }
@@ -128,13 +107,8 @@ int run_drift(DriftOptions& o) {
   const std::string* path[2] = {&o.a, &o.b};
   if (r.bug_run >= 0) {
     const Target& t = targets[r.bug_run];
-    std::string cmd = "dpcheck replay " + shell_word(*path[r.bug_run]) + " --step " + std::to_string(r.bug_step);
-    if (t.engine != default_engine()) cmd += " --engine " + t.engine;
-    if (t.comm != default_comm(t.engine)) cmd += " --comm " + shell_word(t.comm);
-    if (!t.kernels.empty()) cmd += " --kernels " + shell_word(t.kernels);
-    if (!t.mutant.empty()) cmd += " --mutant " + t.mutant;
-    if (t.tf32) cmd += " --tf32";
-    if (t.precision != Precision::fp32) cmd += " --precision " + std::string(precision_name(t.precision));
+    std::string cmd = "dpcheck replay " + shell_word(*path[r.bug_run]) + " --step " + std::to_string(r.bug_step) +
+                      TargetOptions::flags(t);
     if (!o.x.empty()) cmd += " --x " + shell_word(o.x) + " --y " + shell_word(o.y);
     std::printf("\nbug: step %lld of %s leaves the bound from its own parameters (%s); replay it with: %s\n",
                 static_cast<long long>(r.bug_step), name[r.bug_run], r.bug_where.c_str(), cmd.c_str());
@@ -162,13 +136,13 @@ Runner add_drift(CLI::App& app) {
   sub->add_option("b", o->b, "The second run's --checkpoint-dir")->required();
   sub->add_option("--trace-a", o->trace[0], "A's trace (train --trace): its header says the target A trained on");
   sub->add_option("--trace-b", o->trace[1], "B's trace: the target B trained on");
-  sub->add_option("--engine", o->engine, "Without a trace: the engine the runs trained on (" + engine_option_help() + ")");
-  sub->add_option("--comm", o->comm, "The communicator they trained over (default: the engine's)");
-  add_kernels_option(*sub, o->kernels);
+  namespace f = target_option;
+  o->target.add_to(*sub, f::engine | f::comm | f::kernels | f::timeout);
+  o->target.reword("--engine", "Without a trace: the engine the runs trained on (" + engine_option_help() + ")");
+  o->target.reword("--comm", "The communicator they trained over (default: the engine's)");
   sub->add_option("--x", o->x, "Inputs .npy, when the runs trained on --x/--y");
   sub->add_option("--y", o->y, "Targets .npy, with --x");
   sub->add_option("--from", o->from, "The first step to look at (default 0)");
-  o->timeout.add_to(*sub);
   return [o] { return run_drift(*o); };
 }
 

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -22,13 +23,11 @@ namespace dpcheck::cli {
 namespace {
 
 struct VerifyOptions {
-  Target target;
+  TargetOptions target_options{0};
+  Target target;  // from target_options, with --thorough and the formats the cases draw
   int cases = 100;
   SeedOption seed_option{1};
   std::uint64_t seed = 1;
-  TimeoutOption timeout;
-  PrecisionOption precision;
-  AllreduceDtypeOption allreduce_dtype;
   std::vector<std::string> only;  // --property
   std::string reproduce;
   bool reproduce_given = false;
@@ -36,8 +35,6 @@ struct VerifyOptions {
   std::string report, junit, html;
   bool quiet = false;
   bool list_mutants = false;
-  bool world_size_given = false;
-  bool precision_given = false, allreduce_dtype_given = false;
 };
 
 // The formats verify draws per case where no option fixes them (precision_drawable,
@@ -45,10 +42,12 @@ struct VerifyOptions {
 // --mutant reaches its bug.
 void choose_formats(VerifyOptions& o) {
   Target& t = o.target;
+  const bool precision_given = o.target_options.given("--precision");
   const MutantInfo* m = t.mutant.empty() ? nullptr : find_mutant(t.mutant);
-  if (!o.precision_given && m && !m->precision.empty()) t.precision = parse_precision(m->precision);
-  if (!o.precision_given && precision_drawable(t)) t.drawn_precisions = {Precision::fp32, Precision::bf16, Precision::fp16};
-  if (!o.allreduce_dtype_given && allreduce_dtype_drawable(t)) t.drawn_allreduce_dtypes = {DType::f32, DType::bf16};
+  if (!precision_given && m && !m->precision.empty()) t.precision = parse_precision(m->precision);
+  if (!precision_given && precision_drawable(t)) t.drawn_precisions = {Precision::fp32, Precision::bf16, Precision::fp16};
+  if (!o.target_options.given("--allreduce-dtype") && allreduce_dtype_drawable(t))
+    t.drawn_allreduce_dtypes = {DType::f32, DType::bf16};
 }
 
 std::string number(double v, const char* fmt = "%.3g") {
@@ -119,16 +118,14 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                                              : nlohmann::json(nullptr);
     props.push_back(std::move(p));
   }
+  nlohmann::json target = target_to_json(o.target);
+  target["world_size"] = o.target.world_size > 0 ? nlohmann::json(o.target.world_size) : nlohmann::json("drawn");
+  target["plugins"] = plugins_json(o.target);
   return {{"passed", passed},
           {"seed", o.seed},
           {"cases_per_property", o.cases},
           {"probabilistic_failure_probability_per_dot_product", kProbabilisticFailure},
-          {"target",
-           {{"engine", o.target.engine},
-            {"comm", o.target.comm},
-            {"mutant", o.target.mutant.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.target.mutant)},
-            {"world_size", o.target.world_size > 0 ? nlohmann::json(o.target.world_size) : nlohmann::json("drawn")},
-            {"plugins", plugins_json(o.target)}}},
+          {"target", target},
           {"properties", props}};
 }
 
@@ -190,32 +187,26 @@ std::string indented(const std::string& head, const std::string& text) {
   return first ? head + "\n" : out;
 }
 
-int run_verify(VerifyOptions& o) {
-  if (o.list_mutants) {
-    if (is_printing_rank())
-      for (const MutantInfo& m : mutants()) std::cout << m.name << "\n";
-    return exit_ok;
-  }
-  if (o.cases < 1) throw UsageError("--cases must be at least 1");
-  if (o.reruns < 1 || o.reruns > 1000) throw UsageError("--reruns must be in [1, 1000]");
-  o.seed = o.seed_option.value();
-  o.target.timeout = o.timeout.value();
-  o.target.precision = o.precision.value();
-  o.target.allreduce_dtype = o.allreduce_dtype.value();
-  const int world = resolve_world(o.target, o.target.world_size, o.world_size_given);
-  if (o.target.process_world) o.target.world_size = world;
+// Target, world and formats from the options; each rank loads its own plugin.
+void prepare_target(VerifyOptions& o) {
+  const bool thorough = o.target.thorough;
+  o.target = o.target_options.resolved();
+  o.target.thorough = thorough;
   // Each rank loads its own plugin: one that fails on one rank stops every rank at once.
   agree_on_rank_inputs([&] {
     choose_formats(o);
     validate_target(o.target);
   });
-  if (o.world_size_given) {
+  if (o.target_options.given("--world-size")) {
     // The cases draw small models; the ranks themselves must fit (threads, and their replicas).
     RunSize run;
-    run.world_size = world;
+    run.world_size = o.target.world_size;
     run.ranks_are_threads = !o.target.process_world;
     check_run_size(run);
   }
+}
+
+std::vector<const PropertyDef*> select_properties(const VerifyOptions& o) {
   std::vector<const PropertyDef*> selected;
   if (o.reproduce_given) {
     // The token names its property: --property may repeat it, never contradict it.
@@ -230,37 +221,19 @@ int run_verify(VerifyOptions& o) {
   } else {
     for (const std::string& name : o.only) selected.push_back(&find_property(name));
   }
-  check_on_writing_rank([&] {
-    if (!o.report.empty()) check_output_path(o.report, "--report");
-    if (!o.junit.empty()) check_output_path(o.junit, "--junit");
-    if (!o.html.empty()) check_output_path(o.html, "--html");
-  });
-  // Every process must draw the same cases: rank 0's seed is everyone's.
-  if (o.target.process_world) o.target.process_world->broadcast(&o.seed, 1, DType::u64, 0);
+  return selected;
+}
 
-  // Under a launcher only rank 0 prints and writes reports; the others run the same cases silently.
-  const bool printing = is_printing_rank();
-  const auto say = [&](const std::string& text) {
-    if (!printing) return;
-    std::fputs(text.c_str(), stdout);
-    std::fflush(stdout);
-  };
-  const auto row = [](const char* fmt, auto... args) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, fmt, args...);
-    return std::string(buf);
-  };
-  Progress progress(printing && Progress::wanted(o.quiet));
-  say("dpcheck verify: " + o.target.describe() + plugins_text(o.target) + ", world size " +
-      (o.target.world_size > 0 ? std::to_string(o.target.world_size)
-                                : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) + ", " +
-      (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
-      ", seed " + std::to_string(o.seed) + "\n\n");
-  say(row("%-38s %6s %7s %12s %12s %6s %9s\n", "property", "cases", "passed", "error ratio", "prob. ratio", "power",
-          "time"));
+std::string row(const char* fmt, auto... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return std::string(buf);
+}
 
+// Runs the properties in order, each row printed (by `say`) as it ends, with a progress line.
+std::vector<PropertyResult> run_properties(const VerifyOptions& o, const std::vector<const PropertyDef*>& selected,
+                                           const std::function<void(const std::string&)>& say, Progress& progress) {
   std::vector<PropertyResult> results;
-  bool all_passed = true;
   for (const PropertyDef* p : selected) {
     const std::string at = "  [" + std::to_string(results.size() + 1) + "/" + std::to_string(selected.size()) + "] " +
                            std::string(p->name) + ": ";
@@ -283,11 +256,14 @@ int run_verify(VerifyOptions& o) {
     say(row("%-38s %6lld %7s %12s %12s %6s %7.2f s\n", r.name.c_str(), static_cast<long long>(r.cases),
             !r.skipped.empty() ? "skipped" : r.passed ? "yes" : "NO", ratio_text(r).c_str(),
             probabilistic_text(r).c_str(), power_text(r).c_str(), r.seconds));
-    all_passed &= r.passed;
     results.push_back(std::move(r));
   }
 
-  std::ostringstream details;
+  return results;
+}
+
+// How often each class of case was reached, per property.
+void describe_classes(std::ostream& details, const std::vector<PropertyResult>& results) {
   for (const PropertyResult& r : results) {
     if (!r.skipped.empty()) details << "\n" << r.name << ": skipped: " << r.skipped << "\n";
     if (r.distribution.empty()) continue;
@@ -303,6 +279,9 @@ int run_verify(VerifyOptions& o) {
     for (const auto& [tag, count] : per_class) details << "\n  " << count << " of " << r.cases << " cases: " << tag;
     details << "\n";
   }
+}
+
+void describe_closest_calls(std::ostream& details, const VerifyOptions& o, const std::vector<PropertyResult>& results) {
   bool any_closest = false;
   for (const PropertyResult& r : results) {
     if (r.closest.ratio < 0 || !r.passed) continue;
@@ -319,6 +298,9 @@ int run_verify(VerifyOptions& o) {
             << indented("    where: ", r.closest.note) << indented("    case:  ", r.closest.example)
             << "    replay: " << replay_command(o.target, r.closest.reproduce) << "\n";
   }
+}
+
+void describe_tightness_and_power(std::ostream& details, const std::vector<PropertyResult>& results) {
   for (const PropertyResult& r : results) {
     if (r.tightness[0] < 0 && r.tightness[1] < 0) continue;
     details << "\n" << r.name << ": tightness: plain rounding (no kink term) came to " << ratio(r.tightness[0])
@@ -331,6 +313,9 @@ int run_verify(VerifyOptions& o) {
             << r.probed << " cases (" << power_text(r) << ", at least " << number(100 * r.min_power, "%.0f%%")
             << " required); the weakest drop came to " << number(r.weakest_probe) << " times the bound\n";
   }
+}
+
+void describe_failures(std::ostream& details, const VerifyOptions& o, const std::vector<PropertyResult>& results) {
   for (const PropertyResult& r : results) {
     if (r.passed) continue;
     details << "\nFAILED " << r.name << " after " << r.cases << " passing cases";
@@ -346,6 +331,51 @@ int run_verify(VerifyOptions& o) {
       details << "  replay" << (r.flaky() ? " (it " + runs_text(r) + ": run it several times)" : "") << ": "
               << replay_command(o.target, r.reproduce) << "\n";
   }
+}
+
+int run_verify(VerifyOptions& o) {
+  if (o.list_mutants) {
+    if (is_printing_rank())
+      for (const MutantInfo& m : mutants()) std::cout << m.name << "\n";
+    return exit_ok;
+  }
+  if (o.cases < 1) throw UsageError("--cases must be at least 1");
+  if (o.reruns < 1 || o.reruns > 1000) throw UsageError("--reruns must be in [1, 1000]");
+  o.seed = o.seed_option.value();
+  prepare_target(o);
+  const std::vector<const PropertyDef*> selected = select_properties(o);
+  check_on_writing_rank([&] {
+    if (!o.report.empty()) check_output_path(o.report, "--report");
+    if (!o.junit.empty()) check_output_path(o.junit, "--junit");
+    if (!o.html.empty()) check_output_path(o.html, "--html");
+  });
+  // Every process must draw the same cases: rank 0's seed is everyone's.
+  if (o.target.process_world) o.target.process_world->broadcast(&o.seed, 1, DType::u64, 0);
+
+  // Under a launcher only rank 0 prints and writes reports; the others run the same cases silently.
+  const bool printing = is_printing_rank();
+  const auto say = [&](const std::string& text) {
+    if (!printing) return;
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  };
+  Progress progress(printing && Progress::wanted(o.quiet));
+  say("dpcheck verify: " + o.target.describe() + plugins_text(o.target) + ", world size " +
+      (o.target.world_size > 0 ? std::to_string(o.target.world_size)
+                                : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) + ", " +
+      (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
+      ", seed " + std::to_string(o.seed) + "\n\n");
+  say(row("%-38s %6s %7s %12s %12s %6s %9s\n", "property", "cases", "passed", "error ratio", "prob. ratio", "power",
+          "time"));
+  const std::vector<PropertyResult> results = run_properties(o, selected, say, progress);
+  bool all_passed = true;
+  for (const PropertyResult& r : results) all_passed &= r.passed;
+
+  std::ostringstream details;
+  describe_classes(details, results);
+  describe_closest_calls(details, o, results);
+  describe_tightness_and_power(details, results);
+  describe_failures(details, o, results);
   details << "\n" << (all_passed ? "all properties passed" : "some properties FAILED") << "\n";
   say(details.str());
 
@@ -389,25 +419,19 @@ Runner add_verify(CLI::App& app) {
       "A mutant of one precision's path runs in that precision unless --precision is given.\n"
       "Exit status: 0 every property passed; 1 a property failed (with its minimal case and replay line);\n"
       "2 bad usage; 3 a runtime fault (a plugin's error, a launcher's).");
-  sub->add_option("--world-size", o->target.world_size, "Fix the number of ranks (default: each case draws 1-8)");
   sub->add_option("--cases", o->cases, "Cases per property (default 100; 500 with --thorough)");
   sub->add_flag("--thorough", o->target.thorough,
                 "Draw harder: 500 cases per property unless --cases says otherwise, from a wider space (world sizes "
                 "1-16, 1-5 layers, up to 12 steps); minutes where the default takes seconds");
   o->seed_option.add_to(*sub, "RapidCheck seed; the same seed runs the same cases");
-  sub->add_option("--mutant", o->target.mutant, "Run against a deliberately broken part (see --list-mutants)");
   sub->add_option("--property", o->only, "Run only this property (repeatable)");
   sub->add_option("--reproduce", o->reproduce,
                   "Replay one case: the minimal case of a failure, or a closest call (the string printed with it)");
   sub->add_option("--reruns", o->reruns,
                   "Runs of a failing case, to tell a steady failure from one that comes and goes (default 5)");
-  sub->add_option("--engine", o->target.engine, engine_option_help());
-  sub->add_option("--comm", o->target.comm, comm_option_help());
-  sub->add_flag("--tf32", o->target.tf32, "cuda engine: TF32 matrix products (the bound uses u = 2^-11)");
-  add_kernels_option(*sub, o->target.kernels);
-  o->precision.add_to(*sub);
-  o->allreduce_dtype.add_to(*sub);
-  o->timeout.add_to(*sub);
+  o->target_options.add_to(*sub, target_option::training);
+  o->target_options.reword("--world-size", "Fix the number of ranks (default: each case draws 1-8)");
+  o->target_options.reword("--mutant", "Run against a deliberately broken part (see --list-mutants)");
   sub->add_option("--report", o->report, "Write a JSON report to this file");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report to this file");
   sub->add_option("--html", o->html,
@@ -416,12 +440,8 @@ Runner add_verify(CLI::App& app) {
   sub->add_flag("--quiet", o->quiet, "No progress line on standard error (shown only on a terminal)");
   sub->add_flag("--list-mutants", o->list_mutants, "Print the mutants' names, one a line, and exit");
   return [o, sub] {
-    o->world_size_given = sub->count("--world-size") > 0;
     o->reproduce_given = sub->count("--reproduce") > 0;
-    o->precision_given = sub->count("--precision") > 0;
-    o->allreduce_dtype_given = sub->count("--allreduce-dtype") > 0;
     if (o->target.thorough && sub->count("--cases") == 0) o->cases = 500;
-    if (sub->count("--comm") == 0) o->target.comm = default_comm(o->target.engine);
     return run_verify(*o);
   };
 }

@@ -573,7 +573,7 @@ std::string verify_page(const json& report) {
     std::string b = "<h1>dpcheck verify " + verdict_badge(passed, "all properties passed", "some properties FAILED") +
                     "</h1>\n";
     b += "<p>engine " + escape(opt_string(target, "engine")) + ", communicator " + escape(opt_string(target, "comm")) +
-         (has(target, "mutant") ? ", mutant " + escape(opt_string(target, "mutant")) : std::string()) +
+         (!opt_string(target, "mutant").empty() ? ", mutant " + escape(opt_string(target, "mutant")) : std::string()) +
          ", world size " + escape(has(target, "world_size") ? value_text(target.at("world_size")) : "-") + "; " +
          escape(value_text(report.at("cases_per_property"))) + " cases per property, seed " +
          escape(value_text(report.at("seed"))) + "</p>\n";
