@@ -82,6 +82,20 @@ std::vector<ConformRow> conform_comm(const Target& target, int world_size, const
 // The names of conform_comm's checks for a world of `world_size` ranks, in the order they run.
 std::vector<std::string> conform_comm_checks();
 
+// Every check of a communicator that runs on a world the caller made, by name, in order: the collective
+// checks of conform_comm_checks() (not the absent rank, which needs a world of its own, nor the
+// fingerprint, which reports and does not judge; nor an avg of int64, which dpcheck's own backends
+// refuse), then the promises only dpcheck's own backends make
+// (conform/conform_comm_backends.hpp), which conform does not run against a plugin. The tests run this
+// suite on every built-in backend (tests/comm_conformance.hpp).
+std::vector<std::string> conform_comm_suite();
+
+// The check `name` of conform_comm_suite() on `comm`, every case of it that options allow (counts up to
+// options.max_bytes, options.thorough, options.seed), on every rank (collective: every rank calls it).
+// Returns "" when it passed, else the first failing case, the first rank that saw it fail and what it
+// saw, and the promise that broke: the same text on every rank. UsageError for another name.
+std::string run_conform_comm_check(Communicator& comm, const std::string& name, const ConformOptions& options);
+
 // UsageError unless `check` (when given) names a check of conform_comm or a property of verify
 // ("property <name>"), and `case_text` (when given) is a case of that check. Run before any output.
 void check_conform_comm_selection(const std::string& check, const std::string& case_text);

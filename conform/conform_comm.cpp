@@ -26,6 +26,7 @@
 #include <csignal>
 
 #include "conform/conform.hpp"
+#include "conform/conform_comm_backends.hpp"
 #include "properties/common.hpp"
 #include "properties/properties.hpp"
 #include "src/error.hpp"
@@ -183,6 +184,16 @@ template <class T> T input_value(int rank, std::size_t i, ReduceOp op, int n) {
     const std::int64_t high = (i + static_cast<std::size_t>(rank)) % 2 ? (std::int64_t{1} << (op == ReduceOp::avg ? 48 : 54)) : 0;
     return (high + small) * static_cast<std::int64_t>(scale);
   }
+}
+
+// What rank r sends at element i in a broadcast or an allgather: input_value's sum inputs; in the 16-bit
+// formats any pattern, whatever it means (NaNs with payloads, negative zero, subnormals, infinities), so
+// that a backend that converts on the way changes some.
+template <class T> T moved_value(int rank, std::size_t i) {
+  if constexpr (is_16bit_v<T>)
+    return T{static_cast<std::uint16_t>(static_cast<std::size_t>(rank) * 40503u + i * 2654435761u)};
+  else
+    return input_value<T>(rank, i, ReduceOp::sum, 1);
 }
 
 template <class T> T expected_value(std::size_t i, ReduceOp op, int n) {
@@ -374,6 +385,26 @@ ConformRow check_row(const Target& target, int n, const CommCheck& check, const 
   return row;
 }
 
+// Where a check failed: the case, and the first failing rank's words.
+struct CaseFailure {
+  std::size_t at = 0;
+  std::string what;
+};
+
+// The cases of `check` in turn on this rank (collective: every rank calls it), stopping at the first case
+// that fails on any rank; every rank returns the same. `starting` is told each case before it runs.
+std::optional<CaseFailure> run_cases(Communicator& comm, const CommCheck& check,
+                                     const std::function<void(std::size_t)>& starting) {
+  const CaseFn run = check.make();
+  for (std::size_t k = 0; k < check.cases.size(); ++k) {
+    starting(k);
+    const std::vector<std::string> all = allgather_strings(comm.host(), run(comm, check.cases[k]));
+    for (std::size_t r = 0; r < all.size(); ++r)
+      if (!all[r].empty()) return CaseFailure{k, "rank " + std::to_string(r) + ": " + all[r]};  // every rank saw the same texts
+  }
+  return std::nullopt;
+}
+
 // The checks on one world of n ranks, in the order given, each check's cases in turn, on one
 // communicator: a plugin's start-up (a TCP mesh, an NCCL communicator) is paid once a world, not once a
 // check. Each check's row goes to `done` (on the thread of the rank that records) as it is decided. A
@@ -399,22 +430,16 @@ std::string run_checks_on_world(const Target& target, int n, const std::vector<c
             in_flight.reset();
             started = Clock::now();
           }
-          const CaseFn run = check.make();
-          std::optional<std::size_t> failed_at;
-          std::string failure;
-          for (std::size_t k = 0; k < check.cases.size() && !failed_at; ++k) {
+          const std::optional<CaseFailure> failed = run_cases(comm, check, [&](std::size_t k) {
             if (recording) {
               std::lock_guard lock(mutex);
               in_flight = k;
             }
-            const std::vector<std::string> all = allgather_strings(comm.host(), run(comm, check.cases[k]));
-            for (std::size_t r = 0; r < all.size() && !failed_at; ++r)
-              if (!all[r].empty()) {  // every rank saw the same texts: all stop this check here
-                failed_at = k;
-                failure = "rank " + std::to_string(r) + ": " + all[r];
-              }
-          }
-          if (recording) done(c, check_row(target, n, check, o, failed_at.has_value(), failed_at, failure, seconds_since(started)));
+          });
+          if (recording && failed)
+            done(c, check_row(target, n, check, o, true, failed->at, failed->what, seconds_since(started)));
+          else if (recording)
+            done(c, check_row(target, n, check, o, false, std::nullopt, "", seconds_since(started)));
         }
         if (recording) {
           std::lock_guard lock(mutex);
@@ -555,7 +580,8 @@ template <class T> CommCheck broadcast_check(int n, const std::vector<CommCase>&
   c.section = "collectives";
   c.name = "broadcast " + std::string(dtype_name(dtype_of<T>()));
   c.dtype = dtype_of<T>();
-  c.promise = "every rank holds the root's buffer, from every root";
+  c.promise = std::string("every rank holds the root's buffer, from every root") +
+              (is_16bit_v<T> ? ", bit for bit, whatever the patterns mean (NaN payloads, -0, subnormals, infinities)" : "");
   for (const CommCase& k : counts)
     if (k.root >= 0)
       c.cases.push_back(k);  // one case given with --case
@@ -567,10 +593,10 @@ template <class T> CommCheck broadcast_check(int n, const std::vector<CommCase>&
     return CaseFn([arena](Communicator& comm, const CommCase& k) {
       T* buf = arena->prepare(k, k.count);
       if (comm.rank() == k.root)
-        for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<T>(k.root + 1, i, ReduceOp::sum, 1);
+        for (std::size_t i = 0; i < k.count; ++i) buf[i] = moved_value<T>(k.root + 1, i);
       comm.broadcast(arena->place(comm, k), k.count, dtype_of<T>(), k.root);
       arena->fetch(comm);
-      std::string bad = compare(buf, k.count, [&](std::size_t i) { return input_value<T>(k.root + 1, i, ReduceOp::sum, 1); },
+      std::string bad = compare(buf, k.count, [&](std::size_t i) { return moved_value<T>(k.root + 1, i); },
                                 "received");
       return bad.empty() ? arena->guards(k, k.count) : bad;
     });
@@ -583,7 +609,8 @@ template <class T> CommCheck allgather_check(int n, const std::vector<CommCase>&
   c.section = "collectives";
   c.name = "allgather " + std::string(dtype_name(dtype_of<T>()));
   c.dtype = dtype_of<T>();
-  c.promise = "rank r's block lands at r * count on every rank, in rank order";
+  c.promise = std::string("rank r's block lands at r * count on every rank, in rank order") +
+              (is_16bit_v<T> ? ", bit for bit, whatever the patterns mean (NaN payloads, -0, subnormals, infinities)" : "");
   c.cases = cases;
   c.covered = covered_text(cases, sizeof(T));
   c.make = [n] {
@@ -591,7 +618,7 @@ template <class T> CommCheck allgather_check(int n, const std::vector<CommCase>&
     auto recv_arena = std::make_shared<Arena<T>>();
     return CaseFn([send_arena, recv_arena, n](Communicator& comm, const CommCase& k) {
       T* send = send_arena->prepare(k, k.count);
-      for (std::size_t i = 0; i < k.count; ++i) send[i] = input_value<T>(comm.rank(), i, ReduceOp::sum, 1);
+      for (std::size_t i = 0; i < k.count; ++i) send[i] = moved_value<T>(comm.rank(), i);
       const std::size_t total = k.count * static_cast<std::size_t>(n);
       T* recv = recv_arena->prepare(k, total);
       comm.allgather(send_arena->place(comm, k), recv_arena->place(comm, k), k.count, dtype_of<T>());
@@ -600,7 +627,7 @@ template <class T> CommCheck allgather_check(int n, const std::vector<CommCase>&
       for (int r = 0; r < n; ++r) {
         const std::string what = "block " + std::to_string(r) + "'s";
         std::string bad = compare(recv + static_cast<std::size_t>(r) * k.count, k.count,
-                                  [&](std::size_t i) { return input_value<T>(r, i, ReduceOp::sum, 1); }, what.c_str());
+                                  [&](std::size_t i) { return moved_value<T>(r, i); }, what.c_str());
         if (!bad.empty()) return bad;
       }
       std::string bad = recv_arena->guards(k, total);
@@ -756,6 +783,18 @@ CommCheck calls_in_a_row_check(int n, const std::vector<CommCase>& cases) {
       return {};
     });
   };
+  return c;
+}
+
+// One of dpcheck's own backends' promises (conform/conform_comm_backends.hpp): one case, the whole check.
+CommCheck backend_check(const BackendCommCheck& b) {
+  CommCheck c;
+  c.section = "backends";
+  c.name = b.name;
+  c.promise = b.promise;
+  c.cases = {{0, 0, -1}};
+  c.covered = "the whole check";
+  c.make = [run = b.run] { return CaseFn([run](Communicator& comm, const CommCase&) { return run(comm); }); };
   return c;
 }
 
@@ -1047,6 +1086,8 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
   if (name == "allgather bfloat16") return allgather_check<Bf16>(n, cases(2 * un, kAll, false));
   if (name == "allgather float16") return allgather_check<Fp16>(n, cases(2 * un, kAll, false));
   if (name == "barrier") return barrier_check();
+  for (const BackendCommCheck& b : backend_comm_checks())
+    if (name == b.name) return backend_check(b);
   if (name == "calls in a row") {
     if (!o.case_text.empty()) return calls_in_a_row_check(n, {parse_case(o.case_text, false, name)});
     std::vector<CommCase> few{{1, 0, -1}, {7, 1, -1}};
@@ -1090,6 +1131,25 @@ ConformRow unsupported_row(std::string section, std::string name, const std::str
 }
 
 }  // namespace
+
+std::vector<std::string> conform_comm_suite() {
+  std::vector<std::string> names;
+  // Not the absent rank (a world of its own) nor the fingerprint (information); not an avg of int64,
+  // which a plugin may declare and dpcheck's own backends refuse ("unsupported reductions throw").
+  for (const std::string& name : conform_comm_checks())
+    if (name != "a rank that never arrives" && name != "summation order and width" && name != "allreduce int64 avg")
+      names.push_back(name);
+  for (const BackendCommCheck& b : backend_comm_checks()) names.emplace_back(b.name);
+  return names;
+}
+
+std::string run_conform_comm_check(Communicator& comm, const std::string& name, const ConformOptions& o) {
+  const std::optional<CommCheck> check = make_check(name, comm.size(), kAll, o);
+  if (!check) throw UsageError("'" + name + "' is not a check of conform_comm_suite()");
+  const std::optional<CaseFailure> failed = run_cases(comm, *check, [](std::size_t) {});
+  if (!failed) return "";
+  return "case " + check->cases[failed->at].text() + ", " + failed->what + " (the promise: " + check->promise + ")";
+}
 
 std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformOptions& o) {
   check_conform_comm_selection(o.check, o.case_text);

@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "properties/mutants.hpp"
@@ -64,6 +66,47 @@ TEST(CommMutants, ArrivalOrderGivesEveryRankTheSameOtherSixteenBitSum) {
   check_arrival_order<Bf16>();
   check_arrival_order<Fp16>();
 }
+
+// The conformance suite (conform's checks, as the backends' tests run them) fails each communicator
+// mutant at a check its bug breaks: the suite can fail, through the same path that passes the backends.
+struct SuiteKill {
+  const char* mutant;
+  const char* check;
+};
+
+class CommMutantsSuite : public testing::TestWithParam<SuiteKill> {};
+
+TEST_P(CommMutantsSuite, TheConformanceSuiteFailsTheMutant) {
+  const SuiteKill k = GetParam();
+  std::vector<std::string> failures(kRanks);
+  run_local(kRanks, [&](Communicator& local) {
+    const std::unique_ptr<Communicator> wrapped = mutant_communicator(k.mutant, local);
+    failures[static_cast<std::size_t>(local.rank())] =
+        run_conform_comm_check(*wrapped, k.check, conformance::suite_options());
+  }, 30s);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_FALSE(failures[static_cast<std::size_t>(r)].empty()) << k.mutant << " passed " << k.check << " on rank " << r;
+    EXPECT_EQ(failures[static_cast<std::size_t>(r)], failures[0]) << "the ranks disagree on the verdict";
+  }
+  // The correct backend passes the same check.
+  run_local(kRanks, [&](Communicator& c) {
+    EXPECT_EQ(run_conform_comm_check(c, k.check, conformance::suite_options()), "") << k.check;
+  }, 30s);
+}
+
+const SuiteKill kSuiteKills[] = {
+    {"allreduce-sum-no-average", "allreduce float32 avg"},
+    {"allreduce-rank-order", "same bits on every rank float32 sum"},
+    {"allreduce-rank-order", "float sum is the serial fixed-order sum"},
+    {"allreduce-large-message-tail", "allreduce float32 sum"},
+    {"allreduce-arrival-order", "float sum is the serial fixed-order sum"},
+    {"allreduce-corrupt-one", "allreduce float32 sum"},
+};
+
+INSTANTIATE_TEST_SUITE_P(CommMutants, CommMutantsSuite, testing::ValuesIn(kSuiteKills),
+                         [](const testing::TestParamInfo<SuiteKill>& p) {
+                           return std::to_string(p.index) + "_" + conformance::test_name(p.param.mutant);
+                         });
 
 }  // namespace
 }  // namespace dpcheck

@@ -62,9 +62,9 @@ TEST_P(Conformance, OnOneRankPerDevice) {
   DPCHECK_REQUIRE_GPU();
   const int devices = cuda::device_count();
   for (int n = 1; n <= devices; ++n) {
-    const std::string name = GetParam().name;
+    const std::string check = GetParam().check;
     const bool ring_order =
-        n >= 3 && (name == "FloatSumIsBitwiseTheFixedOrderSum" || name == "SixteenBitSumIsRoundedOnceAtTheEnd");
+        n >= 3 && (check == "float sum is the serial fixed-order sum" || check == "16-bit sum is rounded once at the end");
     cuda::run_nccl_threads(n, [&](Communicator& c) {
       Staged staged(c);
       if (ring_order)

@@ -163,8 +163,9 @@ TEST(PluginComm, PluginsThatDeclareSixteenBitFloatsReduceAndMoveThem) {
     for (int n : {1, 2, 3, 5}) {
       SCOPED_TRACE(path + " N=" + std::to_string(n));
       run_plugin(path, n, [](Communicator& c) {
-        conformance::allreduce_16bit_sums_are_exact_on_small_integers(c);
-        conformance::broadcast_and_allgather_move_16bit_patterns(c);
+        for (const char* check : {"16-bit sums are exact on small integers", "broadcast bfloat16",
+                                  "broadcast float16", "allgather bfloat16", "allgather float16"})
+          conformance::run_check(c, check);
       });
     }
 }
@@ -173,7 +174,7 @@ TEST(PluginComm, PluginsThatDeclareSixteenBitFloatsReduceAndMoveThem) {
 // rounds at every hop (as NCCL does), and so gives other bits once there are three ranks.
 TEST(PluginComm, ThePluginThatRoundsOnceHasTheLocalBackendsBits) {
   for (int n : {1, 2, 3, 5})
-    run_plugin(kCorrect, n, conformance::allreduce_16bit_sum_is_rounded_once_at_the_end);
+    run_plugin(kCorrect, n, [](Communicator& c) { conformance::run_check(c, "16-bit sum is rounded once at the end"); });
   std::vector<float> ring_sum;
   run_plugin(kRing, 3, [&](Communicator& c) {
     std::vector<Bf16> b(8, conformance::narrow<Bf16>(c.rank() == 0 ? 256.0f : 1.0f));
