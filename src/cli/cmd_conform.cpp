@@ -5,11 +5,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "conform/conform.hpp"
+#include "conform/conform_run.hpp"
 #include "properties/properties.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
@@ -74,22 +76,6 @@ std::string plugin_title(const ConformCliOptions& o) {
 
 nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world, const std::vector<ConformRow>& rows,
                        bool passed) {
-  nlohmann::json checks = nlohmann::json::array();
-  const auto or_null = [](const std::string& s) { return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s); };
-  for (const ConformRow& r : rows) {
-    nlohmann::json classes = nlohmann::json::object();
-    for (const auto& [name, ratio] : r.ratio_by_shape_class) classes[name] = ratio;
-    checks.push_back({{"section", r.section},
-                      {"check", r.check},
-                      {"verdict", r.verdict == ConformVerdict::fail ? std::string("fail")
-                                                                    : std::string(conform_verdict_name(r.verdict))},
-                      {"detail", r.detail},
-                      {"promise", or_null(r.promise)},
-                      {"minimal_case", or_null(r.minimal)},
-                      {"replay", or_null(r.replay)},
-                      {"largest_ratio_by_shape_class", r.ratio_by_shape_class.empty() ? nlohmann::json(nullptr) : classes},
-                      {"seconds", r.seconds}});
-  }
   nlohmann::json plugin{{"kind", o.target.kernels.empty() ? "comm" : "kernels"},
                         {"path", o.target.kernels.empty() ? o.target.comm : o.target.kernels},
                         {"engine", o.target.engine},
@@ -106,7 +92,7 @@ nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world
           {"thorough", o.thorough},
           {"plugin", plugin},
           {"world_size", world},
-          {"checks", checks}};
+          {"checks", conform_rows_json(rows)}};
 }
 
 std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& rows) {
@@ -137,15 +123,10 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
   return x.str();
 }
 
-int run_conform(ConformCliOptions& o) {
+// Refuses what cannot run (UsageError), before any output; sets the target's timeout, precision and
+// world, and returns the world size.
+int check_conform_request(ConformCliOptions& o) {
   const bool kernels = !o.target.kernels.empty();
-  if (o.list_checks) {
-    if (is_printing_rank()) {
-      for (const std::string& c : kernels ? conform_kernel_checks() : conform_comm_checks()) std::cout << c << "\n";
-      for (const PropertyDef& p : properties()) std::cout << "property " << p.name << "\n";
-    }
-    return exit_ok;
-  }
   if (kernels && o.comm_given)
     throw UsageError("conform checks one plugin at a time: give --comm PATH or --kernels PATH, not both");
   if (!kernels && !o.comm_given)
@@ -167,12 +148,16 @@ int run_conform(ConformCliOptions& o) {
   if (o.target.process_world || o.world_size_given) o.target.world_size = world;
   // What the plugin does not declare is reported row by row ("unsupported"), not refused.
   validate_target(o.target, GradientAllreduce::not_required);
-  if (o.absent_rank_probe) return conform_absent_rank_probe(o.target, world);
+  return world;
+}
+
+// Refuses a run too large for this machine, or an output path that cannot be written, before any output.
+void check_conform_resources(const ConformCliOptions& o, int world) {
   RunSize run;
   run.world_size = world;
   run.ranks_are_threads = !o.target.process_world;
   check_run_size(run);
-  if (const std::size_t count = kernels ? 0 : conform_case_count(o.check, o.case_text)) {
+  if (const std::size_t count = o.target.kernels.empty() ? conform_case_count(o.check, o.case_text) : 0) {
     // Each rank holds its input, its output (an allgather's is N times the count), the expected values
     // and a copy, in elements of up to 8 bytes: refused here rather than failing dpcheck's own
     // allocation midway, which would read as the plugin's fault.
@@ -185,62 +170,42 @@ int run_conform(ConformCliOptions& o) {
     if (!o.junit.empty()) check_output_path(o.junit, "--junit");
     if (!o.html.empty()) check_output_path(o.html, "--html");
   });
+}
 
-  ConformOptions co;
-  co.seed = o.seed_option.value();
-  if (o.target.process_world) o.target.process_world->broadcast(&co.seed, 1, DType::u64, 0);
-  co.cases = o.cases;
-  co.timeout = o.target.timeout;
-  co.check = o.check;
-  co.case_text = o.case_text;
-  co.properties = !o.no_properties;
-  co.thorough = o.thorough;
-  // The quick default stops at 16 MiB, --thorough at 64; --max-mib sets it either way.
-  co.max_bytes = static_cast<std::size_t>((o.max_mib_given ? o.max_mib : o.thorough ? 64.0 : 16.0) * 1024 * 1024);
-  co.max_kernel_size = o.max_size;
-  std::string prefix = o.target.process_world ? find_backend(o.target.comm)->launch_prefix(world) : std::string();
-  prefix += "dpcheck conform";
-  if (o.target.engine != default_engine()) prefix += " --engine " + o.target.engine;
-  prefix += kernels ? " --kernels " + shell_word(o.target.kernels) : " --comm " + shell_word(o.target.comm);
-  // Communicator checks add the world size they failed on; kernels' properties add none.
-  if (kernels && o.world_size_given) prefix += " --world-size " + std::to_string(world);
-  if (o.thorough) prefix += " --thorough";
-  if (o.max_mib_given) prefix += " --max-mib " + float_text(o.max_mib);
-  if (o.max_size_given) prefix += " --max-size " + std::to_string(o.max_size);
-  // Without --world-size the collectives run on several worlds of threads, so that an algorithm that
-  // only works for some N (a tree for powers of two, a ring for N > 2) meets the others.
-  if (!kernels && !o.world_size_given && !o.target.process_world) co.extra_world_sizes = {1, 2, 3, 5, 8};
-  if (co.seed != 1) prefix += " --seed " + std::to_string(co.seed);
-  co.replay_prefix = prefix;
-  if (kernels) {
-    co.absent_rank_skip = "a communicator's check";
-  } else if (o.target.process_world) {
-    co.absent_rank_skip = "runs only with the ranks as threads (run conform without a launcher)";
-  } else {
-    // The probe runs in a child: a plugin that hangs there ends the child (the watchdog), not this run.
-    const auto probe_timeout = std::min(co.timeout, std::chrono::milliseconds(5000));
-    co.absent_rank_command = {self_executable().string(), "conform", "--engine", o.target.engine, "--comm",
-                              o.target.comm, "--world-size", std::to_string(world), "--timeout",
-                              float_text(static_cast<double>(probe_timeout.count()) / 1000.0), "--absent-rank-probe"};
-  }
+ConformRequest conform_request(const ConformCliOptions& o) {
+  ConformRequest r;
+  r.seed = o.seed_option.value();
+  r.cases = o.cases;
+  r.check = o.check;
+  r.case_text = o.case_text;
+  r.properties = !o.no_properties;
+  r.thorough = o.thorough;
+  r.max_mib = o.max_mib;
+  r.max_mib_given = o.max_mib_given;
+  r.max_size = o.max_size;
+  r.max_size_given = o.max_size_given;
+  r.world_size_given = o.world_size_given;
+  return r;
+}
 
-  const bool printing = is_printing_rank();
-  const auto say = [&](const std::string& text) {
-    if (!printing) return;
-    std::fputs(text.c_str(), stdout);
-    std::fflush(stdout);
-  };
-  // The header waits for the first row, so that a refused --check or --case prints its one line alone.
-  const std::string header =
-      "dpcheck conform: " + std::string(kernels ? "kernels " : "communicator ") + plugin_title(o) + " (engine " +
-      o.target.engine + "), " +
-      (kernels ? std::string("properties with ") + (o.target.world_size > 0 ? std::to_string(world) : "1-8") + " ranks"
-               : "world size " + std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)")) +
-      ", seed " + std::to_string(co.seed) + (o.thorough ? ", thorough" : "") + "\n" +
-      (kernels ? std::string() : capabilities_line(o)) + "\n";
-  char line[512];
+// The lines above the table: the plugin, the world, the seed (and a communicator's capabilities).
+std::string conform_header(const ConformCliOptions& o, int world, std::uint64_t seed) {
+  const bool kernels = !o.target.kernels.empty();
+  return "dpcheck conform: " + std::string(kernels ? "kernels " : "communicator ") + plugin_title(o) + " (engine " +
+         o.target.engine + "), " +
+         (kernels ? std::string("properties with ") + (o.target.world_size > 0 ? std::to_string(world) : "1-8") + " ranks"
+                  : "world size " + std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)")) +
+         ", seed " + std::to_string(seed) + (o.thorough ? ", thorough" : "") + "\n" +
+         (kernels ? std::string() : capabilities_line(o)) + "\n";
+}
+
+// Runs the suite, printing each row as it is decided (the header waits for the first row, so that a
+// refused --check or --case prints its one line alone) and a progress line on a terminal.
+std::vector<ConformRow> run_and_print_rows(const ConformCliOptions& o, int world, ConformOptions& co,
+                                           const std::function<void(const std::string&)>& say) {
+  const std::string header = conform_header(o, world, co.seed);
   bool headed = false;
-  Progress progress(printing && Progress::wanted(o.quiet));
+  Progress progress(is_printing_rank() && Progress::wanted(o.quiet));
   std::size_t decided = 0;
   const auto elapsed = [&] {
     char s[32];
@@ -256,48 +221,50 @@ int run_conform(ConformCliOptions& o) {
     progress.done();
     if (!headed) {
       say(header);
-      std::snprintf(line, sizeof line, "%-12s %-50s %-11s %9s  %s\n", "section", "check", "", "time", "detail");
-      say(line);
+      say(conform_table_head());
       headed = true;
     }
-    std::string detail = r.detail.size() > 110 ? r.detail.substr(0, 107) + "..." : r.detail;
-    if (const auto nl = detail.find('\n'); nl != std::string::npos) detail = detail.substr(0, nl) + " ...";
-    std::snprintf(line, sizeof line, "%-12s %-50s %-11s %7.2f s  %s\n", r.section.c_str(), r.check.c_str(),
-                  std::string(conform_verdict_name(r.verdict)).c_str(), r.seconds, detail.c_str());
-    say(line);
+    say(conform_table_line(r));
     ++decided;
     progress.update("  " + std::to_string(decided) + " checks decided, " + elapsed());
   };
   progress.update("  running the first check, " + elapsed());
-  const std::vector<ConformRow> rows = kernels ? conform_kernels(o.target, co) : conform_comm(o.target, world, co);
+  std::vector<ConformRow> rows = run_conform_suite(o.target, world, co);
   progress.done();
+  return rows;
+}
 
-  bool passed = true;
-  std::size_t unsupported = 0;
-  for (const ConformRow& r : rows) unsupported += r.verdict == ConformVerdict::unsupported;
-  std::ostringstream details;
-  for (const ConformRow& r : rows)
-    if (r.verdict == ConformVerdict::info) details << "\n" << r.check << ": " << r.detail << "\n";
-  for (const ConformRow& r : rows) {
-    if (r.verdict != ConformVerdict::fail) continue;
-    passed = false;
-    details << "\nFAILED " << r.check << "\n  promise: " << r.promise << "\n  minimal case: " << r.minimal
-            << "\n  why: " << r.detail << "\n  replay: " << r.replay << "\n";
+int run_conform(ConformCliOptions& o) {
+  const bool kernels = !o.target.kernels.empty();
+  if (o.list_checks) {
+    if (is_printing_rank()) {
+      for (const std::string& c : kernels ? conform_kernel_checks() : conform_comm_checks()) std::cout << c << "\n";
+      for (const PropertyDef& p : properties()) std::cout << "property " << p.name << "\n";
+    }
+    return exit_ok;
   }
+  const int world = check_conform_request(o);
+  if (o.absent_rank_probe) return conform_absent_rank_probe(o.target, world);
+  check_conform_resources(o, world);
+  ConformOptions co = conform_options(o.target, world, conform_request(o));
+
+  const bool printing = is_printing_rank();
+  const auto say = [&](const std::string& text) {
+    if (!printing) return;
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  };
+  const std::vector<ConformRow> rows = run_and_print_rows(o, world, co, say);
+  const ConformSummary summary = conform_summary(rows);
   if (rows.empty()) throw UsageError("--check '" + o.check + "' matched no check (see --list-checks)");
-  details << "\n" << (passed ? "the plugin kept every promise checked" : "the plugin broke a promise");
-  if (unsupported > 0)
-    details << " (" << unsupported << (unsupported == 1 ? " check" : " checks")
-            << " not run: unsupported, the plugin says so)";
-  details << "\n";
-  say(details.str());
+  say(summary.text);
   if (printing && (!o.report.empty() || !o.html.empty())) {
-    const nlohmann::json report = to_json(o, co.seed, world, rows, passed);
+    const nlohmann::json report = to_json(o, co.seed, world, rows, summary.passed);
     if (!o.report.empty()) write_file_atomic(o.report, report.dump(2) + "\n");
     if (!o.html.empty()) write_file_atomic(o.html, html::conform_page(report));
   }
   if (printing && !o.junit.empty()) write_file_atomic(o.junit, to_junit(o, rows));
-  return passed ? exit_ok : exit_check_failed;
+  return summary.passed ? exit_ok : exit_check_failed;
 }
 
 }  // namespace
