@@ -27,18 +27,14 @@ namespace dpcheck::cli {
 namespace {
 
 struct ConformCliOptions {
-  Target target;
-  int world_size = 4;
-  bool world_size_given = false;
+  TargetOptions target_options{4};
+  Target target;  // from target_options, its world resolved
   int cases = 30;
   SeedOption seed_option{1};
-  TimeoutOption timeout;
-  PrecisionOption precision;
   std::string check, case_text;
   bool no_properties = false;
   bool list_checks = false;
-  bool absent_rank_probe = false;
-  bool comm_given = false;  // hidden: the child half of "a rank that never arrives"
+  bool absent_rank_probe = false;  // hidden: the child half of "a rank that never arrives"
   double max_mib = 64;
   int max_size = 1024;
   bool thorough = false;
@@ -126,10 +122,12 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
 // Refuses what cannot run (UsageError), before any output; sets the target's timeout, precision and
 // world, and returns the world size.
 int check_conform_request(ConformCliOptions& o) {
+  o.target = o.target_options.target();
   const bool kernels = !o.target.kernels.empty();
-  if (kernels && o.comm_given)
+  const bool comm_given = o.target_options.given("--comm");
+  if (kernels && comm_given)
     throw UsageError("conform checks one plugin at a time: give --comm PATH or --kernels PATH, not both");
-  if (!kernels && !o.comm_given)
+  if (!kernels && !comm_given)
     throw UsageError("conform needs a plugin: --comm PATH (a communicator) or --kernels PATH (kernels)");
   // A built-in backend is checked as a plugin is: mpi-native under mpirun is MPI's own collectives, whose
   // algorithm Open MPI's MCA parameters choose (docs: "MPI's own all-reduce").
@@ -141,11 +139,10 @@ int check_conform_request(ConformCliOptions& o) {
   if (o.max_size < 1 || o.max_size > 4096) throw UsageError("--max-size must be in [1, 4096]");
   if (o.max_size_given && !kernels) throw UsageError("--max-size is for kernel plugins (--kernels); a communicator's buffers take --max-mib");
   if (!kernels) check_conform_comm_selection(o.check, o.case_text);
-  o.target.timeout = o.timeout.value();
-  o.target.precision = o.precision.value();
-  const int world = resolve_world(o.target, o.world_size, o.world_size_given);
+  const bool world_size_given = o.target_options.given("--world-size");
+  const int world = resolve_world(o.target, o.target_options.world_size, world_size_given);
   // A world size given (or the launcher's) is the world of every row, verify's properties included.
-  if (o.target.process_world || o.world_size_given) o.target.world_size = world;
+  o.target.world_size = o.target.process_world || world_size_given ? world : 0;
   // What the plugin does not declare is reported row by row ("unsupported"), not refused.
   validate_target(o.target, GradientAllreduce::not_required);
   return world;
@@ -184,7 +181,7 @@ ConformRequest conform_request(const ConformCliOptions& o) {
   r.max_mib_given = o.max_mib_given;
   r.max_size = o.max_size;
   r.max_size_given = o.max_size_given;
-  r.world_size_given = o.world_size_given;
+  r.world_size_given = o.target_options.given("--world-size");
   return r;
 }
 
@@ -275,21 +272,21 @@ Runner add_conform(CLI::App& app) {
       "conform", "Check that a plugin keeps dpcheck's promises: a communicator's (--comm ./libmine.so) collectives on exact "
                  "and random inputs, how it sums, a missing rank; a kernel plugin's (--kernels) ops against the float64 "
                  "reference; then every property of verify with the plugin in place");
-  sub->add_option("--comm", o->target.comm, "The communicator plugin: a path to its shared object");
-  add_kernels_option(*sub, o->target.kernels);
-  sub->add_option("--precision", o->precision.name,
-                  "fp32 (default), bf16 or fp16: verify's properties run with the plugin in the engine at this precision "
-                  "(its linear ops then receive inputs rounded to the format); the per-op checks are float32 ops as "
-                  "ever");
-  sub->add_option("--engine", o->target.engine,
-                  "cpu for a host-memory plugin (default), cuda for one that takes device buffers");
-  sub->add_option("--world-size", o->world_size, "Ranks, as threads of this process (default 4, with the collectives also on 1, 2, 3, 5 and 8 ranks; "
-                  "given, that world alone; under mpirun, its processes)");
+  namespace f = target_option;
+  TargetOptions& t = o->target_options;
+  t.add_to(*sub, f::comm | f::kernels | f::precision | f::engine | f::world_size | f::timeout);
+  t.reword("--comm", "The communicator plugin: a path to its shared object");
+  t.reword("--precision", "fp32 (default), bf16 or fp16: verify's properties run with the plugin in the engine at this "
+                          "precision (its linear ops then receive inputs rounded to the format); the per-op checks are "
+                          "float32 ops as ever");
+  t.reword("--engine", engine_option_help() + ": the one whose buffers are where the plugin takes them (host or device "
+                                               "memory)");
+  t.reword("--world-size", "Ranks, as threads of this process (default 4, with the collectives also on 1, 2, 3, 5 and 8 "
+                           "ranks; given, that world alone; under mpirun, its processes)");
   sub->add_option("--cases", o->cases,
                   "Cases per property of verify, and drawn shapes per kernel check (a quarter of them for the "
                   "determinism checks) (default 30)");
   o->seed_option.add_to(*sub, "Seed of the random inputs and of the properties' cases");
-  o->timeout.add_to(*sub);
   sub->add_option("--check", o->check, "Run this check alone (see --list-checks)");
   sub->add_option("--case", o->case_text, "With --check: run this case alone, as a failure prints it (\"count=5 offset=1\")");
   sub->add_flag("--no-properties", o->no_properties, "Skip verify's properties (the plugin's own checks only)");
@@ -309,11 +306,8 @@ Runner add_conform(CLI::App& app) {
   sub->add_flag("--list-checks", o->list_checks, "Print the checks' names, one a line, and exit");
   sub->add_flag("--absent-rank-probe", o->absent_rank_probe)->group("");
   return [o, sub] {
-    o->world_size_given = sub->count("--world-size") > 0;
-    o->comm_given = sub->count("--comm") > 0;
     o->max_size_given = sub->count("--max-size") > 0;
     o->max_mib_given = sub->count("--max-mib") > 0;
-    if (!o->comm_given) o->target.comm = default_comm(o->target.engine);
     return run_conform(*o);
   };
 }
