@@ -87,6 +87,7 @@ std::deque<Backend> built_in_rows() {
   local.memory = MemorySpace::host;
   local.help = "ranks as threads of this process";
   local.rank_order = true;
+  local.bench.runs = true;
   local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) { run_local(n, fn, timeout); };
   local.thresholds = [](int n, Communicator*) { return host_reduction_thresholds(n, DType::f32); };
   rows.push_back(std::move(local));
@@ -98,6 +99,7 @@ std::deque<Backend> built_in_rows() {
   mpi.help = "one process per rank, under mpirun";
   mpi.rank_order = true;
   mpi.mpi = MpiUse::transport;
+  mpi.bench.runs = true;
   // The launcher's world is dpcheck's mpi communicator itself (src/comm/mpi_comm.hpp).
   mpi.run_processes = [](Communicator& world, const RankFunction& fn) { fn(world); };
   mpi.launcher = kMpiLauncher;
@@ -121,6 +123,8 @@ std::deque<Backend> built_in_rows() {
   };
   mpi_native.launcher = kMpiLauncher;
   mpi_native.mpi = MpiUse::collectives;
+  // The baseline of bench allreduce's table.
+  mpi_native.bench = {.runs = true, .name = "MPI_Allreduce", .help = "Open MPI's own, the baseline", .aliases = {"native"}};
   rows.push_back(std::move(mpi_native));
 
   Backend cuda_local;

@@ -84,6 +84,16 @@ struct Backend {
   // What it takes from the MPI library: nothing, its transport (dpcheck's collectives over it), or its
   // own collectives, whose algorithm Open MPI's MCA parameters may force. Reports name the library.
   MpiUse mpi = MpiUse::none;
+  // Whether `dpcheck bench allreduce` puts it in its table (src/bench/allreduce_run.hpp), the name of
+  // its rows there and what the command's --help says of it (the backend's own name and help when
+  // empty), and other names the command's --backends takes for it (any name is taken in either case).
+  struct BenchAllreduce {
+    bool runs = false;
+    std::string name;
+    std::string help;
+    std::vector<std::string> aliases;
+  };
+  BenchAllreduce bench;
 
   // Ranks as threads of this process: runs fn on n threads, each with its rank's communicator of a world
   // of n, joins them, and rethrows the exception that ended the world. Empty when the ranks can only be

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "src/backends.hpp"
+#include "src/bench/allreduce_run.hpp"
 #include "src/bench/bench.hpp"
 #include "src/error.hpp"
 #include "tests/comm_conformance.hpp"
@@ -211,7 +213,7 @@ TEST(Bench, SmallAllreduceRunFindsNoWrongElements) {
   cfg.warmup = 1;
   const bench::MemcpyBaseline base = bench::measure_memcpy(1 << 20, 2, 3);
   EXPECT_GT(base.gbs, 0.0);
-  const std::vector<bench::AllreduceRow> rows = bench::bench_allreduce(bench::local_backend(), cfg, base);
+  const std::vector<bench::AllreduceRow> rows = bench::bench_allreduce(bench::thread_backend(*find_backend("local"), "local"), cfg, base);
   ASSERT_EQ(rows.size(), 6u);
   for (const bench::AllreduceRow& row : rows) {
     EXPECT_EQ(row.backend, "local");
@@ -226,7 +228,34 @@ TEST(Bench, SmallAllreduceRunFindsNoWrongElements) {
   EXPECT_EQ(bench::allreduce_json(base, rows)["rows"].size(), 6u);
 
   cfg.sizes = {6};  // not a whole number of float32 elements
-  EXPECT_THROW(bench::bench_allreduce(bench::local_backend(), cfg, base), UsageError);
+  EXPECT_THROW(bench::bench_allreduce(bench::thread_backend(*find_backend("local"), "local"), cfg, base), UsageError);
+}
+
+// bench allreduce's backends are rows of the backend table (Backend::bench): local, mpi and mpi-native,
+// whose rows are named MPI_Allreduce; --backends takes any of their names, in either case.
+TEST(Bench, AllreduceBackendsAreRowsOfTheTable) {
+  const auto names = [](std::string_view list) {
+    std::vector<std::string> out;
+    for (const Backend* row : bench::parse_allreduce_backends(list)) out.push_back(row->name);
+    return out;
+  };
+  EXPECT_EQ(names("local,MPI"), (std::vector<std::string>{"local", "mpi"}));
+  EXPECT_EQ(names("Native"), (std::vector<std::string>{"mpi-native"}));
+  EXPECT_EQ(names("mpi_allreduce,local,MPI-NATIVE"), (std::vector<std::string>{"local", "mpi-native"}));
+  EXPECT_EQ(names("mpi,local,mpi"), (std::vector<std::string>{"local", "mpi"}));
+  for (const char* bad : {"bogus", "nccl", "cuda-local", "local,", ""}) {
+    try {
+      bench::parse_allreduce_backends(bad);
+      ADD_FAILURE() << "'" << bad << "' was taken";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("(choose from local, mpi, MPI_Allreduce)"), std::string::npos) << e.what();
+    }
+  }
+  std::vector<std::string> all;
+  for (const Backend* row : bench::allreduce_backends()) all.push_back(bench::allreduce_name(*row));
+  EXPECT_EQ(all, (std::vector<std::string>{"local", "mpi", "MPI_Allreduce"}));
+  EXPECT_EQ(bench::allreduce_process_names(), (std::vector<std::string>{"mpi", "MPI_Allreduce"}));
+  EXPECT_EQ(bench::allreduce_help(*find_backend("mpi")), find_backend("mpi")->help);
 }
 
 // How a worker process hands its rows to the parent.
@@ -274,12 +303,12 @@ TEST(Bench, MpiRowsComeBackFromWorkersUnderMpirun) {
   base.gbs = 10.0;
   const bench::MpiWorkerLaunch launch{DPCHECK_MPIRUN, DPCHECK_BINARY, std::chrono::seconds(120)};
   const std::vector<bench::AllreduceRow> rows = bench::allreduce_rows_via_mpirun(
-      launch, {std::string(bench::backend_mpi), std::string(bench::backend_native)}, cfg, base);
+      launch, {"mpi", "MPI_Allreduce"}, cfg, base);
   ASSERT_EQ(rows.size(), 8u);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const bench::AllreduceRow& row = rows[i];
     EXPECT_EQ(row.ranks, i < 4 ? 2 : 3);
-    EXPECT_EQ(row.backend, i % 4 < 2 ? bench::backend_mpi : bench::backend_native);
+    EXPECT_EQ(row.backend, i % 4 < 2 ? "mpi" : "MPI_Allreduce");
     EXPECT_EQ(row.bytes, cfg.sizes[i % 2]);
     EXPECT_EQ(row.iters, 5);
     EXPECT_EQ(row.wrong, 0u);
@@ -290,7 +319,7 @@ TEST(Bench, MpiRowsComeBackFromWorkersUnderMpirun) {
   // A launcher that fails is an Error that shows what it said.
   const bench::MpiWorkerLaunch broken{"/bin/false", DPCHECK_BINARY, std::chrono::seconds(10)};
   try {
-    bench::allreduce_rows_via_mpirun(broken, {std::string(bench::backend_mpi)}, cfg, base);
+    bench::allreduce_rows_via_mpirun(broken, {"mpi"}, cfg, base);
     ADD_FAILURE() << "a failing launcher gave rows";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("exited with status 1"), std::string::npos) << e.what();

@@ -16,7 +16,6 @@
 #include <span>
 #include <thread>
 
-#include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
 #include "src/io/process.hpp"
 
@@ -152,18 +151,20 @@ double median(std::vector<double> v) {
   return *mid;
 }
 
-BenchBackend local_backend(std::chrono::milliseconds timeout) {
-  return {std::string(backend_local), [timeout](int ranks, const std::function<void(Communicator&)>& fn) {
-            run_local(ranks, fn, timeout);
+BenchBackend thread_backend(const Backend& row, std::string name, std::chrono::milliseconds timeout) {
+  DPCHECK_ASSERT(row.ranks_as_threads());
+  return {std::move(name), [&row, timeout](int ranks, const std::function<void(Communicator&)>& fn) {
+            row.run_threads(ranks, fn, timeout);
           }};
 }
 
-BenchBackend process_backend(std::string name, Communicator& world) {
-  return {std::move(name), [&world](int ranks, const std::function<void(Communicator&)>& fn) {
+BenchBackend process_backend(const Backend& row, std::string name, Communicator& world) {
+  DPCHECK_ASSERT(row.may_run_under_launcher());
+  return {std::move(name), [&row, &world](int ranks, const std::function<void(Communicator&)>& fn) {
             if (ranks != world.size())
               throw UsageError("this world has " + std::to_string(world.size()) + " processes, not " +
                                std::to_string(ranks));
-            fn(world);
+            row.run_processes(world, fn);
           }};
 }
 

@@ -1,7 +1,8 @@
 // The `dpcheck bench` harness: collective benchmarks in the style of nccl-tests, one table a run.
-// A row is measured by running N ranks of a backend (BenchBackend), so that other backends and
-// baselines (an "mpi" Communicator, a bare MPI_Allreduce) add rows to the same table by supplying their
-// own launcher. Every row also checks its result against a closed form (#wrong, 0 ULP), and sets its
+// A row is measured by running N ranks of a backend (BenchBackend): a row of the backend table
+// (src/backends.hpp), whose ranks are threads here or a launcher's processes, or a communicator plugin,
+// so that every backend and baseline (dpcheck's "mpi" Communicator, a bare MPI_Allreduce) adds rows to
+// the same table. Every row also checks its result against a closed form (#wrong, 0 ULP), and sets its
 // memory traffic against a memcpy measured in the same run, because on a shared, noisy machine only
 // ratios taken together mean anything.
 #pragma once
@@ -16,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/backends.hpp"
 #include "src/comm.hpp"
 
 namespace dpcheck::bench {
@@ -32,12 +34,15 @@ struct BenchBackend {
 // The median of a non-empty sample (the upper one of an even count): what every bench reports.
 double median(std::vector<double> v);
 
-// Ranks as threads of this process (src/comm/local_comm.hpp).
-BenchBackend local_backend(std::chrono::milliseconds timeout = Communicator::default_timeout);
+// A row of the backend table whose ranks are threads of this process (Backend::run_threads), under
+// `name` in the table of rows.
+BenchBackend thread_backend(const Backend& row, std::string name,
+                            std::chrono::milliseconds timeout = Communicator::default_timeout);
 
-// This process's rank of a world of processes (one process per rank, started by a launcher): runs fn
-// on `world`, whose size must equal the rank count asked for. Rows come back on rank 0 only.
-BenchBackend process_backend(std::string name, Communicator& world);
+// This process's rank of a world of processes (one process per rank, started by a launcher), through
+// the row's run_processes over `world`, whose size must equal the rank count asked for; under `name` in
+// the table of rows. Rows come back on rank 0 only.
+BenchBackend process_backend(const Backend& row, std::string name, Communicator& world);
 
 // The bandwidth a plain copy reaches here, counting bytes read plus bytes written: `threads` threads
 // each copy their share of a `bytes` buffer, touched beforehand; the median of `repeats` runs.
@@ -89,12 +94,6 @@ std::vector<AllreduceRow> allreduce_rows_from_json(const nlohmann::json& j);
 
 // ---- rows from other processes: mpirun and a worker ------------------------------------------------
 
-// The backends of `dpcheck bench allreduce`, in table order: "local" (threads), "mpi" (dpcheck's mpi
-// Communicator, one process per rank) and "MPI_Allreduce" (Open MPI's own, the baseline).
-inline constexpr std::string_view backend_local = "local";
-inline constexpr std::string_view backend_mpi = "mpi";
-inline constexpr std::string_view backend_native = "MPI_Allreduce";
-
 // The line prefix under which a worker prints its rows (one JSON object) on rank 0's standard output.
 inline constexpr std::string_view worker_rows_prefix = "dpcheck-allreduce-rows: ";
 
@@ -112,7 +111,8 @@ struct MpiWorkerLaunch {
 nlohmann::json run_mpi_worker(const MpiWorkerLaunch& launch, int ranks, const std::vector<std::string>& worker_args,
                               std::string_view prefix);
 
-// Runs the rows of the process backends (backend_mpi and/or backend_native) for each N of cfg.ranks:
+// Runs the rows of the process backends (named as in the table of rows, allreduce_name in
+// src/bench/allreduce_run.hpp) for each N of cfg.ranks:
 // one `mpirun -np N dpcheck bench allreduce-worker ...` per N, with glibc's malloc told to keep freed
 // memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_), since fresh pages cost far more than the copy.
 // The rows' memcpy ratio is set against `baseline`. Error naming the command and its standard error

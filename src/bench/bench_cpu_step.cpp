@@ -11,6 +11,7 @@
 #include <numeric>
 #include <ostream>
 
+#include "src/backends.hpp"
 #include "src/bench/bench.hpp"
 #include "src/engine.hpp"
 #include "src/train/data.hpp"
@@ -134,7 +135,7 @@ void print_cpu_step_table(std::ostream& out, const std::vector<CpuStepResult>& r
   char line[256];
   for (const CpuStepResult& r : results) {
     const CpuStepConfig& c = r.config;
-    out << "# dpcheck bench step --engine cpu: model " << dims_string(c.model.dims) << " (" << activation_name(c.model.activation)
+    out << "# dpcheck bench step --engine " << engine_for_memory(MemorySpace::host).name << ": model " << dims_string(c.model.dims) << " (" << activation_name(c.model.activation)
         << ", " << loss_name(c.model.loss) << "), batch " << c.batch << "\n";
     std::snprintf(line, sizeof line, "# %.2f GFLOP a step (2*m*n*k over its %zu products); median of %d after %d untimed\n",
                   r.flops / 1e9, step_gemms(c.model, c.batch).size(), c.repeats, c.warmup);

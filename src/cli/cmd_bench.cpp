@@ -2,10 +2,11 @@
 // collective. Each run measures its memcpy baseline first and prints one table; a wrong element in any
 // row makes the exit status 1.
 //
-// `bench allreduce` puts three backends in one table: local (threads of this process), mpi (dpcheck's
-// mpi Communicator) and MPI_Allreduce (Open MPI's own, the baseline). The process backends need one
-// process per rank, so for each N this command starts `mpirun -np N <this binary> bench
-// allreduce-worker ...` (a hidden subcommand), whose rank 0 prints its rows as one JSON line.
+// `bench allreduce` puts the backends of the backend table that it runs in one table (by default local,
+// threads of this process; mpi, dpcheck's mpi Communicator; and MPI_Allreduce, Open MPI's own, the
+// baseline), with communicator plugins beside them. The process backends need one process per rank, so
+// for each N it starts `mpirun -np N <this binary> bench allreduce-worker ...` (a hidden subcommand),
+// whose rank 0 prints its rows as one JSON line (src/bench/allreduce_run.hpp runs it all).
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cmath>
@@ -13,7 +14,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <cctype>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -23,6 +23,8 @@
 
 #include "divergence/trace.hpp"
 #include "src/backends.hpp"
+#include "src/choice.hpp"
+#include "src/bench/allreduce_run.hpp"
 #include "src/bench/bench.hpp"
 #include "src/bench/bench_cpu_step.hpp"
 #include "src/cli/cli_common.hpp"
@@ -63,49 +65,6 @@ struct WorkerArgs {
   int warmup = 3;
 };
 
-const std::vector<std::string_view>& all_backends() {
-  static const std::vector<std::string_view> names{bench::backend_local, bench::backend_mpi, bench::backend_native};
-  return names;
-}
-
-// "local,mpi,MPI_Allreduce" to names in table order, without repeats; UsageError for unknown names.
-std::vector<std::string> parse_backends(std::string_view list) {
-  std::vector<std::string> picked;
-  std::string_view rest = list;
-  for (;;) {
-    const std::size_t comma = rest.find(',');
-    std::string name(rest.substr(0, comma));
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
-    if (name == "mpi-native" || name == "native") name = "mpi_allreduce";
-    const auto it = std::find_if(all_backends().begin(), all_backends().end(), [&](std::string_view b) {
-      std::string lower(b);
-      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
-      return lower == name;
-    });
-    if (it == all_backends().end())
-      throw UsageError("--backends: unknown backend '" + std::string(rest.substr(0, comma)) +
-                       "' (choose from local, mpi, MPI_Allreduce)");
-    if (std::find(picked.begin(), picked.end(), *it) == picked.end()) picked.emplace_back(*it);
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  std::sort(picked.begin(), picked.end(), [](const std::string& a, const std::string& b) {
-    return std::find(all_backends().begin(), all_backends().end(), a) <
-           std::find(all_backends().begin(), all_backends().end(), b);
-  });
-  return picked;
-}
-
-// Why the process backends cannot run here, or "" when they can.
-std::string why_no_process_backends(const std::string& mpirun) {
-  if (!mpi_available()) return "this build has no MPI backend (configure with -DDPCHECK_MPI=ON)";
-  if (mpirun.empty()) return "mpirun is not on PATH";
-  if (launched_by_mpi())
-    return "this process was started by an MPI launcher; run `dpcheck bench allreduce` without one and it "
-           "starts its own";
-  return {};
-}
-
 int run_allreduce(const AllreduceArgs& args) {
   bench::AllreduceConfig cfg;
   cfg.sizes = bench::parse_sizes(args.sizes);
@@ -114,41 +73,7 @@ int run_allreduce(const AllreduceArgs& args) {
   if (args.warmup < 0) throw UsageError("--warmup must not be negative, got " + std::to_string(args.warmup));
   cfg.iters = args.iters;
   cfg.warmup = args.warmup;
-
-  // A plugin's rows run its ranks as threads of this process, beside local's.
-  std::vector<bench::BenchBackend> plugin_rows;
-  for (const std::string& path : args.plugins) {
-    if (!looks_like_plugin_path(path))
-      throw UsageError("--comm " + path + ": give a communicator plugin's path (the built-in backends go in --backends)");
-    // Loads and checks it: a host-memory plugin.
-    const Backend& row = backend_for(std::string(engine_for_memory(MemorySpace::host).name), path);
-    plugin_rows.push_back({load_comm_plugin(path).name, [&row](int ranks, const std::function<void(Communicator&)>& fn) {
-                             row.run_threads(ranks, fn, Communicator::default_timeout);
-                           }});
-  }
-  const bool chosen = !args.backends.empty() || !plugin_rows.empty();
-  std::vector<std::string> backends =
-      !args.backends.empty() ? parse_backends(args.backends)
-      : chosen               ? std::vector<std::string>{}
-                             : std::vector<std::string>(all_backends().begin(), all_backends().end());
-  std::vector<std::string> process_backends;
-  for (const std::string& b : backends)
-    if (b != bench::backend_local) process_backends.push_back(b);
-  bench::MpiWorkerLaunch launch;
-  std::vector<std::string> notes;
-  if (!process_backends.empty()) {
-    launch.mpirun = find_in_path("mpirun");
-    const std::string why = why_no_process_backends(launch.mpirun);
-    if (!why.empty()) {
-      if (chosen) throw UsageError("--backends: " + process_backends.front() + " cannot run: " + why);
-      notes.push_back("no mpi or MPI_Allreduce rows: " + why);
-      process_backends.clear();
-    } else {
-      launch.dpcheck = self_executable().string();
-      notes.push_back("mpi and MPI_Allreduce rows: " + launch.mpirun + " --oversubscribe -np N, " +
-                      "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 in the ranks");
-    }
-  }
+  const bench::AllreducePlan plan = bench::plan_allreduce(args.backends, args.plugins);
 
   // Checked before the run, so that a bad path fails in a second rather than after the benchmark.
   if (!args.json.empty()) check_output_path(args.json, "--json");
@@ -161,33 +86,13 @@ int run_allreduce(const AllreduceArgs& args) {
                  "--sizes " + args.sizes + " (" + std::to_string(largest) + " bytes on each of " +
                      std::to_string(most_ranks) + " ranks)");
 
-  const bench::MemcpyBaseline baseline = bench::measure_memcpy();
-  std::vector<bench::AllreduceRow> rows;
-  if (std::find(backends.begin(), backends.end(), bench::backend_local) != backends.end())
-    rows = bench::bench_allreduce(bench::local_backend(), cfg, baseline);
-  if (!process_backends.empty()) {
-    std::vector<bench::AllreduceRow> more = bench::allreduce_rows_via_mpirun(launch, process_backends, cfg, baseline);
-    rows.insert(rows.end(), more.begin(), more.end());
-  }
-  for (const bench::BenchBackend& plugin : plugin_rows) {
-    std::vector<bench::AllreduceRow> more = bench::bench_allreduce(plugin, cfg, baseline);
-    rows.insert(rows.end(), more.begin(), more.end());
-  }
-  // The backends side by side for each world size and message size.
-  const auto order = [](const std::string& b) {
-    return std::find(all_backends().begin(), all_backends().end(), b) - all_backends().begin();
-  };
-  std::stable_sort(rows.begin(), rows.end(), [&](const bench::AllreduceRow& a, const bench::AllreduceRow& b) {
-    if (a.ranks != b.ranks) return a.ranks < b.ranks;
-    if (a.bytes != b.bytes) return a.bytes < b.bytes;
-    return order(a.backend) < order(b.backend);
-  });
-
-  bench::print_allreduce_table(std::cout, baseline, rows, notes);
-  if (!args.json.empty()) write_file_atomic(args.json, bench::allreduce_json(baseline, rows, notes).dump(2) + "\n");
-  if (!args.html.empty()) write_file_atomic(args.html, html::bench_page(bench::allreduce_json(baseline, rows, notes), "bench allreduce"));
-  for (const bench::AllreduceRow& r : rows)
-    if (r.wrong > 0) return exit_check_failed;
+  const bench::AllreduceResult r = bench::run_allreduce(plan, cfg);
+  bench::print_allreduce_table(std::cout, r.baseline, r.rows, plan.notes);
+  const nlohmann::ordered_json json = bench::allreduce_json(r.baseline, r.rows, plan.notes);
+  if (!args.json.empty()) write_file_atomic(args.json, json.dump(2) + "\n");
+  if (!args.html.empty()) write_file_atomic(args.html, html::bench_page(json, "bench allreduce"));
+  for (const bench::AllreduceRow& row : r.rows)
+    if (row.wrong > 0) return exit_check_failed;
   return exit_ok;
 }
 
@@ -201,23 +106,9 @@ int run_allreduce_worker(const WorkerArgs& args) {
   cfg.ranks = {world->size()};
   cfg.iters = args.iters;
   cfg.warmup = args.warmup;
-  const bench::MemcpyBaseline no_baseline;  // the parent measured it and sets the ratios
-
-  std::vector<bench::AllreduceRow> rows;
-  for (const std::string& b : parse_backends(args.backends)) {
-    std::vector<bench::AllreduceRow> part;
-    if (b == bench::backend_mpi) {
-      part = bench::bench_allreduce(bench::process_backend(b, *world), cfg, no_baseline);
-    } else if (b == bench::backend_native) {
-      const std::unique_ptr<Communicator> native = make_mpi_native_communicator();
-      part = bench::bench_allreduce(bench::process_backend(b, *native), cfg, no_baseline);
-    } else {
-      throw UsageError("bench allreduce-worker runs the process backends, not " + b);
-    }
-    rows.insert(rows.end(), part.begin(), part.end());
-  }
+  const std::vector<bench::AllreduceRow> rows = bench::allreduce_worker_rows(args.backends, cfg, *world);
   if (world->rank() == 0)
-    std::cout << bench::worker_rows_prefix << bench::allreduce_json(no_baseline, rows).dump() << std::endl;
+    std::cout << bench::worker_rows_prefix << bench::allreduce_json(bench::MemcpyBaseline{}, rows).dump() << std::endl;
   return exit_ok;
 }
 
@@ -232,6 +123,10 @@ struct StepArgs {
   std::string json;
   std::string html;  // --html: the same as one self-contained page (src/report/html.hpp)
 };
+
+// bench step's models when --models is not given: the GPU engine's, the host engine's.
+constexpr std::string_view kGpuStepModels = "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1";
+constexpr std::string_view kCpuStepModels = "1024,2048,2048,1024@1024:0.7";
 
 struct TraceArgs {
   ModelOptions model;
@@ -288,7 +183,7 @@ std::vector<cuda::StepModel> parse_models(const std::string& text) {
 // `note`, when not empty, is printed once every input has been checked (a refusal is one line).
 int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const std::string& note) {
   std::vector<bench::CpuStepConfig> configs;
-  const std::vector<cuda::StepModel> models = parse_models(a.models.empty() ? "1024,2048,2048,1024@1024:0.7" : a.models);
+  const std::vector<cuda::StepModel> models = parse_models(a.models.empty() ? std::string(kCpuStepModels) : a.models);
   if (!a.json.empty()) check_output_path(a.json, "--json");
   if (!a.html.empty()) check_output_path(a.html, "--html");
   for (const cuda::StepModel& m : models) {
@@ -316,7 +211,9 @@ int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const
   for (const bench::CpuStepConfig& c : configs) results.push_back(bench::bench_cpu_step(c));
   bench::print_cpu_step_table(std::cout, results);
   if (!a.json.empty()) write_file_atomic(a.json, bench::cpu_step_json(results).dump(2) + "\n");
-  if (!a.html.empty()) write_file_atomic(a.html, html::bench_page(bench::cpu_step_json(results), "bench step --engine cpu"));
+  if (!a.html.empty())
+    write_file_atomic(a.html, html::bench_page(bench::cpu_step_json(results),
+                                               "bench step --engine " + std::string(engine_for_memory(MemorySpace::host).name)));
   // Only the bits decide: a ratio on a shared machine is a figure to read, not a check.
   bool ok = true;
   for (const bench::CpuStepResult& r : results) ok &= r.same_bits;
@@ -346,7 +243,7 @@ int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
   }
   if (row->memory == MemorySpace::host) return run_cpu_step(a, warmup_given, repeats_given, note);
   cuda::StepBenchOptions o;
-  o.models = parse_models(a.models.empty() ? "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1" : a.models);
+  o.models = parse_models(a.models.empty() ? std::string(kGpuStepModels) : a.models);
   o.warmup = warmup_given ? a.warmup : 10;
   o.repeats = repeats_given ? a.repeats : 50;
   o.python = a.python;
@@ -440,12 +337,9 @@ int run_trace_bench(TraceArgs& a) {
   return exit_ok;
 }
 
-}  // namespace
-
-Runner add_bench(CLI::App& app) {
-  CLI::App* bench =
-      app.add_subcommand("bench", "Benchmark the collectives in the style of nccl-tests: one table a run");
-  CLI::App* allreduce = bench->add_subcommand(
+// `bench allreduce`, and the hidden `bench allreduce-worker` that it starts under mpirun.
+BenchCommand add_bench_allreduce(CLI::App& bench) {
+  CLI::App* allreduce = bench.add_subcommand(
       "allreduce",
       "In-place float32 sum all-reduce per world size and message size, with a 0-ULP check of "
       "every element (#wrong) and a memcpy baseline measured in the same run");
@@ -460,56 +354,92 @@ Runner add_bench(CLI::App& app) {
       ->capture_default_str();
   allreduce->add_option("--json", args->json, "Also write the table as JSON to this file");
   allreduce->add_option("--html", args->html, "Also write the table as one self-contained HTML page to this file");
-  // local and mpi are rows of the backend table (src/backends.hpp); MPI_Allreduce is the bench's own baseline.
-  const auto described = [](std::string_view name) {
-    const Backend* row = find_backend(name);
-    return std::string(name) + (row ? " (" + row->help + ")" : std::string());
-  };
+  // The backends are rows of the backend table (src/backends.hpp), described as its Backend::bench says.
+  std::vector<std::string> described;
+  for (const Backend* row : bench::allreduce_backends())
+    described.push_back(bench::allreduce_name(*row) + " (" + bench::allreduce_help(*row) + ")");
   allreduce->add_option("--backends", args->backends,
-                        "Backends, comma-separated, from " + described(bench::backend_local) + ", " +
-                            described(bench::backend_mpi) +
-                            " and MPI_Allreduce (Open MPI's own, the baseline); default: every one available");
+                        "Backends, comma-separated, from " + and_list(described) + "; default: every one available");
 
   allreduce->add_option("--comm", args->plugins,
                         "A communicator plugin (a path to its shared object) whose rows join the table, its ranks as "
                         "threads (repeatable)");
 
   // Started by `bench allreduce` under mpirun; not for users, so hidden from --help.
-  CLI::App* worker = bench->add_subcommand("allreduce-worker", "One rank of the mpi and MPI_Allreduce rows");
+  CLI::App* worker = bench.add_subcommand("allreduce-worker",
+                                          "One rank of the " + and_list(bench::allreduce_process_names()) + " rows");
   worker->group("");
   auto wargs = std::make_shared<WorkerArgs>();
   worker->add_option("--backends", wargs->backends)->required();
   worker->add_option("--sizes", wargs->sizes)->required();
   worker->add_option("--iters", wargs->iters);
   worker->add_option("--warmup", wargs->warmup);
-  CLI::App* step = bench->add_subcommand(
+  allreduce->allow_extras(false);
+
+  BenchCommand c;
+  c.names = {"allreduce"};
+  c.run = [allreduce, args, worker, wargs]() -> std::optional<int> {
+    if (allreduce->parsed()) return run_allreduce(*args);
+    if (worker->parsed()) return run_allreduce_worker(*wargs);
+    return std::nullopt;
+  };
+  return c;
+}
+
+BenchCommand add_bench_step(CLI::App& bench) {
+  // The engines the step runs on, by where their buffers live: the GPU's against PyTorch, the host's
+  // against bare GEMMs.
+  const std::string host(engine_for_memory(MemorySpace::host).name), gpu(engine_for_memory(MemorySpace::device).name);
+  CLI::App* step = bench.add_subcommand(
       "step", "The trainer's step (forward, MSE, backward, SGD): the CUDA engine's against PyTorch's on the same GPU, or "
               "the CPU engine's against bare GEMMs of the step's shapes on each code path, in the same run");
   auto sargs = std::make_shared<StepArgs>();
   step->add_option("--engine", sargs->engine,
-                   "cuda (against PyTorch) or cpu (against bare GEMMs); default: cuda where a GPU is, else cpu");
+                   gpu + " (against PyTorch) or " + host + " (against bare GEMMs); default: " + gpu +
+                       " where a GPU is, else " + host);
   step->add_option("--models", sargs->models,
-                   "Models as DIMS@BATCH[:GOAL], ';'-separated; GOAL is the step time over PyTorch's (cuda, default "
-                   "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1) or the step's GFLOP/s over the best GEMM's (cpu, "
-                   "default 1024,2048,2048,1024@1024:0.7)");
-  CLI::Option* step_warmup =
-      step->add_option("--warmup", sargs->warmup, "Untimed steps (and GEMM rounds) first; default 10 (cuda), 1 (cpu)");
-  CLI::Option* step_repeats = step->add_option(
-      "--repeats", sargs->repeats, "Timed steps (and GEMM rounds); the median is reported; default 50 (cuda), 7 (cpu)");
-  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline (cuda)")->capture_default_str();
-  step->add_option("--torch-script", sargs->torch_script, "The PyTorch baseline script (cuda)")->capture_default_str();
-  step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline (cuda)");
+                   "Models as DIMS@BATCH[:GOAL], ';'-separated; GOAL is the step time over PyTorch's (" + gpu +
+                       ", default " + std::string(kGpuStepModels) + ") or the step's GFLOP/s over the best GEMM's (" +
+                       host + ", default " + std::string(kCpuStepModels) + ")");
+  CLI::Option* step_warmup = step->add_option(
+      "--warmup", sargs->warmup, "Untimed steps (and GEMM rounds) first; default 10 (" + gpu + "), 1 (" + host + ")");
+  CLI::Option* step_repeats =
+      step->add_option("--repeats", sargs->repeats,
+                       "Timed steps (and GEMM rounds); the median is reported; default 50 (" + gpu + "), 7 (" + host + ")");
+  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline (" + gpu + ")")->capture_default_str();
+  step->add_option("--torch-script", sargs->torch_script, "The PyTorch baseline script (" + gpu + ")")->capture_default_str();
+  step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline (" + gpu + ")");
   step->add_option("--json", sargs->json, "Also write the table as JSON to this file");
   step->add_option("--html", sargs->html, "Also write the table as one self-contained HTML page to this file");
 
-  CLI::App* hash = bench->add_subcommand("hash", "The replica hash's read bandwidth against a device-to-device copy's");
+  BenchCommand c;
+  c.names = {"step"};
+  c.run = [step, sargs, step_warmup, step_repeats]() -> std::optional<int> {
+    if (!step->parsed()) return std::nullopt;
+    return run_step(*sargs, step_warmup->count() > 0, step_repeats->count() > 0);
+  };
+  return c;
+}
+
+BenchCommand add_bench_hash(CLI::App& bench) {
+  CLI::App* hash = bench.add_subcommand("hash", "The replica hash's read bandwidth against a device-to-device copy's");
   auto hargs = std::make_shared<HashArgs>();
   hash->add_option("--bytes", hargs->bytes, "Buffer size; K, M and G are binary")->capture_default_str();
   hash->add_option("--repeats", hargs->repeats, "Timed runs; the median is reported")->capture_default_str();
   hash->add_option("--json", hargs->json, "Also write the table as JSON to this file");
   hash->add_option("--html", hargs->html, "Also write the table as one self-contained HTML page to this file");
 
-  CLI::App* trace = bench->add_subcommand(
+  BenchCommand c;
+  c.names = {"hash"};
+  c.run = [hash, hargs]() -> std::optional<int> {
+    if (!hash->parsed()) return std::nullopt;
+    return run_hash(*hargs);
+  };
+  return c;
+}
+
+BenchCommand add_bench_trace(CLI::App& bench) {
+  CLI::App* trace = bench.add_subcommand(
       "trace", "What train --trace costs, as a fraction of the step: the same run with and without it, steps interleaved");
   auto targs = std::make_shared<TraceArgs>();
   targs->model.dims = "784,256,10";
@@ -523,24 +453,41 @@ Runner add_bench(CLI::App& app) {
   trace->add_option("--json", targs->json, "Also write the figures as JSON to this file");
   trace->add_option("--html", targs->html, "Also write the figures as one self-contained HTML page to this file");
 
+  BenchCommand c;
+  c.names = {"trace"};
+  c.run = [trace, targs]() -> std::optional<int> {
+    if (!trace->parsed()) return std::nullopt;
+    return run_trace_bench(*targs);
+  };
+  return c;
+}
+
+}  // namespace
+
+Runner add_bench(CLI::App& app) {
+  CLI::App* bench =
+      app.add_subcommand("bench", "Benchmark the collectives in the style of nccl-tests: one table a run");
+  // Registered in the order --help lists them; the list of benchmarks names them in this one.
+  const BenchCommand allreduce = add_bench_allreduce(*bench);
+  const BenchCommand step = add_bench_step(*bench);
+  const BenchCommand hash = add_bench_hash(*bench);
+  const BenchCommand trace = add_bench_trace(*bench);
   const BenchCommand scaling = add_bench_scaling(*bench);
+  const std::vector<BenchCommand> commands{allreduce, scaling, step, hash, trace};
 
   // A name that is not a benchmark is kept aside and reported as a usage error below, with the list
   // of benchmarks, instead of a generic parse error.
   bench->allow_extras();
-  allreduce->allow_extras(false);
 
-  return [bench, allreduce, args, worker, wargs, step, sargs, step_warmup, step_repeats, hash, hargs, trace, targs,
-          scaling]() -> int {
-    if (const std::optional<int> status = scaling.run()) return *status;
-    if (trace->parsed()) return run_trace_bench(*targs);
-    if (allreduce->parsed()) return run_allreduce(*args);
-    if (step->parsed()) return run_step(*sargs, step_warmup->count() > 0, step_repeats->count() > 0);
-    if (hash->parsed()) return run_hash(*hargs);
-    if (worker->parsed()) return run_allreduce_worker(*wargs);
+  return [bench, commands]() -> int {
+    for (const BenchCommand& c : commands)
+      if (const std::optional<int> status = c.run()) return *status;
     const std::vector<std::string> extra = bench->remaining();
-    if (!extra.empty())
-      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: allreduce, scaling, step, hash, trace)");
+    if (!extra.empty()) {
+      std::vector<std::string> names;
+      for (const BenchCommand& c : commands) names.insert(names.end(), c.names.begin(), c.names.end());
+      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: " + joined_list(names, ", ") + ")");
+    }
     std::cerr << bench->help();
     return exit_usage;
   };
