@@ -1,11 +1,17 @@
 // Tests for src/bench/scaling: the speed-up model against the project's first question, worked by hand
 // (400 ms of compute a step on one device, 25 ms for an all-reduce), the ring's alpha-beta model and
-// its fit, and the overlap of buckets with the backward pass.
+// its fit, and the overlap of buckets with the backward pass; and the table bench scaling prints of its
+// report (src/bench/scaling_run.hpp).
 #include "src/bench/scaling.hpp"
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
 #include <vector>
+
+#include "src/bench/scaling_run.hpp"
 
 #include "src/error.hpp"
 
@@ -134,6 +140,104 @@ TEST(MlpShape, ForwardIsOneProductBackwardTwo) {
   ASSERT_EQ(b.bucket_bytes.size(), 2u);
   EXPECT_NEAR(b.bucket_ready[0], 600.0 / 1400.0, 1e-15);
   EXPECT_DOUBLE_EQ(b.bucket_ready[1], 1.0);
+}
+
+// The table of a report of three worlds as bench scaling prints it, beyond-the-sweep break-even and
+// all: a report of a run on the development machine and the lines printed for it.
+TEST(ScalingReport, PrintsTheReportAsATable) {
+  const nlohmann::json report = nlohmann::json::parse(R"json({
+ "batch": 32,
+ "break_even": {
+  "measured": 3,
+  "predicted": 5
+ },
+ "bucket_mb": 1.0,
+ "comm": "local",
+ "command": "bench scaling",
+ "engine": "cpu",
+ "fit": {
+  "alpha_us": 10.121025796450006,
+  "beta_gbs": 15.23392928339034,
+  "rms_relative_error": 0.10409856406792611,
+  "samples": 10
+ },
+ "gradient_bytes": 264448,
+ "model": "64,512,64",
+ "rows": [
+  {
+   "allreduce_fit_ms": null,
+   "allreduce_ms": null,
+   "buckets": 1,
+   "buckets_overlapped": 1,
+   "compute_ms": 0.227484,
+   "exposed_comm_bucketed_ms": 0.0,
+   "exposed_comm_ms": 0.0,
+   "measured_bucketed_ms": 0.362071,
+   "measured_ms": 0.22518000000000002,
+   "model_error": 0.9898718151606267,
+   "model_error_overlap": 1.5916328181322643,
+   "predicted_ms": 0.227484,
+   "predicted_overlap_ms": 0.227484,
+   "ranks": 1,
+   "speedup_measured": 1.0,
+   "speedup_measured_bucketed": 0.6219222196751466,
+   "speedup_predicted": 1.0,
+   "speedup_predicted_overlap": 1.0
+  },
+  {
+   "allreduce_fit_ms": 0.037601197423275466,
+   "allreduce_ms": 0.03754292,
+   "buckets": 1,
+   "buckets_overlapped": 1,
+   "compute_ms": 0.12953699999999999,
+   "exposed_comm_bucketed_ms": 0.046819,
+   "exposed_comm_ms": 0.048753,
+   "measured_bucketed_ms": 0.318608,
+   "measured_ms": 0.26254099999999997,
+   "model_error": 1.5708019115170788,
+   "model_error_overlap": 1.9062548532405739,
+   "predicted_ms": 0.16713819742327546,
+   "predicted_overlap_ms": 0.16713819742327546,
+   "ranks": 2,
+   "speedup_measured": 0.857694607699369,
+   "speedup_measured_bucketed": 0.7067619143273238,
+   "speedup_predicted": 1.361053328964052,
+   "speedup_predicted_overlap": 1.361053328964052
+  },
+  {
+   "allreduce_fit_ms": 0.06362963095963398,
+   "allreduce_ms": 0.06341532500000001,
+   "buckets": 1,
+   "buckets_overlapped": 1,
+   "compute_ms": 0.142312,
+   "exposed_comm_bucketed_ms": 0.197146,
+   "exposed_comm_ms": 0.17430300000000004,
+   "measured_bucketed_ms": 0.507398,
+   "measured_ms": 0.439438,
+   "model_error": 2.1337987756644163,
+   "model_error_overlap": 2.4637951910726286,
+   "predicted_ms": 0.20594163095963394,
+   "predicted_overlap_ms": 0.20594163095963394,
+   "ranks": 3,
+   "speedup_measured": 0.5124272366067568,
+   "speedup_measured_bucketed": 0.4437936294585315,
+   "speedup_predicted": 1.1046042460671224,
+   "speedup_predicted_overlap": 1.1046042460671224
+  }
+ ]
+})json");
+  const std::string expected = R"text(dpcheck bench scaling: model 64,512,64, batch 32, engine cpu, comm local; gradient 0.26 MB; buckets of 1 MiB
+all-reduce, ring alpha-beta fit over 10 timings (N = 2..3): alpha 10.1 us, beta 15.23 GB/s, rms relative error 10%
+times in ms per step; error = measured / predicted; exposed = communication the step did not hide
+   N   compute    allred       fit |   predict  measured  error  S pred  S meas |   overlap  bucketed  error  S pred  S meas |  exposed  exp.bkt
+   1      0.23       nan       nan |      0.23      0.23   0.99    1.00    1.00 |      0.23      0.36   1.59    1.00    0.62 |     0.00     0.00
+   2      0.13      0.04      0.04 |      0.17      0.26   1.57    1.36    0.86 |      0.17      0.32   1.91    1.36    0.71 |     0.05     0.05
+   3      0.14      0.06      0.06 |      0.21      0.44   2.13    1.10    0.51 |      0.21      0.51   2.46    1.10    0.44 |     0.17     0.20
+break-even (exposed all-reduce >= compute): predicted N = 5 (beyond the sweep: c0 + c1/N and the fit), measured N = 3
+)text";
+  std::ostringstream out;
+  print_report(out, report);
+  EXPECT_EQ(out.str(), expected);
 }
 
 }  // namespace
