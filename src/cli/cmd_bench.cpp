@@ -113,7 +113,7 @@ int run_allreduce_worker(const WorkerArgs& args) {
 }
 
 struct StepArgs {
-  std::string engine;  // empty: cuda where a GPU is, else cpu
+  TargetOptions target;  // --engine; empty: the device engine where a GPU is, else the host one
   std::string models;  // empty: the engine's default
   int warmup = 0;      // 0 and 0: the engine's defaults
   int repeats = 0;
@@ -131,10 +131,9 @@ constexpr std::string_view kCpuStepModels = "1024,2048,2048,1024@1024:0.7";
 struct TraceArgs {
   ModelOptions model;
   std::int64_t batch = 64;
-  int world_size = 1;
+  TargetOptions target;  // --engine and --world-size
   int steps = 40;
   int warmup = 5;
-  std::string engine{default_engine()};
   std::string json;
   std::string html;  // --html: the same as one self-contained page (src/report/html.hpp)
 };
@@ -225,7 +224,7 @@ int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
     throw UsageError("--repeats must be at least 1 and --warmup at least 0");
   // Without --engine: the GPU's engine where a device answers, else the host's, saying why.
   const std::string host(engine_for_memory(MemorySpace::host).name), gpu(engine_for_memory(MemorySpace::device).name);
-  std::string engine = a.engine;
+  std::string engine = a.target.engine;
   std::string note;
   if (engine.empty()) {
     std::string why;
@@ -282,13 +281,11 @@ int run_trace_bench(TraceArgs& a) {
   t.model = a.model.config();
   t.batch = a.batch;
   t.steps = a.warmup + a.steps;
-  Target target;
-  target.engine = a.engine;
-  target.comm = default_comm(a.engine);
-  target.world_size = a.world_size;
+  const Target target = a.target.target();
+  const int world = target.world_size;
   validate_target(target);
-  t.validate(a.world_size);
-  check_train_size(t, a.world_size, target);
+  t.validate(world);
+  check_train_size(t, world, target);
   if (!a.json.empty()) check_output_path(a.json, "--json");
   if (!a.html.empty()) check_output_path(a.html, "--html");
   const SyntheticDataset data(t.data_size(), t.model, t.seed);
@@ -298,7 +295,7 @@ int run_trace_bench(TraceArgs& a) {
   std::vector<double> plain, traced;
   std::size_t line_bytes = 0;
   using clock = std::chrono::steady_clock;
-  run_world(target, a.world_size, [&](Communicator& comm) {
+  run_world(target, world, [&](Communicator& comm) {
     RankTrainer base = make_rank_trainer(target, t, comm, data);
     TraceRecorder recorder(t.model, state_names);
     TracingCommunicator tracing(comm, recorder);
@@ -323,14 +320,14 @@ int run_trace_bench(TraceArgs& a) {
   const double p = bench::median(plain), q = bench::median(traced);
   const double overhead = q / p - 1;
   std::printf("dpcheck bench trace: model %s, batch %lld, %d ranks, engine %s; median of %d steps after %d untimed\n",
-              dims_string(t.model.dims).c_str(), static_cast<long long>(t.batch), a.world_size, a.engine.c_str(), a.steps,
+              dims_string(t.model.dims).c_str(), static_cast<long long>(t.batch), world, target.engine.c_str(), a.steps,
               a.warmup);
   std::printf("%-22s %12s\n", "", "ms a step");
   std::printf("%-22s %12.3f\n", "step", p * 1e3);
   std::printf("%-22s %12.3f\n", "step with --trace", q * 1e3);
   std::printf("trace cost: %.2f%% of the step (goal under 5%%), %zu bytes a line\n", overhead * 100, line_bytes);
-  const nlohmann::json figures{{"model", dims_string(t.model.dims)}, {"batch", t.batch},   {"world_size", a.world_size},
-                               {"engine", a.engine},                {"step_s", p},        {"traced_step_s", q},
+  const nlohmann::json figures{{"model", dims_string(t.model.dims)}, {"batch", t.batch},   {"world_size", world},
+                               {"engine", target.engine},               {"step_s", p},        {"traced_step_s", q},
                                {"overhead", overhead},              {"line_bytes", line_bytes}};
   if (!a.json.empty()) write_file_atomic(a.json, figures.dump(2) + "\n");
   if (!a.html.empty()) write_file_atomic(a.html, html::bench_page(figures, "bench trace"));
@@ -394,9 +391,10 @@ BenchCommand add_bench_step(CLI::App& bench) {
       "step", "The trainer's step (forward, MSE, backward, SGD): the CUDA engine's against PyTorch's on the same GPU, or "
               "the CPU engine's against bare GEMMs of the step's shapes on each code path, in the same run");
   auto sargs = std::make_shared<StepArgs>();
-  step->add_option("--engine", sargs->engine,
-                   gpu + " (against PyTorch) or " + host + " (against bare GEMMs); default: " + gpu +
-                       " where a GPU is, else " + host);
+  sargs->target.engine.clear();
+  sargs->target.add_to(*step, target_option::engine);
+  sargs->target.reword("--engine", gpu + " (against PyTorch) or " + host + " (against bare GEMMs); default: " + gpu +
+                                       " where a GPU is, else " + host);
   step->add_option("--models", sargs->models,
                    "Models as DIMS@BATCH[:GOAL], ';'-separated; GOAL is the step time over PyTorch's (" + gpu +
                        ", default " + std::string(kGpuStepModels) + ") or the step's GFLOP/s over the best GEMM's (" +
@@ -446,10 +444,10 @@ BenchCommand add_bench_trace(CLI::App& bench) {
   targs->model.loss = "cross-entropy";
   targs->model.add_to(*trace, false);
   trace->add_option("--batch", targs->batch, "Global batch")->capture_default_str();
-  trace->add_option("--world-size", targs->world_size, "Ranks, as threads")->capture_default_str();
   trace->add_option("--steps", targs->steps, "Timed steps of each; the median is reported")->capture_default_str();
   trace->add_option("--warmup", targs->warmup, "Untimed steps first")->capture_default_str();
-  trace->add_option("--engine", targs->engine, engine_option_help());
+  targs->target.add_to(*trace, target_option::engine | target_option::world_size);
+  targs->target.reword("--world-size", "Ranks, as threads (default 1)");
   trace->add_option("--json", targs->json, "Also write the figures as JSON to this file");
   trace->add_option("--html", targs->html, "Also write the figures as one self-contained HTML page to this file");
 

@@ -41,17 +41,15 @@ struct ScalingArgs {
   int steps = 5;
   int warmup = 2;
   double bucket_mb = 1;
-  std::string engine{default_engine()};
-  std::string comm;
+  TargetOptions target;  // --engine and --comm
   std::string json;
   std::string html;
   bool quiet = false;
 };
 
 Target target_of(const ScalingArgs& a) {
-  Target target;
-  target.engine = a.engine;
-  target.comm = a.comm.empty() ? default_comm(a.engine) : a.comm;
+  Target target = a.target.target();
+  target.world_size = 0;  // each N of the sweep gives its own
   return target;
 }
 
@@ -80,7 +78,7 @@ std::vector<std::string> worker_args(const ScalingArgs& a) {
           "--activation", a.model.activation, "--loss", a.model.loss,
           "--batch",  std::to_string(a.batch), "--steps", std::to_string(a.steps),
           "--warmup", std::to_string(a.warmup), "--bucket-mb", exact_text(a.bucket_mb),
-          "--engine", a.engine, "--comm", target_of(a).comm};
+          "--engine", a.target.engine, "--comm", target_of(a).comm};
 }
 
 void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
@@ -146,8 +144,7 @@ void add_common(CLI::App& sub, ScalingArgs& a) {
   sub.add_option("--steps", a.steps, "Timed steps of each measurement; the median is reported")->capture_default_str();
   sub.add_option("--warmup", a.warmup, "Untimed steps first")->capture_default_str();
   sub.add_option("--bucket-mb", a.bucket_mb, "Bucket size of the overlapped rows, MiB")->capture_default_str();
-  sub.add_option("--engine", a.engine, engine_option_help());
-  sub.add_option("--comm", a.comm, comm_option_help());
+  a.target.add_to(sub, target_option::engine | target_option::comm);
 }
 
 }  // namespace
