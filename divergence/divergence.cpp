@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "divergence/trace.hpp"
-#include "divergence/training_run.hpp"
 #include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "reference/bound.hpp"
@@ -67,6 +66,23 @@ bool bool_field(const nlohmann::json& j, const std::string& key, const std::stri
 constexpr std::int64_t kMaxStep = std::int64_t{1} << 53;
 
 }  // namespace
+
+CheckedStep checked_step(Trainer& trainer) {
+  CheckedStep c;
+  try {
+    c.result = trainer.step();
+  } catch (const StepCheckFailed& e) {
+    c.failure = e.failure;
+    return c;
+  }
+  c.completed = true;
+  // The loss is all-reduced, so every rank holds the same one. A NaN or an infinity spreads to every
+  // parameter, identically on every rank, where the replica check cannot see it -- unless the loss
+  // scaler passed the step over, which leaves the parameters as they were.
+  if (!c.result.replicas.synchronized) c.failure = replica_failure(c.result.replicas);
+  else if (!std::isfinite(c.result.loss) && !c.result.skipped) c.failure = loss_failure(c.result.step, c.result.loss);
+  return c;
+}
 
 StepFailure StepFailure::from_json(const nlohmann::json& j) {
   StepFailure f;

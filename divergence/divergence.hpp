@@ -64,6 +64,18 @@ class StepCheckFailed : public Error {
   StepFailure failure;
 };
 
+// One step and the trainer's own checks after it. `completed` is false when a live check stopped the
+// step (StepCheckFailed, on every rank at once); otherwise `result` holds the step, and `failure` the
+// replicas that differ or a loss that is not finite (unless the loss scaler passed the step over, which
+// leaves the parameters as they were). A timeout propagates as TimeoutError.
+// train (training_run.hpp), replay and drift judge a step by it.
+struct CheckedStep {
+  bool completed = false;
+  StepResult result;
+  std::optional<StepFailure> failure;
+};
+CheckedStep checked_step(Trainer& trainer);
+
 struct LiveCheckOptions {
   bool finite = false;        // --check-finite
   int gradient_every = 0;     // --check-gradient-every K (0: never)

@@ -15,23 +15,6 @@
 
 namespace dpcheck {
 
-CheckedStep checked_step(Trainer& trainer) {
-  CheckedStep c;
-  try {
-    c.result = trainer.step();
-  } catch (const StepCheckFailed& e) {
-    c.failure = e.failure;
-    return c;
-  }
-  c.completed = true;
-  // The loss is all-reduced, so every rank holds the same one. A NaN or an infinity spreads to every
-  // parameter, identically on every rank, where the replica check cannot see it -- unless the loss
-  // scaler passed the step over, which leaves the parameters as they were.
-  if (!c.result.replicas.synchronized) c.failure = replica_failure(c.result.replicas);
-  else if (!std::isfinite(c.result.loss) && !c.result.skipped) c.failure = loss_failure(c.result.step, c.result.loss);
-  return c;
-}
-
 namespace {
 
 // What the ranks share: the verdict (every rank sees the same reports, losses and parameters, so every

@@ -3,8 +3,7 @@
 // and rank 0 logs, traces and checkpoints through the RankZeroWriter. On the first failure every rank
 // stops at the same step, and rank 0 leaves a repro bundle that `dpcheck replay` runs again.
 //
-// checked_step is the step with the trainer's own verdict, shared by the run here and by replay_step
-// (divergence.hpp), and through it by drift: each judges a step by the same rules.
+// Each step is judged by checked_step (divergence.hpp), as replay_step and through it drift judge theirs.
 #pragma once
 
 #include <cstdint>
@@ -18,17 +17,6 @@
 #include <nlohmann/json.hpp>
 
 namespace dpcheck {
-
-// One step and the trainer's own checks after it. `completed` is false when a live check stopped the
-// step (StepCheckFailed, on every rank at once); otherwise `result` holds the step, and `failure` the
-// replicas that differ or a loss that is not finite (unless the loss scaler passed the step over, which
-// leaves the parameters as they were). A timeout propagates as TimeoutError.
-struct CheckedStep {
-  bool completed = false;
-  StepResult result;
-  std::optional<StepFailure> failure;
-};
-CheckedStep checked_step(Trainer& trainer);
 
 struct TrainingRunOptions {
   std::string checkpoint_dir;  // "" none; else rank 0 writes checkpoints there
