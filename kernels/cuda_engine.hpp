@@ -11,6 +11,7 @@
 #include "kernels/bias_grad.hpp"
 #include "kernels/device.hpp"
 #include "kernels/hash.hpp"
+#include "src/builtin_names.hpp"
 #include "src/engine.hpp"
 
 namespace dpcheck::cuda {
@@ -41,7 +42,7 @@ class CudaEngine final : public Engine {
   CudaEngine(const ModelConfig& model, const EngineOptions& options);
   ~CudaEngine() override;
 
-  std::string_view name() const override { return "cuda"; }
+  std::string_view name() const override { return builtin::cuda; }
   const MemoryService& memory() const override { return memory_; }
   const ModelConfig& model() const override { return model_; }
   std::size_t param_count() const override { return layout_.size(); }

@@ -12,6 +12,7 @@
 #include "kernels/allreduce.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
+#include "src/builtin_names.hpp"
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
@@ -125,7 +126,7 @@ class DeviceCommunicator : public Communicator {
 class CudaLocalCommunicator final : public DeviceCommunicator {
  public:
   using DeviceCommunicator::DeviceCommunicator;
-  std::string_view backend() const override { return "cuda-local"; }
+  std::string_view backend() const override { return builtin::cuda_local; }
 
   // Every collective: this replica's stream is synchronized first (its writes into the buffers are done
   // before any other replica reads them), and ends, after its own stream is synchronized again, with a
@@ -267,7 +268,7 @@ class NcclCommunicator final : public DeviceCommunicator {
     else
       ncclCommAbort(comm_);
   }
-  std::string_view backend() const override { return "nccl"; }
+  std::string_view backend() const override { return builtin::nccl; }
   // Each rank's buffers live on its own GPU: even as threads of one process, no rank may read another's
   // without peer access, so checks gather copies instead.
   bool shares_address_space() const override { return false; }

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/builtin_names.hpp"
 #include "src/error.hpp"
 #include "src/io/json_limits.hpp"
 #include "src/low_precision.hpp"
@@ -49,9 +50,9 @@ constexpr std::array<MutantInfo, 45> kMutants{{
      "resuming restores the parameters and the step but starts the optimizer state afresh"},
     {"bias-grad-atomic", "checkpoint_resume_bitwise",
      "the bias-gradient kernel adds with atomicAdd, so the order -- and the last bits -- change from run to run",
-     "cuda"},
+     builtin::cuda},
     {"bias-grad-skip-tail", "gradient_average_matches_whole_batch",
-     "the bias-gradient kernel never writes the last column when the width is not a multiple of its tile", "cuda"},
+     "the bias-gradient kernel never writes the last column when the width is not a multiple of its tile", builtin::cuda},
     {"sampler-epoch-frozen", "gradient_average_matches_whole_batch",
      "the trainer never advances the sampler's epoch: every epoch visits the examples in the first epoch's order"},
     {"short-last-step-dropped", "gradient_average_matches_whole_batch",
@@ -61,9 +62,9 @@ constexpr std::array<MutantInfo, 45> kMutants{{
     {"loss-mean-of-rank-means", "reported_loss_is_global_mean",
      "the reported loss averages the ranks' mean losses, whatever their shares' sizes"},
     {"adam-step-count-stuck", "optimizer_update_matches_formula",
-     "Adam's step count never advances, so every step uses the first step's bias corrections", "cpu"},
+     "Adam's step count never advances, so every step uses the first step's bias corrections", builtin::cpu},
     {"momentum-dampened", "optimizer_update_matches_formula",
-     "SGD momentum keeps an average, buf = m buf + (1 - m) grad, instead of PyTorch's buf = m buf + grad", "cpu"},
+     "SGD momentum keeps an average, buf = m buf + (1 - m) grad, instead of PyTorch's buf = m buf + grad", builtin::cpu},
     {"allreduce-large-message-tail", "gradient_average_matches_whole_batch",
      "an all-reduce larger than the backend's largest algorithm threshold leaves its last element unreduced", {}, true},
     {"allreduce-arrival-order", "checkpoint_resume_bitwise",
@@ -77,7 +78,7 @@ constexpr std::array<MutantInfo, 45> kMutants{{
      "the second gradient all-reduce leaves one element (the last) of rank 0's result at rank 0's own input, unreduced"},
     {"bf16-accumulate", "gradient_average_matches_whole_batch",
      "the matrix products round every partial sum to bf16, as a kernel with a 16-bit accumulator does, where "
-     "autocast accumulates in float32", "cpu", false, "bf16"},
+     "autocast accumulates in float32", builtin::cpu, false, "bf16"},
     {"allreduce-bf16-silently", "gradient_average_matches_whole_batch",
      "the gradient all-reduce rounds its result to bf16, as a backend that halves its traffic unasked does, while "
      "the bound assumes float32", {}, false, "bf16"},
@@ -95,7 +96,7 @@ constexpr std::array<MutantInfo, 45> kMutants{{
      "rank's own gradient"},
     {"bucket-reduced-before-ready", "bucketing_preserves_bits",
      "a bucket starts once the layer above its lowest one is done (the first bucket before the backward pass), so "
-     "it is reduced from the values its last layer held before this step wrote them", "cpu"},
+     "it is reduced from the values its last layer held before this step wrote them", builtin::cpu},
     {"bound-without-kink-term", "bound_holds_for_any_summation_order",
      "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
     {"bound-three-times-loose", "bound_holds_for_any_summation_order",

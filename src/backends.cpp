@@ -1,6 +1,7 @@
 // The table of engines and communicator backends (src/backends.hpp): the built-in rows, their lookup
 // and validation, and the help texts made from them.
 #include "src/backends.hpp"
+#include "src/builtin_names.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -42,7 +43,7 @@ std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerConfig& config, st
 }
 
 const EngineRow kEngines[] = {
-    {.name = "cpu",
+    {.name = builtin::cpu,
      .memory = MemorySpace::host,
      .help = "Eigen, float32",
      .require = nullptr,
@@ -52,7 +53,7 @@ const EngineRow kEngines[] = {
      .draws_formats = true,
      .make_engine = &make_host_engine,
      .make_optimizer = &make_host_optimizer},
-    {.name = "cuda",
+    {.name = builtin::cuda,
      .memory = MemorySpace::device,
      .help = "cuBLAS and dpcheck's kernels, from the CUDA plugin",
      .require = &require_cuda_device,
@@ -81,8 +82,8 @@ std::deque<Backend> built_in_rows() {
   std::deque<Backend> rows;
 
   Backend local;
-  local.name = "local";
-  local.engine = "cpu";
+  local.name = builtin::local;
+  local.engine = builtin::cpu;
   local.engine_default = true;
   local.memory = MemorySpace::host;
   local.help = "ranks as threads of this process";
@@ -93,8 +94,8 @@ std::deque<Backend> built_in_rows() {
   rows.push_back(std::move(local));
 
   Backend mpi;
-  mpi.name = "mpi";
-  mpi.engine = "cpu";
+  mpi.name = builtin::mpi;
+  mpi.engine = builtin::cpu;
   mpi.memory = MemorySpace::host;
   mpi.help = "one process per rank, under mpirun";
   mpi.rank_order = true;
@@ -111,8 +112,8 @@ std::deque<Backend> built_in_rows() {
   // MPI's own collectives, whose all-reduce algorithm Open MPI's MCA parameters choose: what a user's
   // MPI_Allreduce does, checked as a plugin is. Its sums are in the order its algorithm takes.
   Backend mpi_native;
-  mpi_native.name = "mpi-native";
-  mpi_native.engine = "cpu";
+  mpi_native.name = builtin::mpi_native;
+  mpi_native.engine = builtin::cpu;
   mpi_native.memory = MemorySpace::host;
   mpi_native.help = "one process per rank, under mpirun, with MPI's own MPI_Allreduce (the algorithm MPI picks, or "
                     "the one its MCA parameters force)";
@@ -128,8 +129,8 @@ std::deque<Backend> built_in_rows() {
   rows.push_back(std::move(mpi_native));
 
   Backend cuda_local;
-  cuda_local.name = "cuda-local";
-  cuda_local.engine = "cuda";
+  cuda_local.name = builtin::cuda_local;
+  cuda_local.engine = builtin::cuda;
   cuda_local.engine_default = true;
   cuda_local.memory = MemorySpace::device;
   cuda_local.help = "replicas on one GPU, a thread each";
@@ -140,8 +141,8 @@ std::deque<Backend> built_in_rows() {
   rows.push_back(std::move(cuda_local));
 
   Backend nccl;
-  nccl.name = "nccl";
-  nccl.engine = "cuda";
+  nccl.name = builtin::nccl;
+  nccl.engine = builtin::cuda;
   nccl.memory = MemorySpace::device;
   nccl.help = "one GPU per rank: ranks as threads, or one process per GPU under mpirun";
   nccl.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {

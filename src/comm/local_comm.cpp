@@ -12,6 +12,7 @@
 // reduced in rank order, ((b0 + b1) + b2) + ..., whichever thread computes it (the kernel both host
 // backends share, src/comm/collective.hpp), so every rank ends with bitwise identical values.
 #include "src/comm/local_comm.hpp"
+#include "src/builtin_names.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -181,7 +182,7 @@ class LocalComm final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
-  std::string_view backend() const override { return "local"; }
+  std::string_view backend() const override { return builtin::local; }
   bool shares_address_space() const override { return true; }
   // A rank's calls are told apart by its rank, not by the thread that makes them.
   bool callable_from_any_thread() const override { return true; }

@@ -16,6 +16,7 @@
 // since on a machine with more ranks than cores every round costs a trip through the scheduler.
 // A message's tag holds the call's sequence number and its round, so it can only match the call and
 #include "src/comm/mpi_comm.hpp"
+#include "src/builtin_names.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -150,7 +151,7 @@ class MpiComm final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool callable_from_any_thread() const override { return mpi_calls_from_any_thread(); }
-  std::string_view backend() const override { return "mpi"; }
+  std::string_view backend() const override { return builtin::mpi; }
   // Small calls travel inline with their description; larger ones are sliced like the local backend's.
   std::vector<std::size_t> algorithm_thresholds(DType dtype) const override {
     const std::size_t esize = dtype_size(dtype);

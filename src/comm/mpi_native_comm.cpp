@@ -8,6 +8,7 @@
 // 16-bit, as a framework's bf16 all-reduce over MPI would be; MPI's tree then rounds at every
 // combination (src/comm.hpp), and avg divides that sum by N and rounds once more.
 #include "src/comm/mpi_comm.hpp"
+#include "src/builtin_names.hpp"
 
 #include <cstdint>
 #include <limits>
@@ -88,7 +89,7 @@ class MpiNativeComm final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool callable_from_any_thread() const override { return mpi_calls_from_any_thread(); }
-  std::string_view backend() const override { return "mpi-native"; }
+  std::string_view backend() const override { return builtin::mpi_native; }
   // dpcheck's own control messages (replica hashes, verdicts) go over `host` when one was given: the
   // "mpi" communicator, which times out where MPI's own calls would wait forever.
   Communicator& host() override { return host_ ? *host_ : *this; }

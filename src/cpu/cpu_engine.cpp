@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "src/builtin_names.hpp"
 #include "src/cpu/cpu_gemm.hpp"
 #include "src/engine.hpp"
 #include "src/error.hpp"
@@ -52,7 +53,7 @@ class CpuEngine final : public Engine {
         isa_(cpu::engine_isa()), z_(static_cast<std::size_t>(model.layers())), a_(z_.size()), h_(z_.size()), delta_(z_.size()),
         low_w_(z_.size()), low_in_(z_.size()), low_delta_(z_.size()) {}
 
-  std::string_view name() const override { return "cpu"; }
+  std::string_view name() const override { return builtin::cpu; }
   const MemoryService& memory() const override { return host_memory(); }
   const ModelConfig& model() const override { return model_; }
   std::size_t param_count() const override { return layout_.size(); }
