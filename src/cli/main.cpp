@@ -21,6 +21,81 @@
 #include "src/error.hpp"
 #include "src/comm/mpi_comm.hpp"
 
+namespace dpcheck {
+namespace {
+
+using Runners = std::vector<std::pair<const CLI::App*, cli::Runner>>;
+
+// The app with every subcommand registered, and what runs each.
+Runners register_commands(CLI::App& app) {
+  app.require_subcommand(1);
+  // One line naming the problem; subcommands inherit this from the app.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("dpcheck: error: ") + e.what() + " (see --help)\n";
+  });
+  app.set_version_flag("--version", "dpcheck " DPCHECK_VERSION);
+  Runners runners;
+  for (cli::Runner (*adder)(CLI::App&) : {cli::add_verify, cli::add_grad, cli::add_train, cli::add_bench, cli::add_audit,
+                                          cli::add_conform, cli::add_replay, cli::add_diff, cli::add_drift,
+                                          cli::add_plant_writes}) {
+    cli::Runner r = adder(app);
+    runners.emplace_back(app.get_subcommands([](CLI::App*) { return true; }).back(), std::move(r));
+  }
+  return runners;
+}
+
+// Parses the command line and runs its subcommand: UsageError for an unknown command; a parse error
+// (or --help, --version) printed by rank 0 and its exit status returned.
+int parse_and_run(CLI::App& app, const Runners& runners, const std::vector<std::string>& args, int argc, char** argv,
+                  bool printing) {
+  if (!args.empty() && args[0][0] != '-' &&
+      runners.end() == std::find_if(runners.begin(), runners.end(),
+                                    [&](const auto& r) { return r.first->get_name() == args[0]; })) {
+    std::string names;
+    for (const auto& [sub, runner] : runners)
+      if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();
+    throw UsageError("unknown command '" + args[0] + "' (choose " + names + ")");
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream out, err;
+    const int code = app.exit(e, out, err);
+    if (printing) {
+      std::cout << out.str() << std::flush;
+      if (!err.str().empty()) cli::print_error(err.str());
+    }
+    const bool finished = dynamic_cast<const CLI::CallForHelp*>(&e) || dynamic_cast<const CLI::CallForAllHelp*>(&e) ||
+                          dynamic_cast<const CLI::CallForVersion*>(&e);
+    return finished ? code : cli::exit_usage;
+  }
+  cli::check_parsed_options(app);
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const auto& [registered, runner] : runners)
+      if (registered == sub) return runner();
+  return cli::exit_usage;
+}
+
+// A path the checks up front could not foresee (a loop of links, a name too long, a file that came or
+// went meanwhile): the path and the system's reason, not the library's wording. Bad input (exit 2)
+// where the path is the user's to fix, a runtime fault otherwise.
+int filesystem_fault(const std::filesystem::filesystem_error& e, MpiSession* mpi) {
+  const std::error_code& code = e.code();
+  std::string message = e.path1().string() + ": " + code.message();
+  if (!e.path2().empty()) message = e.path1().string() + " -> " + e.path2().string() + ": " + code.message();
+  const bool input = code == std::errc::too_many_symbolic_link_levels || code == std::errc::filename_too_long ||
+                     code == std::errc::no_such_file_or_directory || code == std::errc::not_a_directory ||
+                     code == std::errc::file_exists || code == std::errc::is_a_directory ||
+                     code == std::errc::permission_denied || code == std::errc::read_only_file_system;
+  if (mpi) cli::print_error("rank " + std::to_string(mpi->world().rank()) + ": " + message);
+  else cli::print_error(message);
+  if (mpi) mpi->abort(input ? cli::exit_usage : cli::exit_runtime_error);
+  return input ? cli::exit_usage : cli::exit_runtime_error;
+}
+
+}  // namespace
+}  // namespace dpcheck
+
 int main(int argc, char** argv) {
   using namespace dpcheck;
   // Copied before MPI_Init, which may edit argv.
@@ -34,7 +109,6 @@ int main(int argc, char** argv) {
                "equal the whole-batch gradient, replicas stay bitwise identical, shards are disjoint\n"
                "and cover the data, and only rank 0 writes files.",
                "dpcheck"};
-  app.require_subcommand(1);
   // A write past `ulimit -f` then fails with EFBIG, which the writer reports (naming the file, exit 3)
   // and cleans up after, instead of the signal ending the process with a temporary file left behind.
   ::signal(SIGXFSZ, SIG_IGN);
@@ -42,27 +116,7 @@ int main(int argc, char** argv) {
   this_process_is_dpcheck();
   // Targets build their broken parts through the mutant table.
   register_mutants();
-  // One line naming the problem; subcommands inherit this from the app.
-  app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return std::string("dpcheck: error: ") + e.what() + " (see --help)\n";
-  });
-  app.set_version_flag("--version", "dpcheck " DPCHECK_VERSION);
-
-  std::vector<std::pair<const CLI::App*, cli::Runner>> runners;
-  const auto add = [&](cli::Runner (*adder)(CLI::App&)) {
-    cli::Runner r = adder(app);
-    runners.emplace_back(app.get_subcommands([](CLI::App*) { return true; }).back(), std::move(r));
-  };
-  add(cli::add_verify);
-  add(cli::add_grad);
-  add(cli::add_train);
-  add(cli::add_bench);
-  add(cli::add_audit);
-  add(cli::add_conform);
-  add(cli::add_replay);
-  add(cli::add_diff);
-  add(cli::add_drift);
-  add(cli::add_plant_writes);
+  const Runners runners = register_commands(app);
 
   // Under an MPI launcher every process joins the world before anything else, and the processes agree
   // on the command line: then every later decision, a parse error included, is the same on every rank,
@@ -81,35 +135,7 @@ int main(int argc, char** argv) {
 
   try {
     if (mpi) cli::require_same_command_line(mpi->world(), args);
-
-    if (!args.empty() && args[0][0] != '-' &&
-        runners.end() == std::find_if(runners.begin(), runners.end(),
-                                      [&](const auto& r) { return r.first->get_name() == args[0]; })) {
-      std::string names;
-      for (const auto& [sub, runner] : runners)
-        if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();
-      throw UsageError("unknown command '" + args[0] + "' (choose " + names + ")");
-    }
-
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      std::ostringstream out, err;
-      const int code = app.exit(e, out, err);
-      if (printing) {
-        std::cout << out.str() << std::flush;
-        if (!err.str().empty()) cli::print_error(err.str());
-      }
-      const bool finished = dynamic_cast<const CLI::CallForHelp*>(&e) || dynamic_cast<const CLI::CallForAllHelp*>(&e) ||
-                            dynamic_cast<const CLI::CallForVersion*>(&e);
-      return finished ? code : cli::exit_usage;
-    }
-
-    cli::check_parsed_options(app);
-
-    for (const CLI::App* sub : app.get_subcommands())
-      for (const auto& [registered, runner] : runners)
-        if (registered == sub) return runner();
+    return parse_and_run(app, runners, args, argc, argv, printing);
   } catch (const UsageError& e) {
     // Every rank meets the same bad input; one of them says so.
     if (printing) cli::print_error(e.what());
@@ -122,19 +148,7 @@ int main(int argc, char** argv) {
     if (mpi) mpi->abort(cli::exit_runtime_error);
     return cli::exit_runtime_error;
   } catch (const std::filesystem::filesystem_error& e) {
-    // A path the checks up front could not foresee (a loop of links, a name too long, a file that came
-    // or went meanwhile): the path and the system's reason, not the library's wording.
-    const std::error_code& code = e.code();
-    std::string message = e.path1().string() + ": " + code.message();
-    if (!e.path2().empty()) message = e.path1().string() + " -> " + e.path2().string() + ": " + code.message();
-    const bool input = code == std::errc::too_many_symbolic_link_levels || code == std::errc::filename_too_long ||
-                       code == std::errc::no_such_file_or_directory || code == std::errc::not_a_directory ||
-                       code == std::errc::file_exists || code == std::errc::is_a_directory ||
-                       code == std::errc::permission_denied || code == std::errc::read_only_file_system;
-    if (mpi) cli::print_error("rank " + std::to_string(mpi->world().rank()) + ": " + message);
-    else cli::print_error(message);
-    if (mpi) mpi->abort(input ? cli::exit_usage : cli::exit_runtime_error);
-    return input ? cli::exit_usage : cli::exit_runtime_error;
+    return filesystem_fault(e, mpi.get());
   } catch (const std::exception& e) {
     if (mpi) {
       // A dead or stuck peer: say which rank saw what, then end the whole job so that the launcher
@@ -145,5 +159,4 @@ int main(int argc, char** argv) {
     cli::print_error(e.what());
     return cli::exit_runtime_error;
   }
-  return cli::exit_usage;
 }
