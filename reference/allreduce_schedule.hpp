@@ -1,0 +1,80 @@
+// All-reduce schedules, emulated bit for bit. A schedule is the order in which an all-reduce adds the
+// ranks' buffers: which partial sums meet at which hop, and where each is rounded to the buffers'
+// format (float32, bfloat16 or float16: an addition is done in float32 and rounded to the format, as
+// a kernel that widens its 16-bit inputs does). Floating-point addition is commutative but not
+// associative, so a schedule fixes the bits of the result, and two backends with the same schedule
+// give the same bits. Each schedule here is a function from the N rank buffers to the one buffer every
+// rank receives:
+//
+//   rank-order        ((x0 + x1) + x2) + ... in float32, rounded to the format once at the end: dpcheck's
+//                     own host backends (local, mpi; src/comm/collective.hpp).
+//   ring              the buffer cut into N chunks (the first count % N one element longer); chunk c
+//                     starts at rank c and gathers x(c+1), x(c+2), ... around the ring, each partial
+//                     sum rounded as it is passed on (the reduce-scatter of a ring all-reduce, as the
+//                     comm_ring example and NCCL's ring do it); long buffers in slices of
+//                     slice_elements, each cut into N chunks of its own.
+//   tree              NCCL's double binary tree: the first half of the buffer (rounded up) reduced up
+//                     the binary tree of nccl's src/graph/trees.cc (root 0; a rank's parent is found by
+//                     flipping its lowest set bit and setting the next), the second half up its mirror
+//                     (N even) or its shift by one rank (N odd). A rank's partial sum is its own value
+//                     plus its children's, the lower-ranked child first.
+//   halving-doubling  Rabenseifner's reduce-scatter by recursive halving then all-gather by recursive
+//                     doubling, as MPICH and Gloo implement it: with p the largest power of two up to N
+//                     and r = N - p, rank 2i + 1 first adds rank 2i's buffer (i < r); the p remaining
+//                     partial sums then meet in pairs that differ in bit 0 of their new rank, then bit
+//                     1, and so on.
+//   hierarchical      the ranks in groups of group_size consecutive ranks (the last may be smaller): a
+//                     ring within each group, then a ring across the groups' sums.
+//
+// For avg the sum is divided by N in float32 and rounded to the format.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/low_precision.hpp"
+
+namespace dpcheck::reference {
+
+enum class AllreduceSchedule { rank_order, ring, tree, halving_doubling, hierarchical };
+
+struct ScheduleRow {
+  AllreduceSchedule schedule;
+  std::string_view name;  // as --schedule takes it
+  std::string_view help;
+};
+// Every schedule, in the order above.
+std::span<const ScheduleRow> allreduce_schedules();
+// The row named `name`; UsageError naming --schedule and the names otherwise.
+const ScheduleRow& find_schedule(std::string_view name);
+std::string_view schedule_name(AllreduceSchedule s);
+
+struct ScheduleOptions {
+  AllreduceSchedule schedule = AllreduceSchedule::rank_order;
+  Precision format = Precision::fp32;  // the buffers' format
+  bool average = false;                // avg instead of sum
+  int group_size = 8;                  // hierarchical: ranks per group
+  std::size_t slice_elements = 0;      // ring: elements per slice (0: the whole buffer is one)
+};
+
+// --schedule's text: a schedule's name, or "hierarchical:G" for groups of G ranks (8 without).
+// UsageError naming --schedule otherwise.
+ScheduleOptions parse_schedule(std::string_view text);
+// The text that parse_schedule reads back: "ring", "hierarchical:4".
+std::string schedule_text(const ScheduleOptions& options);
+
+// What every rank receives from an all-reduce of inputs[r], rank r's buffer (all of one length, each
+// value one of the format's), under the schedule.
+std::vector<float> emulate_allreduce(const ScheduleOptions& options, std::span<const std::vector<float>> inputs);
+
+// NCCL's double binary tree over `world` ranks: the parent of each rank in tree 0 and tree 1 (-1 for
+// a root).
+struct DoubleTree {
+  std::vector<int> parent[2];
+};
+DoubleTree double_binary_tree(int world);
+
+}  // namespace dpcheck::reference
