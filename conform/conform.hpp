@@ -47,6 +47,9 @@ struct ConformOptions {
   int max_kernel_size = 1024;
   // The full sweep (every count up to max_bytes on every world size) rather than the quick default.
   bool thorough = false;
+  // --schedule: the all-reduce schedule the communicator claims (reference/allreduce_schedule.hpp's
+  // parse_schedule text); its bits are checked against the schedule's emulation. Empty: not checked.
+  std::string schedule;
   // World sizes besides the main one that the collective checks also run on (ranks as threads), with
   // counts up to 2^20 elements: a tree or ring that only works for some N meets the others.
   std::vector<int> extra_world_sizes;

@@ -29,6 +29,7 @@
 #include "conform/conform_comm_backends.hpp"
 #include "properties/common.hpp"
 #include "properties/properties.hpp"
+#include "reference/allreduce_schedule.hpp"
 #include "src/error.hpp"
 #include "src/io/hash.hpp"
 #include "src/io/process.hpp"
@@ -697,6 +698,106 @@ template <class T> CommCheck identical_bits_check(ReduceOp op, bool twice, std::
   return c;
 }
 
+// ---- the schedule a backend claims (--schedule) ---------------------------------------------------
+
+template <class T> constexpr Precision format_of() {
+  if constexpr (std::is_same_v<T, Bf16>) return Precision::bf16;
+  else if constexpr (std::is_same_v<T, Fp16>) return Precision::fp16;
+  else return Precision::fp32;
+}
+
+template <class T> T of_float(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return narrow16<T>(v);
+}
+
+// What rank r contributes at element i of a schedule case: a value of the format over 2^-6..2^7, either
+// sign, so that the grouping of the additions shows in the last bits of the sum.
+float schedule_input(std::uint64_t key, int rank, std::size_t i, Precision format) {
+  const auto stream = static_cast<std::uint64_t>(rank);
+  const std::uint64_t bits = random_u64(key, stream, 2 * i + 1);
+  const double v = std::ldexp(1 + random_unit(key, stream, 2 * i), static_cast<int>(bits % 13) - 6);
+  return round_to_precision(static_cast<float>((bits >> 32) & 1 ? -v : v), format);
+}
+
+// Every rank's inputs of a case, as each rank computes them for itself.
+std::vector<std::vector<float>> schedule_inputs(std::uint64_t key, int n, std::size_t count, Precision format) {
+  std::vector<std::vector<float>> in(static_cast<std::size_t>(n), std::vector<float>(count));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < count; ++i) in[static_cast<std::size_t>(r)][i] = schedule_input(key, r, i, format);
+  return in;
+}
+
+// The backend's bits against the schedule's emulation (reference/allreduce_schedule.hpp): the first
+// element that differs, with both values.
+template <class T> CommCheck schedule_check(ReduceOp op, reference::ScheduleOptions schedule, std::uint64_t seed, int n,
+                                           const std::vector<CommCase>& cases) {
+  schedule.format = format_of<T>();
+  schedule.average = op == ReduceOp::avg;
+  const std::string name = reference::schedule_text(schedule);
+  CommCheck c;
+  c.section = "schedule";
+  c.name = "schedule " + std::string(dtype_name(dtype_of<T>())) + " " + std::string(reduce_op_name(op));
+  c.dtype = dtype_of<T>();
+  c.op = op;
+  c.promise = "the all-reduce gives the bits of the schedule it claims, " + name +
+              " (random inputs, whose sum depends on the grouping of the additions)";
+  c.cases = cases;
+  c.covered = covered_text(cases, sizeof(T)) + ", random inputs over 2^-6..2^7, bit for bit against the " + name +
+              " schedule's emulation";
+  c.make = [op, schedule, seed, n, name] {
+    auto arena = std::make_shared<Arena<T>>();
+    return CaseFn([arena, op, schedule, seed, n, name](Communicator& comm, const CommCase& k) -> std::string {
+      T* buf = arena->prepare(k, k.count);
+      const std::vector<std::vector<float>> in = schedule_inputs(mix_key(seed ^ 0x5c4edu, k.count), n, k.count, schedule.format);
+      for (std::size_t i = 0; i < k.count; ++i) buf[i] = of_float<T>(in[static_cast<std::size_t>(comm.rank())][i]);
+      comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
+      arena->fetch(comm);
+      const std::vector<float> want = reference::emulate_allreduce(schedule, in);
+      for (std::size_t i = 0; i < k.count; ++i) {
+        const T w = of_float<T>(want[i]);
+        if (std::memcmp(&buf[i], &w, sizeof(T)) != 0)
+          return "element " + std::to_string(i) + " is " + value_text(buf[i]) + ", the " + name + " schedule gives " +
+                 value_text(w) + distance_text(buf[i], w);
+      }
+      return arena->guards(k, k.count);
+    });
+  };
+  return c;
+}
+
+// The schedules whose bits a float32 sum of random inputs matches, for the fingerprint: "ring",
+// "tree or halving-doubling", or "none of rank-order, ring, ...". Hierarchical is tried with every group
+// size from 2 to N - 1.
+std::string schedule_fingerprint(Communicator& comm, int n, std::uint64_t seed) {
+  const std::size_t count = 64 * static_cast<std::size_t>(n) + 7;
+  const std::vector<std::vector<float>> in = schedule_inputs(mix_key(seed ^ 0xf1a9u, count), n, count, Precision::fp32);
+  std::vector<float> buf = in[static_cast<std::size_t>(comm.rank())];
+  on_buffer(comm, buf, [&](float* placed) { comm.allreduce(placed, buf.size(), DType::f32, ReduceOp::sum); });
+  std::vector<reference::ScheduleOptions> candidates;
+  for (const reference::ScheduleRow& row : reference::allreduce_schedules()) {
+    reference::ScheduleOptions o;
+    o.schedule = row.schedule;
+    if (row.schedule != reference::AllreduceSchedule::hierarchical) {
+      candidates.push_back(o);
+      continue;
+    }
+    for (int g = 2; g < n; ++g) {
+      o.group_size = g;
+      candidates.push_back(o);
+    }
+  }
+  std::string fits, tried;
+  for (const reference::ScheduleOptions& o : candidates) {
+    const std::string text = reference::schedule_text(o);
+    tried += (tried.empty() ? "" : ", ") + text;
+    if (std::memcmp(reference::emulate_allreduce(o, in).data(), buf.data(), count * sizeof(float)) == 0)
+      fits += (fits.empty() ? "" : " or ") + text;
+  }
+  return fits.empty() ? "random inputs: the bits of no schedule dpcheck emulates (" + tried + ")"
+                      : "random inputs: the bits of the " + fits + " schedule";
+}
+
 // Ranks arrive at the barrier at staggered times; none may leave before the last has arrived.
 CommCheck barrier_check() {
   CommCheck c;
@@ -906,6 +1007,7 @@ ConformRow fingerprint_row(const Target& target, int n, const dpcheck_comm_plugi
     run_world(target, n, [&](Communicator& comm) {
       std::string text = fingerprint<float>(comm, n);
       if (f64) text += "; " + fingerprint<double>(comm, n);
+      text += "; " + schedule_fingerprint(comm, n, o.seed);
       if (records(target, comm)) {
         std::lock_guard lock(mutex);
         row.detail = text;
@@ -1017,6 +1119,9 @@ std::vector<std::string> conform_comm_checks() {
       names.push_back(std::string("same bits on every rank ") + d + " " + op);
       names.push_back(std::string("run-to-run ") + d + " " + op);
     }
+  // With --schedule: the bits of the schedule the backend claims.
+  for (const char* d : {"float32", "bfloat16", "float16"})
+    for (const char* op : {"sum", "avg"}) names.push_back(std::string("schedule ") + d + " " + op);
   names.push_back("a rank that never arrives");
   names.push_back("summation order and width");
   return names;
@@ -1085,6 +1190,18 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
   if (name == "allgather int64") return allgather_check<std::int64_t>(n, cases(8 * un, kAll, false));
   if (name == "allgather bfloat16") return allgather_check<Bf16>(n, cases(2 * un, kAll, false));
   if (name == "allgather float16") return allgather_check<Fp16>(n, cases(2 * un, kAll, false));
+  if (name.starts_with("schedule ")) {
+    if (o.schedule.empty()) return std::nullopt;
+    const reference::ScheduleOptions schedule = reference::parse_schedule(o.schedule);
+    // Each rank computes every rank's inputs and the emulation: counts to 2^16.
+    const std::size_t limit = std::size_t{1} << 16;
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      const std::string suffix = " " + std::string(reduce_op_name(op));
+      if (name == "schedule float32" + suffix) return schedule_check<float>(op, schedule, o.seed, n, cases(4, limit, false));
+      if (name == "schedule bfloat16" + suffix) return schedule_check<Bf16>(op, schedule, o.seed, n, cases(2, limit, false));
+      if (name == "schedule float16" + suffix) return schedule_check<Fp16>(op, schedule, o.seed, n, cases(2, limit, false));
+    }
+  }
   if (name == "barrier") return barrier_check();
   for (const BackendCommCheck& b : backend_comm_checks())
     if (name == b.name) return backend_check(b);
@@ -1135,9 +1252,11 @@ ConformRow unsupported_row(std::string section, std::string name, const std::str
 std::vector<std::string> conform_comm_suite() {
   std::vector<std::string> names;
   // Not the absent rank (a world of its own) nor the fingerprint (information); not an avg of int64,
-  // which a plugin may declare and dpcheck's own backends refuse ("unsupported reductions throw").
+  // which a plugin may declare and dpcheck's own backends refuse ("unsupported reductions throw"); not
+  // the schedule checks, which need the schedule a backend claims.
   for (const std::string& name : conform_comm_checks())
-    if (name != "a rank that never arrives" && name != "summation order and width" && name != "allreduce int64 avg")
+    if (name != "a rank that never arrives" && name != "summation order and width" && name != "allreduce int64 avg" &&
+        !name.starts_with("schedule "))
       names.push_back(name);
   for (const BackendCommCheck& b : backend_comm_checks()) names.emplace_back(b.name);
   return names;

@@ -22,6 +22,7 @@ std::string replay_prefix(const Target& target, int world, const ConformRequest&
   prefix += kernels ? " --kernels " + shell_word(target.kernels) : " --comm " + shell_word(target.comm);
   // Communicator checks add the world size they failed on; kernels' properties add none.
   if (kernels && r.world_size_given) prefix += " --world-size " + std::to_string(world);
+  if (!r.schedule.empty()) prefix += " --schedule " + r.schedule;
   if (r.thorough) prefix += " --thorough";
   if (r.max_mib_given) prefix += " --max-mib " + float_text(r.max_mib);
   if (r.max_size_given) prefix += " --max-size " + std::to_string(r.max_size);
@@ -42,6 +43,7 @@ ConformOptions conform_options(const Target& target, int world, const ConformReq
   co.case_text = r.case_text;
   co.properties = r.properties;
   co.thorough = r.thorough;
+  co.schedule = r.schedule;
   // The quick default stops at 16 MiB, --thorough at 64; --max-mib sets it either way.
   co.max_bytes = static_cast<std::size_t>((r.max_mib_given ? r.max_mib : r.thorough ? 64.0 : 16.0) * 1024 * 1024);
   co.max_kernel_size = r.max_size;

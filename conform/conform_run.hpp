@@ -24,6 +24,7 @@ struct ConformRequest {
   int max_size = 1024;
   bool max_size_given = false;
   bool world_size_given = false;
+  std::string schedule;  // --schedule
 };
 
 // The options of a run on `target` (its timeout set) with `world` ranks: the seed (rank 0's under a

@@ -101,6 +101,44 @@ TEST(ConformComm, CorrectPluginsKeepEveryPromise) {
   }
 }
 
+// --schedule: the ring example gives the ring schedule's bits (reference/allreduce_schedule.hpp) in
+// every format and op, on 4 ranks and on 1, 2, 3, 5 and 8, and the fingerprint names it; claimed as a
+// tree, its first float32 sum that differs fails, naming the element and both values, with a replay.
+TEST(ConformComm, TheRingExampleHasTheRingsBitsAndFailsAsAClaimedTree) {
+  Scratch s;
+  const auto ok = dpcheck::run_command(kDpcheck + " conform --comm " + kRing +
+                                           " --no-properties --max-mib 1 --timeout 5 --schedule ring --report " +
+                                           (s.dir / "r.json").string(),
+                                       300);
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  const nlohmann::json report = read_json(s.dir / "r.json");
+  int schedule_rows = 0;
+  for (const nlohmann::json& row : report["checks"]) {
+    const std::string check = row["check"].get<std::string>();
+    if (check.starts_with("schedule ")) {
+      ++schedule_rows;
+      EXPECT_EQ(row["verdict"], "pass") << check;
+      EXPECT_NE(row["detail"].get<std::string>().find("also N = 1, 2, 3, 5, 8"), std::string::npos) << row.dump();
+    }
+    if (check == "summation order and width") {
+      EXPECT_NE(row["detail"].get<std::string>().find("the bits of the ring schedule"), std::string::npos) << row.dump();
+    }
+  }
+  EXPECT_EQ(schedule_rows, 6);
+
+  const auto bad = dpcheck::run_command(kDpcheck + " conform --comm " + kRing + kQuick +
+                                            " --schedule tree --check 'schedule float32 sum'",
+                                        300);
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("FAILED schedule float32 sum"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find(", the tree schedule gives "), std::string::npos) << bad.output;
+  const std::size_t replay = bad.output.find("replay: dpcheck conform --comm ");
+  ASSERT_NE(replay, std::string::npos) << bad.output;
+  const std::string line = bad.output.substr(replay, bad.output.find('\n', replay) - replay);
+  EXPECT_NE(line.find(" --schedule tree"), std::string::npos) << line;
+  EXPECT_NE(line.find(" --check 'schedule float32 sum' --case 'count="), std::string::npos) << line;
+}
+
 // A plugin of ABI 1 still loads and keeps its promises; its bfloat16 and float16 rows are unsupported
 // ("the plugin says so", naming the ABI), since dpcheck never passes it those dtypes. So are they for a
 // source written for ABI 2 and recompiled unchanged against ABI 3's header: its masks are 0.

@@ -13,6 +13,7 @@
 #include "conform/conform.hpp"
 #include "conform/conform_run.hpp"
 #include "properties/properties.hpp"
+#include "reference/allreduce_schedule.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/comm/mpi_comm.hpp"
@@ -35,6 +36,7 @@ struct ConformCliOptions {
   bool no_properties = false;
   bool list_checks = false;
   bool absent_rank_probe = false;  // hidden: the child half of "a rank that never arrives"
+  std::string schedule;            // --schedule
   double max_mib = 64;
   int max_size = 1024;
   bool thorough = false;
@@ -139,6 +141,12 @@ int check_conform_request(ConformCliOptions& o) {
   if (o.max_size < 1 || o.max_size > 4096) throw UsageError("--max-size must be in [1, 4096]");
   if (o.max_size_given && !kernels) throw UsageError("--max-size is for kernel plugins (--kernels); a communicator's buffers take --max-mib");
   if (!kernels) check_conform_comm_selection(o.check, o.case_text);
+  if (!o.schedule.empty()) {
+    if (kernels) throw UsageError("--schedule is for a communicator (--comm): a kernel plugin has no all-reduce");
+    (void)reference::parse_schedule(o.schedule);
+  }
+  if (o.check.starts_with("schedule ") && o.schedule.empty())
+    throw UsageError("--check '" + o.check + "' needs --schedule NAME, the schedule the communicator claims");
   const bool world_size_given = o.target_options.given("--world-size");
   const int world = resolve_world(o.target, o.target_options.world_size, world_size_given);
   // A world size given (or the launcher's) is the world of every row, verify's properties included.
@@ -182,6 +190,7 @@ ConformRequest conform_request(const ConformCliOptions& o) {
   r.max_size = o.max_size;
   r.max_size_given = o.max_size_given;
   r.world_size_given = o.target_options.given("--world-size");
+  r.schedule = o.schedule;
   return r;
 }
 
@@ -287,6 +296,13 @@ Runner add_conform(CLI::App& app) {
                   "Cases per property of verify, and drawn shapes per kernel check (a quarter of them for the "
                   "determinism checks) (default 30)");
   o->seed_option.add_to(*sub, "Seed of the random inputs and of the properties' cases");
+  std::string schedules;
+  for (const reference::ScheduleRow& row : reference::allreduce_schedules())
+    schedules += (schedules.empty() ? "" : ", ") + std::string(row.name);
+  sub->add_option("--schedule", o->schedule,
+                  "The all-reduce schedule the communicator claims, one of " + schedules +
+                      " (hierarchical:G for groups of G ranks, 8 without): its all-reduce's bits are checked against "
+                      "the schedule's emulation, bit for bit, in every format and op it takes");
   sub->add_option("--check", o->check, "Run this check alone (see --list-checks)");
   sub->add_option("--case", o->case_text, "With --check: run this case alone, as a failure prints it (\"count=5 offset=1\")");
   sub->add_flag("--no-properties", o->no_properties, "Skip verify's properties (the plugin's own checks only)");
