@@ -70,7 +70,7 @@ constexpr std::array<MutantInfo, 45> kMutants{{
     {"allreduce-arrival-order", "checkpoint_resume_bitwise",
      "the all-reduce sums the ranks in the order they arrive, so every rank agrees but runs differ from each other"},
     {"resume-cleanup-every-rank", "only_rank0_writes",
-     "every rank deletes the checkpoints that do not verify when training starts, not rank 0 alone"},
+     "every rank deletes the checkpoints that do not verify once training starts, not rank 0 alone"},
     {"rank-nan-gradient", "gradient_average_matches_whole_batch",
      "from step 1 on, the last rank's local gradient picks up a NaN (as an uninitialised buffer or a bad kernel leaves "
      "one) before the all-reduce spreads it to every replica"},
@@ -449,7 +449,12 @@ class ArrivalOrderCommunicator final : public ForwardingCommunicator {
   }
 };
 
-// On start, every rank removes the checkpoints that do not verify (the bug: not rank 0 alone).
+// Every rank finds the checkpoints that do not verify when it starts, and deletes them once training
+// has begun (the bug: not rank 0 alone). The finding comes before the first step's all-reduce on every
+// rank and the deleting after it, so no rank can delete a checkpoint before another has found it; and
+// each deletion starts with a plain remove() of the manifest, a call the write audit sees even when
+// another rank removed the file first. (Finding and deleting at once raced: a rank that listed the
+// directory after rank 0 had cleaned it found nothing to delete, and the bug hid.)
 class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
  public:
   ResumeCleanupEveryRankWriter(Communicator& comm, const std::filesystem::path& checkpoint_dir,
@@ -457,10 +462,18 @@ class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
       : RankZeroWriter(comm, checkpoint_dir, log_path, keep) {
     std::error_code ec;
     if (checkpoint_dir.empty()) return;
-    for (const auto& e : std::filesystem::directory_iterator(checkpoint_dir, ec)) {
-      if (e.path().filename().string().rfind("step-", 0) != 0) continue;
-      if (!verifies(e.path())) std::filesystem::remove_all(e.path(), ec);
+    for (const auto& e : std::filesystem::directory_iterator(checkpoint_dir, ec))
+      if (e.path().filename().string().rfind("step-", 0) == 0 && !verifies(e.path())) stale_.push_back(e.path());
+  }
+
+  void log(const nlohmann::json& record) override {
+    std::error_code ec;
+    for (const std::filesystem::path& dir : stale_) {
+      std::filesystem::remove(dir / "manifest.json", ec);
+      std::filesystem::remove_all(dir, ec);
     }
+    stale_.clear();
+    RankZeroWriter::log(record);
   }
 
  private:
@@ -480,6 +493,8 @@ class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
       return false;
     }
   }
+
+  std::vector<std::filesystem::path> stale_;
 };
 
 }  // namespace
