@@ -126,17 +126,8 @@ std::vector<CommCase> cases_of(const std::vector<std::size_t>& counts) {
 
 // ---- values whose reductions are exact ------------------------------------------------------------
 
-// bfloat16 and float16 elements (src/dtype.hpp), and their conversions (src/low_precision.hpp).
-template <class T> constexpr bool is_16bit_v = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
+// Floating elements, bfloat16 and float16 among them (src/dtype.hpp, src/low_precision.hpp).
 template <class T> constexpr bool is_float_like_v = std::is_floating_point_v<T> || is_16bit_v<T>;
-template <class H> float widen16(H h) {
-  if constexpr (std::is_same_v<H, Bf16>) return bf16_bits_to_float(h.bits);
-  else return fp16_bits_to_float(h.bits);
-}
-template <class H> H narrow16(float f) {
-  if constexpr (std::is_same_v<H, Bf16>) return H{float_to_bf16_bits(f)};
-  else return H{float_to_fp16_bits(f)};
-}
 
 // Small multiples of 1/4: any sum of up to 64 of them is exact in float32.
 double small_value(int rank, std::size_t i) {

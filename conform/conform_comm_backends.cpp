@@ -65,20 +65,9 @@ std::vector<int> all_ranks_but(int n, int skip) {
   return r;
 }
 
-template <class T> constexpr bool half_v = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
-
-template <class H> float to_float(H h) {
-  if constexpr (std::is_same_v<H, Bf16>) return bf16_bits_to_float(h.bits);
-  else return fp16_bits_to_float(h.bits);
-}
-template <class H> H from_float(float f) {
-  if constexpr (std::is_same_v<H, Bf16>) return H{float_to_bf16_bits(f)};
-  else return H{float_to_fp16_bits(f)};
-}
-
 template <class T> std::string shown(T v) {
   std::ostringstream s;
-  if constexpr (half_v<T>) s << to_float(v) << " (bits 0x" << std::hex << v.bits << ")";
+  if constexpr (is_16bit_v<T>) s << widen16(v) << " (bits 0x" << std::hex << v.bits << ")";
   else s << +v;
   return s.str();
 }
@@ -245,19 +234,19 @@ template <class H> void check_16bit_exact(Failures& f, Communicator& c, std::siz
   const int n = c.size(), r = c.rank();
   const std::string what = label(dtype_of<H>(), len);
   std::vector<H> buf(len);
-  for (std::size_t j = 0; j < len; ++j) buf[j] = from_float<H>(contribution16<H>(r, n, j));
+  for (std::size_t j = 0; j < len; ++j) buf[j] = narrow16<H>(contribution16<H>(r, n, j));
   c.allreduce(std::span<H>(buf), ReduceOp::sum);
-  expect_bits<H>(f, buf, [&](std::size_t j) { return from_float<H>(exact_sum16<H>(n, j)); }, what + " sum");
+  expect_bits<H>(f, buf, [&](std::size_t j) { return narrow16<H>(exact_sum16<H>(n, j)); }, what + " sum");
 
   // avg: the exact float32 sum divided by N in float32, then rounded once.
-  for (std::size_t j = 0; j < len; ++j) buf[j] = from_float<H>(contribution16<H>(r, n, j));
+  for (std::size_t j = 0; j < len; ++j) buf[j] = narrow16<H>(contribution16<H>(r, n, j));
   c.allreduce(std::span<H>(buf), ReduceOp::avg);
-  expect_bits<H>(f, buf, [&](std::size_t j) { return from_float<H>(exact_sum16<H>(n, j) / static_cast<float>(n)); },
+  expect_bits<H>(f, buf, [&](std::size_t j) { return narrow16<H>(exact_sum16<H>(n, j) / static_cast<float>(n)); },
                  what + " avg");
 
   // min and max over minmax_value's small integers (either sign), scaled: exact, and one of the inputs.
   const auto mm = [&](int rank, std::size_t j) {
-    return from_float<H>(static_cast<float>(minmax_value<std::int32_t>(rank, n, j) % 64) * scale16(j));
+    return narrow16<H>(static_cast<float>(minmax_value<std::int32_t>(rank, n, j) % 64) * scale16(j));
   };
   for (const ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
     for (std::size_t j = 0; j < len; ++j) buf[j] = mm(r, j);
@@ -266,7 +255,7 @@ template <class H> void check_16bit_exact(Failures& f, Communicator& c, std::siz
       H best = mm(0, j);
       for (int q = 1; q < n; ++q) {
         const H v = mm(q, j);
-        if (op == ReduceOp::min ? to_float(v) < to_float(best) : to_float(v) > to_float(best)) best = v;
+        if (op == ReduceOp::min ? widen16(v) < widen16(best) : widen16(v) > widen16(best)) best = v;
       }
       return best;
     }, what + " " + std::string(reduce_op_name(op)));
@@ -292,23 +281,23 @@ template <class H> void check_16bit_rounds_once(Failures& f, Communicator& c) {
   };
   for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
     std::vector<H> buf(len);
-    for (std::size_t j = 0; j < len; ++j) buf[j] = from_float<H>(rounding_input<H>(c.rank(), j));
+    for (std::size_t j = 0; j < len; ++j) buf[j] = narrow16<H>(rounding_input<H>(c.rank(), j));
     c.allreduce(std::span<H>(buf), op);
     expect_bits<H>(f, buf, [&](std::size_t j) {
-      return from_float<H>(op == ReduceOp::avg ? float_sum(j) / static_cast<float>(n) : float_sum(j));
+      return narrow16<H>(op == ReduceOp::avg ? float_sum(j) / static_cast<float>(n) : float_sum(j));
     }, what + " " + std::string(reduce_op_name(op)) + ": not the float32 sum rounded once");
   }
   // The example of round to nearest, ties to even, that the comment above gives.
-  const auto bits = [](int v) { return from_float<H>(static_cast<float>(v)).bits; };
+  const auto bits = [](int v) { return narrow16<H>(static_cast<float>(v)).bits; };
   f.expect(bits(exact_integers<H>() + 1) == bits(exact_integers<H>()), what + ": 2^k + 1 does not round to 2^k");
   f.expect(bits(exact_integers<H>() + 3) == bits(exact_integers<H>() + 4), what + ": 2^k + 3 does not round to 2^k + 4");
   // Shows the check could fail: rounding after every addition gives other bits.
   if (n >= 3 && c.rank() == 0) {
     std::size_t differ = 0;
     for (std::size_t j = 0; j < len; ++j) {
-      H acc = from_float<H>(rounding_input<H>(0, j));
-      for (int r = 1; r < n; ++r) acc = from_float<H>(to_float(acc) + rounding_input<H>(r, j));
-      differ += !(acc == from_float<H>(float_sum(j)));
+      H acc = narrow16<H>(rounding_input<H>(0, j));
+      for (int r = 1; r < n; ++r) acc = narrow16<H>(widen16(acc) + rounding_input<H>(r, j));
+      differ += !(acc == narrow16<H>(float_sum(j)));
     }
     f.expect(differ > 0, what + ": the check cannot fail: rounding at every addition gives the same bits");
   }
@@ -536,8 +525,8 @@ std::string different_collectives_or_roots_are_a_mismatch(Communicator& c) {
     expect_in(f, e.what(), "rank 0 called allreduce(count 4, float64, min)");
   }
   try {  // bfloat16 against float16: the same count and element size
-    std::vector<Bf16> b(4, from_float<Bf16>(1.0f));
-    std::vector<Fp16> h(4, from_float<Fp16>(1.0f));
+    std::vector<Bf16> b(4, narrow16<Bf16>(1.0f));
+    std::vector<Fp16> h(4, narrow16<Fp16>(1.0f));
     if (c.rank() == 0)
       c.allreduce(std::span<Fp16>(h), ReduceOp::sum);
     else

@@ -47,17 +47,6 @@ inline std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-template <class T> constexpr bool is_16bit_v = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
-
-// The 16-bit formats' conversions (src/low_precision.hpp), by element type.
-template <class H> float widen(H h) {
-  if constexpr (std::is_same_v<H, Bf16>) return bf16_bits_to_float(h.bits);
-  else return fp16_bits_to_float(h.bits);
-}
-template <class H> H narrow(float f) {
-  if constexpr (std::is_same_v<H, Bf16>) return H{float_to_bf16_bits(f)};
-  else return H{float_to_fp16_bits(f)};
-}
 
 // Random floats over many binades, so that the order of additions changes the rounded result. A pure
 // function of (rank, len): any rank can compute every rank's input. For the 16-bit formats, rounded to
@@ -71,7 +60,7 @@ template <class T> std::vector<T> awkward_values(int rank, std::size_t len) {
   std::vector<T> v(len);
   for (T& x : v) {
     const double d = std::ldexp(mant(gen), expo(gen));
-    if constexpr (is_16bit_v<T>) x = narrow<T>(static_cast<float>(d));
+    if constexpr (is_16bit_v<T>) x = narrow16<T>(static_cast<float>(d));
     else x = static_cast<T>(d);
   }
   return v;

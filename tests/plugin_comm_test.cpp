@@ -87,7 +87,7 @@ TEST(PluginComm, AnUndeclaredCollectiveIsRefusedBeforeThePluginIsCalled) {
   for (const std::string& path : {kUnchanged, kFloat32Sum}) {
     SCOPED_TRACE(path);
     run_plugin(path, 3, [&](Communicator& c) {
-      std::vector<Bf16> b(4, conformance::narrow<Bf16>(1.0f));
+      std::vector<Bf16> b(4, narrow16<Bf16>(1.0f));
       try {
         c.allreduce(std::span<Bf16>(b), ReduceOp::avg);
         ADD_FAILURE() << "bfloat16 reached a plugin that does not declare it";
@@ -177,9 +177,9 @@ TEST(PluginComm, ThePluginThatRoundsOnceHasTheLocalBackendsBits) {
     run_plugin(kCorrect, n, [](Communicator& c) { conformance::run_check(c, "16-bit sum is rounded once at the end"); });
   std::vector<float> ring_sum;
   run_plugin(kRing, 3, [&](Communicator& c) {
-    std::vector<Bf16> b(8, conformance::narrow<Bf16>(c.rank() == 0 ? 256.0f : 1.0f));
+    std::vector<Bf16> b(8, narrow16<Bf16>(c.rank() == 0 ? 256.0f : 1.0f));
     c.allreduce(std::span<Bf16>(b), ReduceOp::sum);
-    if (c.rank() == 0) ring_sum.push_back(conformance::widen(b[0]));
+    if (c.rank() == 0) ring_sum.push_back(widen16(b[0]));
   });
   // 256 + 1 + 1 once rounded is 258; rounded after each hop, 256 + 1 rounds back to 256 (ties to even).
   ASSERT_EQ(ring_sum.size(), 1u);
@@ -217,8 +217,8 @@ TEST(PluginComm, ASixteenBitCollectiveOnAnAbiOnePluginIsAUsageErrorNamingPluginD
   };
   run_plugin(kAbi1, 3, [&](Communicator& c) {
     const std::string where = conformance::where(c);
-    std::vector<Bf16> b(4, conformance::narrow<Bf16>(1.0f)), bg(12);
-    std::vector<Fp16> h(4, conformance::narrow<Fp16>(1.0f)), hg(12);
+    std::vector<Bf16> b(4, narrow16<Bf16>(1.0f)), bg(12);
+    std::vector<Fp16> h(4, narrow16<Fp16>(1.0f)), hg(12);
     for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max}) {
       expect_refused([&] { c.allreduce(std::span<Bf16>(b), op); }, "bfloat16", where);
       expect_refused([&] { c.allreduce(std::span<Fp16>(h), op); }, "float16", where);
