@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "properties/mutants.hpp"
+#include "src/backends.hpp"
 
 namespace dpcheck {
 
@@ -20,14 +21,24 @@ reference::BoundOptions bound_options(const Target& target) {
   if (target.precision != Precision::fp32 && find_engine(target.engine).products_may_truncate)
     o.unit_roundoff = 0x1p-23;
   o.allreduce_format = target.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
+  const Backend* comm = find_backend(target.comm);
+  if (comm != nullptr && comm->rank_order) o.allreduce_schedule = reference::AllreduceSchedule::rank_order;
   return o;
+}
+
+std::int64_t allreduce_roundings(const reference::BoundOptions& options, int world_size) {
+  reference::ScheduleOptions s;
+  s.schedule = options.allreduce_schedule.value_or(reference::AllreduceSchedule::ring);
+  s.format = options.allreduce_format;
+  s.average = true;
+  const reference::ScheduleDepth d = reference::schedule_depth(s, world_size);
+  const auto per_rounding = static_cast<std::int64_t>(precision_unit_roundoff(options.allreduce_format) / options.unit_roundoff);
+  return (1 + d.format) * per_rounding + d.float32;
 }
 
 reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size) {
   if (options.input_format != Precision::fp32) options.delta_scale *= world_size;
-  if (options.allreduce_format != Precision::fp32)
-    options.allreduce_roundings =
-        (world_size + 1) * static_cast<std::int64_t>(precision_unit_roundoff(options.allreduce_format) / options.unit_roundoff);
+  if (options.allreduce_format != Precision::fp32) options.allreduce_roundings = allreduce_roundings(options, world_size);
   return options;
 }
 

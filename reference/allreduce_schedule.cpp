@@ -1,6 +1,8 @@
 #include "reference/allreduce_schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "src/error.hpp"
@@ -119,6 +121,77 @@ std::string schedule_text(const ScheduleOptions& o) {
   std::string text(schedule_name(o.schedule));
   if (o.schedule == AllreduceSchedule::hierarchical) text += ":" + std::to_string(o.group_size);
   return text;
+}
+
+ScheduleDepth schedule_depth(const ScheduleOptions& o, int world) {
+  if (world < 1) throw Error("schedule_depth: no ranks");
+  const bool fp32 = o.format == Precision::fp32;
+  ScheduleDepth d;
+  switch (o.schedule) {
+    case AllreduceSchedule::rank_order:
+      d.format = fp32 ? 0 : 1;
+      d.float32 = world - 1;
+      break;
+    case AllreduceSchedule::ring: d.format = world - 1; break;
+    case AllreduceSchedule::tree: {
+      // A rank's partial sum: its own value, then each child's partial sum added and rounded in turn.
+      const DoubleTree tree = double_binary_tree(world);
+      for (const std::vector<int>& parent : tree.parent) {
+        const TreeOrder t = tree_order(parent);
+        std::vector<std::int64_t> depth(static_cast<std::size_t>(world), 0);
+        for (const int node : t.post_order) {
+          std::int64_t acc = 0;
+          for (const int child : t.children[node]) acc = std::max(acc, depth[child]) + 1;
+          depth[node] = acc;
+        }
+        d.format = std::max(d.format, depth[t.post_order.back()]);
+      }
+      break;
+    }
+    case AllreduceSchedule::halving_doubling: {
+      int p = 1, steps = 0;
+      while (p * 2 <= world) p *= 2, ++steps;
+      d.format = steps + (p < world ? 1 : 0);
+      break;
+    }
+    case AllreduceSchedule::hierarchical: {
+      const int g = std::max(1, std::min(o.group_size, world)), groups = (world + g - 1) / g;
+      d.format = (g - 1) + (groups - 1);
+      break;
+    }
+  }
+  if (o.average) {
+    d.float32 += 1;
+    if (!fp32 && o.schedule != AllreduceSchedule::rank_order) d.format += 1;
+  }
+  return d;
+}
+
+double schedule_gamma(const ScheduleOptions& o, int world) {
+  const ScheduleDepth d = schedule_depth(o, world);
+  const double nu = static_cast<double>(d.format) * precision_unit_roundoff(o.format) + static_cast<double>(d.float32) * 0x1p-24;
+  return nu < 1 ? nu / (1 - nu) : std::numeric_limits<double>::infinity();
+}
+
+ScheduleError measure_schedule_error(const ScheduleOptions& o, std::span<const std::vector<float>> inputs) {
+  const std::vector<float> got = emulate_allreduce(o, inputs);
+  const auto world = static_cast<int>(inputs.size());
+  ScheduleError e;
+  e.bound = schedule_gamma(o, world);
+  double total = 0;
+  std::size_t counted = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    double exact = 0, magnitude = 0;
+    for (const std::vector<float>& in : inputs) exact += in[i], magnitude += std::abs(in[i]);
+    if (magnitude == 0) continue;
+    const double error = std::abs(static_cast<double>(got[i]) - (o.average ? exact / world : exact)) /
+                         (o.average ? magnitude / world : magnitude);
+    e.max = std::max(e.max, error);
+    total += error;
+    ++counted;
+  }
+  e.mean = counted ? total / static_cast<double>(counted) : 0;
+  return e;
 }
 
 DoubleTree double_binary_tree(int world) {

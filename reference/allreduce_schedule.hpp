@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -69,6 +70,35 @@ std::string schedule_text(const ScheduleOptions& options);
 // What every rank receives from an all-reduce of inputs[r], rank r's buffer (all of one length, each
 // value one of the format's), under the schedule.
 std::vector<float> emulate_allreduce(const ScheduleOptions& options, std::span<const std::vector<float>> inputs);
+
+// The roundings that one rank's value meets on its way into an element of the result, on the deepest
+// path of the schedule: to the buffers' format (each of the schedule's additions; avg's division, for
+// a 16-bit format) and to float32 (rank-order's additions, which are float32's; avg's division). An
+// element is then within gamma of their unit roundoffs' sum times the sum of the inputs' magnitudes
+// (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., section 4.2), so that
+//   rank-order        format 1 (none in float32), float32 N - 1
+//   ring              format N - 1
+//   tree              twice the trees' height at most: a rank adds its children one at a time
+//   halving-doubling  log2 p, plus 1 where N is not a power of two p
+//   hierarchical      (G - 1) + (groups - 1)
+// and avg adds one of each (one only, in float32).
+struct ScheduleDepth {
+  std::int64_t format = 0;
+  std::int64_t float32 = 0;
+};
+ScheduleDepth schedule_depth(const ScheduleOptions& options, int world);
+// That gamma: n u / (1 - n u), n u being the sum of the depth's unit roundoffs; +infinity once n u >= 1.
+double schedule_gamma(const ScheduleOptions& options, int world);
+
+// How far a schedule's result falls from the exact sum over many elements, in units of each element's
+// sum of magnitudes (divided by N for avg): the scale of the bound, which is gamma of the depth's unit
+// roundoffs there whatever the inputs. Measured against the float64 sum of the same inputs.
+struct ScheduleError {
+  double max = 0;    // the largest over the elements
+  double mean = 0;   // the mean over them
+  double bound = 0;  // schedule_gamma
+};
+ScheduleError measure_schedule_error(const ScheduleOptions& options, std::span<const std::vector<float>> inputs);
 
 // NCCL's double binary tree over `world` ranks: the parent of each rank in tree 0 and tree 1 (-1 for
 // a root).

@@ -52,10 +52,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "reference/allreduce_schedule.hpp"
 #include "reference/mlp.hpp"
 
 namespace dpcheck::reference {
@@ -79,14 +81,19 @@ struct BoundOptions {
   // from the format's subnormals and overflow).
   Precision input_format = Precision::fp32;
   double delta_scale = 1;
-  // --allreduce-dtype bf16: the all-reduce rounds each rank's gradient to bf16 and may round each of
-  // its N - 1 additions and its average there too (NCCL rounds at every hop of its ring), so a path
-  // through it takes N + 1 roundings of bf16's unit roundoff besides its own. allreduce_roundings counts
-  // them in units of u (2^16 each; set for the all-reduced path by sharded_bound_options); they enter
-  // the bound in the worst case even in the probabilistic variant, as one rounding each is no sum of
-  // many small ones.
+  // --allreduce-dtype bf16: the all-reduce rounds each rank's gradient to bf16, then adds the ranks'
+  // gradients as its schedule does, rounding to bf16 where the schedule rounds (NCCL's ring: each of
+  // its N - 1 hops and the average, so N + 1 roundings of bf16's unit roundoff in all; dpcheck's host
+  // backends: once, after float32's N - 1 additions). allreduce_roundings counts them in units of u
+  // (2^16 each for bf16; set for the all-reduced path by sharded_bound_options from the schedule's
+  // depth); they enter the bound in the worst case even in the probabilistic variant, as one rounding
+  // each is no sum of many small ones.
   Precision allreduce_format = Precision::fp32;
   std::int64_t allreduce_roundings = 0;
+  // The all-reduce's schedule, where its backend reduces in one (reference/allreduce_schedule.hpp:
+  // dpcheck's own host backends add in float32 in rank order and round once). None: any order, each
+  // addition rounded, whose deepest path is a chain's N - 1 additions.
+  std::optional<AllreduceSchedule> allreduce_schedule;
   // Half the spacing of the smallest subnormals: below the normal range an operation's error is
   // absolute, up to this, besides its relative error u (2^-150 for float32 and TF32, 2^-134 for bf16,
   // 2^-25 for fp16). Every operation in the magnitude pass adds it.

@@ -228,11 +228,29 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
   return std::make_unique<RankZeroWriter>(comm, checkpoint_dir, log_path, keep);
 }
 
+namespace {
+
+// A bf16 all-reduce whose backend reduces in no known schedule may round each of its N - 1 additions
+// and its average: N + 1 roundings of 2^-8, which past 64 ranks would leave the bound above a quarter
+// of every gradient, checking nothing. A backend that adds in float32 in rank order and rounds once
+// (dpcheck's own host backends) keeps the bound small at any N (reference/allreduce_schedule.hpp).
+void require_allreduce_bound(const Target& target, const TrainConfig& config, int world) {
+  if (config.allreduce_dtype != DType::bf16 || world <= 64) return;
+  const Backend* comm = find_backend(target.comm);
+  if (comm != nullptr && comm->rank_order) return;
+  throw UsageError("--allreduce-dtype bf16 on " + std::to_string(world) + " ranks of --comm " + target.comm +
+                   ", which names no reduction schedule: its N + 1 roundings of 2^-8 would leave the bound above a "
+                   "quarter of every gradient; at most 64 ranks (dpcheck's own host backends round once, at any N)");
+}
+
+}  // namespace
+
 RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,
                               const Dataset& data) {
   RankTrainer r;
   const int world = comm.size();
   config.validate(world);
+  require_allreduce_bound(target, config, world);
   r.engine = make_engine(target, config.model, comm.rank());
   r.engine->load_params(init_params(config.model, config.seed));
   comm.set_stream(r.engine->stream());

@@ -5,10 +5,12 @@
 // input, format, world size and length; and dpcheck's local backend gives the rank-order schedule's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <string>
@@ -301,6 +303,112 @@ TEST(AllreduceSchedule, TheLocalBackendReducesInRankOrder) {
         EXPECT_TRUE(same_bits(got, want)) << "rank " << c.rank() << " of " << world << " in " << precision_name(f);
       });
     }
+}
+
+// ---- depth and bound ---------------------------------------------------------------------------------
+
+// The roundings on the deepest path of tree `tree`'s partial sum at `rank`, from the test's own child
+// formulas: each child's partial sum is added, and rounded, in turn.
+std::int64_t tree_depth(int world, int tree, int rank) {
+  int a = -1, b = -1;
+  dtree_children(world, tree, rank, a, b);
+  if (a > b) std::swap(a, b);
+  std::int64_t acc = 0;
+  for (const int child : {a, b})
+    if (child >= 0) acc = std::max(acc, tree_depth(world, tree, child)) + 1;
+  return acc;
+}
+
+ScheduleOptions schedule_of(AllreduceSchedule s, Precision f, bool average = false, int group = 8) {
+  ScheduleOptions o;
+  o.schedule = s;
+  o.format = f;
+  o.average = average;
+  o.group_size = group;
+  return o;
+}
+
+TEST(AllreduceSchedule, EachScheduleHasTheDepthOfItsShape) {
+  using S = AllreduceSchedule;
+  const auto depth = [](S s, int world, int group = 8) { return schedule_depth(schedule_of(s, Precision::bf16, false, group), world).format; };
+  for (const int world : {1, 2, 3, 5, 8, 64, 1000, 4096, 65536}) {
+    EXPECT_EQ(depth(S::rank_order, world), 1) << world;
+    EXPECT_EQ(schedule_depth(schedule_of(S::rank_order, Precision::bf16), world).float32, world - 1) << world;
+    EXPECT_EQ(depth(S::ring, world), world - 1) << world;
+  }
+  // Halving-doubling: log2 of the largest power of two, and one more for the pairs folded first.
+  EXPECT_EQ(depth(S::halving_doubling, 1), 0);
+  EXPECT_EQ(depth(S::halving_doubling, 2), 1);
+  EXPECT_EQ(depth(S::halving_doubling, 6), 3);
+  EXPECT_EQ(depth(S::halving_doubling, 8), 3);
+  EXPECT_EQ(depth(S::halving_doubling, 4096), 12);
+  EXPECT_EQ(depth(S::halving_doubling, 65535), 16);
+  EXPECT_EQ(depth(S::halving_doubling, 65536), 16);
+  // Hierarchical: a ring in a group, then a ring across the groups.
+  EXPECT_EQ(depth(S::hierarchical, 10, 4), 3 + 2);
+  EXPECT_EQ(depth(S::hierarchical, 4096, 8), 7 + 511);
+  EXPECT_EQ(depth(S::hierarchical, 3, 8), 2);
+  // The tree, against the depth of the test's own trees, for every world size to 300 and a few beyond.
+  std::vector<int> worlds;
+  for (int w = 1; w <= 300; ++w) worlds.push_back(w);
+  for (const int w : {1000, 1023, 1024, 1025, 4095, 4096}) worlds.push_back(w);
+  for (const int world : worlds) {
+    const int roots[2] = {0, world % 2 == 1 ? (world > 1 ? 1 : 0) : world - 1};
+    const std::int64_t want = std::max(tree_depth(world, 0, roots[0]), tree_depth(world, 1, roots[1]));
+    ASSERT_EQ(depth(S::tree, world), want) << world;
+  }
+  // About twice log2 N: a rank adds its two children one after the other.
+  EXPECT_LE(depth(S::tree, 4096), 2 * 12);
+  EXPECT_LE(depth(S::tree, 65536), 2 * 16);
+  // avg divides once more: in float32, then rounded to the format (but for rank-order, which rounds once).
+  const ScheduleDepth ring_avg = schedule_depth(schedule_of(S::ring, Precision::bf16, true), 8);
+  EXPECT_EQ(ring_avg.format, 8);
+  EXPECT_EQ(ring_avg.float32, 1);
+  const ScheduleDepth rank_avg = schedule_depth(schedule_of(S::rank_order, Precision::bf16, true), 8);
+  EXPECT_EQ(rank_avg.format, 1);
+  EXPECT_EQ(rank_avg.float32, 8);
+  EXPECT_EQ(schedule_depth(schedule_of(S::rank_order, Precision::fp32, true), 8).format, 0);
+}
+
+// Every schedule's result stays within gamma of its depth times the sum of the inputs' magnitudes of the
+// exact sum, for inputs over many magnitudes and both signs, in every format, at world sizes up to 4096;
+// and the bound is not slack where it is worth having: summing 1 and N - 1 halves of its spacing, each
+// addition of a chain rounds down by all it can, which reaches (1 - (N - 1) u) / (1 + (N - 1) u) of the
+// ring's bound: over three quarters up to 32 ranks.
+TEST(AllreduceSchedule, EveryScheduleStaysWithinTheBoundOfItsDepth) {
+  std::uint64_t seed = 11;
+  for (const Precision f : {Precision::fp32, Precision::bf16, Precision::fp16})
+    for (const int world : {2, 3, 7, 8, 31, 64, 65, 255, 256, 1000, 4096})
+      for (const ScheduleRow& row : allreduce_schedules())
+        for (const bool average : {false, true}) {
+          const ScheduleOptions o = schedule_of(row.schedule, f, average, 8);
+          const std::size_t n = world >= 1000 ? 16 : 64;
+          Buffers in = draw(world, n, f, ++seed);
+          if (f == Precision::fp16)  // within fp16's range whatever the sum
+            for (auto& b : in)
+              for (float& v : b) v = round_to_precision(v / 64.0f, f);
+          const std::vector<float> got = emulate_allreduce(o, in);
+          const double g = schedule_gamma(o, world);
+          for (std::size_t i = 0; i < n; ++i) {
+            double exact = 0, magnitude = 0;
+            for (const auto& b : in) exact += b[i], magnitude += std::abs(b[i]);
+            if (average) exact /= world, magnitude /= world;
+            // Below the normal range a rounding's error is absolute: the format's smallest spacing per rounding.
+            const double floor = (f == Precision::fp16 ? 0x1p-24 : 0x1p-133) * static_cast<double>(world + 2);
+            ASSERT_LE(std::abs(got[i] - exact), g * magnitude + floor)
+                << row.name << " " << precision_name(f) << " N=" << world << (average ? " avg" : " sum") << " element " << i;
+          }
+        }
+  for (const int world : {2, 8, 32}) {
+    Buffers in(static_cast<std::size_t>(world), std::vector<float>(1, 0x1p-8f));  // half of bf16's spacing at 1
+    in[0][0] = 1.0f;
+    const ScheduleOptions o = schedule_of(AllreduceSchedule::ring, Precision::bf16);
+    const float got = emulate_allreduce(o, in)[0];  // chunk 0 starts at rank 0: 1, then each half spacing lost
+    const double exact = 1.0 + (world - 1) * 0x1p-8;
+    const double bound = schedule_gamma(o, world) * exact;
+    EXPECT_EQ(got, 1.0f) << world;
+    EXPECT_GE((exact - got) / bound, 0.75) << world;
+  }
 }
 
 TEST(AllreduceSchedule, NamesAreOneEachAndAnUnknownOneIsRefused) {

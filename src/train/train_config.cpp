@@ -60,11 +60,6 @@ void TrainConfig::validate(int world_size) const {
                      "it needs --linear-scaling");
   if (allreduce_dtype != DType::f32 && allreduce_dtype != DType::bf16)
     throw UsageError("the gradient all-reduce runs in float32 or bfloat16");
-  // N + 1 roundings of 2^-8 must stay well below 1 for the bound to say anything.
-  if (allreduce_dtype == DType::bf16 && world_size > 64)
-    throw UsageError("--allreduce-dtype bf16 on " + std::to_string(world_size) +
-                     " ranks: its N + 1 roundings of 2^-8 would leave the bound above a quarter of every gradient; "
-                     "at most 64 ranks");
   if (policy == Policy::drop_last && data_size() < world_size)
     throw UsageError("with drop-last, the data set (" + std::to_string(data_size()) +
                      " examples) must hold at least one example per rank (world size " + std::to_string(world_size) +
