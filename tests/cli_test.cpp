@@ -330,11 +330,40 @@ TEST_F(Cli, GradJsonHoldsTheExperiment) {
   }
 }
 
+// bench rounding's table: every schedule's measured error within its bound at every N, the ring's error
+// growing past the tree's as N grows (N - 1 roundings against about 2 log2 N), and the ring's bound
+// gone (none) once its roundings reach 1.
+TEST_F(Cli, BenchRoundingKeepsEveryScheduleInItsBoundAndTheRingFallsBehindTheTree) {
+  const CommandResult r = run("bench rounding --max-world 512 --elements 64 --schedules ring,tree,rank-order --json " +
+                              path("rounding.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("ring error"), std::string::npos) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(read_file(path("rounding.json")));
+  ASSERT_EQ(j.at("format"), "bf16");
+  const nlohmann::json& rows = j.at("rows");
+  ASSERT_GE(rows.size(), 10u);
+  for (const nlohmann::json& row : rows)
+    for (const char* s : {"ring", "tree", "rank-order"}) {
+      const nlohmann::json& e = row.at(s);
+      if (!e.at("bound").is_null()) {
+        EXPECT_LE(e.at("max").get<double>(), e.at("bound").get<double>()) << row.dump();
+      }
+      EXPECT_LE(e.at("mean").get<double>(), e.at("max").get<double>()) << row.dump();
+    }
+  const nlohmann::json& last = rows.back();
+  EXPECT_EQ(last.at("world_size"), 512);
+  EXPECT_GT(last.at("ring").at("mean").get<double>(), 2 * last.at("tree").at("mean").get<double>()) << last.dump();
+  EXPECT_TRUE(last.at("ring").at("bound").is_null()) << last.dump();
+  EXPECT_FALSE(last.at("tree").at("bound").is_null()) << last.dump();
+  EXPECT_LT(last.at("rank-order").at("max").get<double>(), 0x1p-7) << last.dump();  // rounded once, from float32
+}
+
 TEST_F(Cli, TrainStopsAtTheFirstDesyncWithTheLocatedDifference) {
   const CommandResult ok = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam");
   EXPECT_EQ(ok.status, 0) << ok.output;
   EXPECT_EQ(ok.output.find("differ"), std::string::npos);
-  const CommandResult bad = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam --mutant optimizer-rank-perturb");
+  const CommandResult bad = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam --mutant optimizer-rank-perturb --bundle-dir " +
+                                 path("bundles"));
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("replicas differ after step 0"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("rank 2"), std::string::npos);

@@ -471,7 +471,8 @@ Runner add_bench(CLI::App& app) {
   const BenchCommand hash = add_bench_hash(*bench);
   const BenchCommand trace = add_bench_trace(*bench);
   const BenchCommand scaling = add_bench_scaling(*bench);
-  const std::vector<BenchCommand> commands{allreduce, scaling, step, hash, trace};
+  const BenchCommand rounding = add_bench_rounding(*bench);
+  const std::vector<BenchCommand> commands{allreduce, scaling, step, hash, trace, rounding};
 
   // A name that is not a benchmark is kept aside and reported as a usage error below, with the list
   // of benchmarks, instead of a generic parse error.

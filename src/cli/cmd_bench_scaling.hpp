@@ -1,4 +1,5 @@
-// `dpcheck bench scaling` (src/cli/cmd_bench_scaling.cpp), registered under `dpcheck bench`.
+// `dpcheck bench scaling` and `bench rounding` (src/cli/cmd_bench_scaling.cpp, cmd_bench_rounding.cpp),
+// registered under `dpcheck bench`.
 #pragma once
 
 #include <functional>
@@ -20,5 +21,6 @@ struct BenchCommand {
 };
 
 BenchCommand add_bench_scaling(CLI::App& bench);
+BenchCommand add_bench_rounding(CLI::App& bench);
 
 }  // namespace dpcheck::cli
