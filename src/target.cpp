@@ -228,8 +228,6 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
   return std::make_unique<RankZeroWriter>(comm, checkpoint_dir, log_path, keep);
 }
 
-namespace {
-
 // A bf16 all-reduce whose backend reduces in no known schedule may round each of its N - 1 additions
 // and its average: N + 1 roundings of 2^-8, which past 64 ranks would leave the bound above a quarter
 // of every gradient, checking nothing. A backend that adds in float32 in rank order and rounds once
@@ -242,8 +240,6 @@ void require_allreduce_bound(const Target& target, const TrainConfig& config, in
                    ", which names no reduction schedule: its N + 1 roundings of 2^-8 would leave the bound above a "
                    "quarter of every gradient; at most 64 ranks (dpcheck's own host backends round once, at any N)");
 }
-
-}  // namespace
 
 RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,
                               const Dataset& data) {

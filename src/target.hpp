@@ -141,6 +141,10 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
                                             const std::filesystem::path& checkpoint_dir,
                                             const std::filesystem::path& log_path, int keep = 2);
 
+// UsageError for a bf16 all-reduce past 64 ranks through a backend that names no reduction schedule:
+// its N + 1 roundings would leave the bound nothing to check (dpcheck's host backends round once).
+void require_allreduce_bound(const Target& target, const TrainConfig& config, int world);
+
 // A trainer for this rank: parameters from init_params(config.model, config.seed), data from `data`.
 RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,
                               const Dataset& data);

@@ -381,6 +381,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench allreduce --sizes 4K --ranks 2 --comm local", 2, {"--comm local", "--backends"}},
       {"conform", 2, {"--comm"}},
       {"conform --comm local", 2, {"--comm local", "other than dpcheck's default", "mpi-native"}},
+      {"train --model 8,4,1 --batch 512 --world-size 65 --allreduce-dtype bf16 --comm {r}", 2,
+       {"--allreduce-dtype bf16 on 65 ranks", "names no reduction schedule", "at most 64 ranks"}},
       {"conform --comm {r} --max-size 0", 2, {"--max-size"}},
       {"conform --comm {r} --max-size 100000", 2, {"--max-size", "4096"}},
       {"conform --comm {r} --max-size 64", 2, {"--max-size is for kernel plugins"}},

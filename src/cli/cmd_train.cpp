@@ -90,6 +90,7 @@ std::unique_ptr<Dataset> load_data(TrainOptions& o, int world, const Target& tar
     t.dataset_size = data->size();
   }
   t.validate(world);
+  require_allreduce_bound(target, t, world);
   check_accumulate(t.accumulate, t.batch, world);
   check_train_size(t, world, target, o.run.checks.gradient_every > 0);
   if (!data) data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
