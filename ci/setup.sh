@@ -12,6 +12,7 @@ packages=(
   libgloo-dev libopenblas-dev libblis-dev libdnnl-dev  # the adapters of real libraries (examples/)
   python3  # ci/validate-libraries.sh reads conform's JSON reports
   clang libclang-rt-14-dev llvm-14  # the fuzz preset: clang, libFuzzer's runtime, llvm-symbolizer
+  lld  # the sanitizer presets link with it: their programs are 150 MB each, which GNU ld takes 2.5 times as long over
 )
 
 missing=()

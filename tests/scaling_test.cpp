@@ -99,6 +99,21 @@ TEST(AlphaBeta, RingTimes) {
   EXPECT_NEAR(ab.seconds(4, 1e6), 60e-6 + 1.5e-3, 1e-15);
 }
 
+// The double binary tree: 2 ceil(log2 N) messages and the whole buffer twice at any N. The ring wins
+// small worlds on bandwidth, the tree large ones on latency.
+TEST(AlphaBeta, TreeTimesAndWhereTheTreeOvertakesTheRing) {
+  const AlphaBeta ab{10e-6, 1e9};
+  EXPECT_DOUBLE_EQ(ab.tree_seconds(1, 1e6), 0);
+  EXPECT_NEAR(ab.tree_seconds(2, 1e6), 20e-6 + 2e-3, 1e-15);
+  EXPECT_NEAR(ab.tree_seconds(5, 1e6), 60e-6 + 2e-3, 1e-15);
+  EXPECT_NEAR(ab.tree_seconds(4096, 1e6), 240e-6 + 2e-3, 1e-15);
+  EXPECT_LT(ab.seconds(8, 1e6), ab.tree_seconds(8, 1e6));       // 140 us + 1.75 ms against 60 us + 2 ms
+  EXPECT_GT(ab.seconds(4096, 1e6), ab.tree_seconds(4096, 1e6));  // 81.9 ms + 2 ms against 0.24 ms + 2 ms
+  int crossover = 2;
+  while (ab.seconds(crossover, 1e6) <= ab.tree_seconds(crossover, 1e6)) ++crossover;
+  EXPECT_EQ(crossover, 13);  // 240 us + 1.846 ms against 80 us + 2 ms
+}
+
 TEST(AlphaBeta, FitRecoversTheModelFromItsOwnTimes) {
   const AlphaBeta truth{25e-6, 3e9};
   std::vector<AllreduceSample> samples;

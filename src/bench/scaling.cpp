@@ -14,6 +14,13 @@ double AlphaBeta::seconds(int ranks, double bytes) const {
   return hops * alpha + (beta > 0 ? hops / ranks * bytes / beta : 0);
 }
 
+double AlphaBeta::tree_seconds(int ranks, double bytes) const {
+  if (ranks <= 1) return 0;
+  int depth = 0;
+  while ((1 << depth) < ranks) ++depth;
+  return 2.0 * depth * alpha + (beta > 0 ? 2.0 * bytes / beta : 0);
+}
+
 AlphaBetaFit fit_alpha_beta(std::span<const AllreduceSample> samples) {
   // t ~ alpha u + g v, u = 2(N - 1), v = 2(N - 1)/N S, g = 1/beta; each equation divided by t, so that
   // the residuals are relative errors.

@@ -43,6 +43,12 @@ struct AlphaBeta {
   double beta = 0;   // bytes per second; 0: bandwidth costs nothing (infinite)
   // A ring all-reduce of `bytes` on `ranks` ranks; 0 on one rank.
   double seconds(int ranks, double bytes) const;
+  // A double binary tree's (NCCL's tree; Sanders, Speck and Traeff, "Two-tree algorithms for full
+  // bandwidth broadcast, reduction and scan", Parallel Computing 35, 2009): a reduction up each tree and
+  // a broadcast down it, pipelined, 2 ceil(log2 N) messages of latency alpha; each rank sends and
+  // receives the whole buffer twice (inner in one tree, a leaf in the other), 2 S / beta. The ring's
+  // latency grows with N and the tree's with log N, at a little more bandwidth: the tree wins at scale.
+  double tree_seconds(int ranks, double bytes) const;
 };
 
 struct AllreduceSample {

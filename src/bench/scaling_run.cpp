@@ -158,6 +158,9 @@ std::pair<double, double> compute_fit(const std::vector<int>& ranks, const std::
 
 double to_ms(double seconds) { return seconds * 1e3; }
 
+// How far the report extrapolates the model: the scale class's largest world.
+constexpr int kExtrapolateTo = 4096;
+
 nlohmann::json ms_or_null(std::optional<double> seconds) {
   return seconds ? nlohmann::json(to_ms(*seconds)) : nlohmann::json(nullptr);
 }
@@ -297,12 +300,28 @@ nlohmann::json make_report(const Setup& s, const std::vector<nlohmann::json>& wo
     rows.push_back(report_row(worlds[i], p, fit.has_value(), gradient_bytes, one));
   }
   // Beyond the sweep the model goes on with the fitted all-reduce and C(N) = c0 + c1/N fitted to the
-  // measured compute (c0: what does not shrink with N, the optimizer's update of every parameter).
-  std::optional<int> predicted_break_even = break_even(predicted);
-  if (!predicted_break_even && fit) {
+  // measured compute (c0: what does not shrink with N, the optimizer's update of every parameter), for
+  // the ring and for the double binary tree, up to N = kExtrapolateTo.
+  std::optional<int> predicted_break_even = break_even(predicted), tree_break_even;
+  nlohmann::json extrapolated = nlohmann::json::array();
+  if (fit) {
     const auto [c0, c1] = compute_fit(ranks, compute);
-    for (int n = static_cast<int>(worlds.size()) + 1; n <= 1 << 16 && !predicted_break_even; ++n)
-      if (fit->model.seconds(n, gradient_bytes) >= c0 + c1 / n) predicted_break_even = n;
+    const auto compute_at = [c0 = c0, c1 = c1](int n) { return c0 + c1 / n; };
+    for (int n = 2; n <= 1 << 16 && !(predicted_break_even && tree_break_even); ++n) {
+      if (!predicted_break_even && n > ranks.back() && fit->model.seconds(n, gradient_bytes) >= compute_at(n))
+        predicted_break_even = n;
+      if (!tree_break_even && fit->model.tree_seconds(n, gradient_bytes) >= compute_at(n)) tree_break_even = n;
+    }
+    for (int n = 16; n <= kExtrapolateTo; n *= 2) {
+      if (n <= ranks.back()) continue;
+      const double ring = fit->model.seconds(n, gradient_bytes), tree = fit->model.tree_seconds(n, gradient_bytes);
+      extrapolated.push_back({{"ranks", n},
+                              {"compute_ms", to_ms(compute_at(n))},
+                              {"ring_ms", to_ms(ring)},
+                              {"tree_ms", to_ms(tree)},
+                              {"speedup_ring", one / (compute_at(n) + ring)},
+                              {"speedup_tree", one / (compute_at(n) + tree)}});
+    }
   }
   return {{"command", "bench scaling"},
           {"model", dims_string(t.model.dims)},
@@ -317,7 +336,10 @@ nlohmann::json make_report(const Setup& s, const std::vector<nlohmann::json>& wo
                                        {"samples", fit->samples}}
                       : nlohmann::json(nullptr)},
           {"rows", rows},
-          {"break_even", {{"predicted", int_or_null(predicted_break_even)}, {"measured", int_or_null(measured_break_even)}}}};
+          {"extrapolated", extrapolated},
+          {"break_even", {{"predicted", int_or_null(predicted_break_even)},
+                          {"predicted_tree", int_or_null(tree_break_even)},
+                          {"measured", int_or_null(measured_break_even)}}}};
 }
 
 void print_report(std::ostream& out, const nlohmann::json& report) {
@@ -354,8 +376,20 @@ void print_report(std::ostream& out, const nlohmann::json& report) {
   const auto n_text = [](const nlohmann::json& v) {
     return v.is_null() ? std::string("not reached") : "N = " + std::to_string(v.get<int>());
   };
+  if (const nlohmann::json ext = report.value("extrapolated", nlohmann::json::array()); !ext.empty()) {
+    out << "beyond the sweep, predicted: compute c0 + c1/N fitted to the measured; all-reduce from the fit, as a ring "
+           "(latency 2(N - 1) alpha) and as a double binary tree (2 log2 N alpha)\n";
+    out << formatted("%6s %9s %9s %9s %8s %8s\n", "N", "compute", "ring", "tree", "S ring", "S tree");
+    for (const nlohmann::json& r : ext)
+      out << formatted("%6d %9.3f %9.3f %9.3f %8.2f %8.2f\n", r.at("ranks").get<int>(), r.at("compute_ms").get<double>(),
+                       r.at("ring_ms").get<double>(), r.at("tree_ms").get<double>(), r.at("speedup_ring").get<double>(),
+                       r.at("speedup_tree").get<double>());
+  }
   out << "break-even (exposed all-reduce >= compute): predicted " << n_text(predicted)
       << (!predicted.is_null() && predicted.get<int>() > world_size ? " (beyond the sweep: c0 + c1/N and the fit)" : "")
+      << (report.at("break_even").contains("predicted_tree")
+              ? ", as a tree " + n_text(report.at("break_even").at("predicted_tree"))
+              : std::string())
       << ", measured " << (measured.is_null() ? "not reached by N = " + std::to_string(world_size) : n_text(measured))
       << "\n";
 }
