@@ -79,7 +79,9 @@ struct Backend {
   std::string help;                        // one line for --help: how its ranks run
   // Whether each element's reduction depends on the inputs alone, summed in rank order, and not on the
   // element's place in the call (as a ring's chunks make it): then all-reducing the gradient in
-  // buckets changes no bit (src/train/bucketing.hpp).
+  // buckets changes no bit (src/train/bucketing.hpp). Such a backend sums 16-bit floats in float32 and
+  // rounds once (src/comm/collective.hpp), the rank-order schedule whose depth the gradient bound takes
+  // (reference/allreduce_schedule.hpp); a backend that rounds at every addition is not rank_order.
   bool rank_order = false;
   // What it takes from the MPI library: nothing, its transport (dpcheck's collectives over it), or its
   // own collectives, whose algorithm Open MPI's MCA parameters may force. Reports name the library.
