@@ -228,7 +228,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench rounding --json {d}/fifo", 2, {"--json", "FIFO"}},
       {"bench rounding --max-world 1", 2, {"--max-world must be from 2 to 65536"}},
       {"bench rounding --elements 0", 2, {"--elements must be from 1"}},
-      {"bench rounding --max-world 65536 --elements 65536", 2, {"2^28", "65536 x 65536"}},
+      {"bench rounding --max-world 65536 --elements 2048", 2, {"2^26", "65536 x 2048"}},
       {"bench rounding --format fp8", 2, {"unknown --format 'fp8'"}},
       {"bench rounding --schedules ring,butterfly", 2, {"--schedules butterfly: no such schedule"}},
       {"bench rounding --schedules ring:4", 2, {"--schedules ring:4", "only hierarchical"}},

@@ -62,9 +62,9 @@ std::string shown(double v) {
 int run_rounding(const RoundingArgs& a) {
   if (a.max_world < 2 || a.max_world > 65536) throw UsageError("--max-world must be from 2 to 65536");
   if (a.elements < 1 || a.elements > (1 << 20)) throw UsageError("--elements must be from 1 to 1048576");
-  if (static_cast<double>(a.max_world) * a.elements > 1 << 28)
-    throw UsageError("--max-world times --elements must stay within 2^28 values (" + std::to_string(a.max_world) + " x " +
-                     std::to_string(a.elements) + " is more)");
+  if (static_cast<double>(a.max_world) * a.elements > 1 << 26)
+    throw UsageError("--max-world times --elements must stay within 2^26 values, 256 MiB of inputs (" +
+                     std::to_string(a.max_world) + " x " + std::to_string(a.elements) + " is more)");
   if (a.format != "fp32" && a.format != "bf16" && a.format != "fp16")
     throw UsageError("unknown --format '" + a.format + "' (choose fp32, bf16 or fp16)");
   const Precision format = parse_precision(a.format);
