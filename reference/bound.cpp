@@ -136,208 +136,219 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   for (M& w : W) w = round_input(w, M::Zero(w.rows(), w.cols()), rounding, 1, out.uncertain_roundings).value;
   const std::vector<RowVector<double>> b = biases<double>(model, params);
 
-  // ---- forward: values and error bounds, layer by layer ----
-  M x(B, model.in_dim());
-  for (Eigen::Index k = 0; k < x.size(); ++k) x.data()[k] = static_cast<double>(batch.x[static_cast<std::size_t>(k)]);
-  std::vector<LayerState> s(static_cast<std::size_t>(L));
-  // Per layer, the product's input as the engine's product sees it (rounded, with mixed precision).
-  std::vector<RoundedInput> in(static_cast<std::size_t>(L));
-  for (std::size_t l = 0; l < static_cast<std::size_t>(L); ++l) {
-    in[l] = round_input(l == 0 ? x : s[l - 1].a, l == 0 ? M::Zero(x.rows(), x.cols()) : s[l - 1].ea, rounding, 1,
-                        out.uncertain_roundings);
-    const M& a_in = in[l].value;
-    const M& ea_in = in[l].error;
-    const M absW = W[l].cwiseAbs();
-    LayerState& st = s[l];
-    st.z = a_in * W[l].transpose();
-    st.z.rowwise() += b[l];
-    // Terms of the float dot product (plus the bias), bounded by |a^| <= |a| + E_a.
-    M terms = (a_in.cwiseAbs() + ea_in) * absW.transpose();
-    terms.rowwise() += b[l].cwiseAbs();
-    const auto fan_in = static_cast<std::int64_t>(W[l].cols());
-    st.ez = ea_in * absW.transpose() + g(fan_in + 1 + options.product_input_roundings) * terms;
-    st.ez.array() += 2.0 * static_cast<double>(fan_in + 1) * eta;  // each product and sum may underflow
-    if (static_cast<int>(l) + 1 == L) break;
+  const Eigen::Index D = model.out_dim();
+  // The loss's error carried from the outputs, and its magnitude, summed over the examples.
+  double loss_carried = 0, loss_magnitude = 0;
+  // The examples a chunk at a time (kReferenceChunk, as loss_and_gradient): the sums over examples add
+  // up chunk by chunk; every scale (1 / B) and every count of roundings is the whole batch's.
+  for (Eigen::Index k0 = 0; k0 < B; k0 += kReferenceChunk) {
+    const Eigen::Index C = std::min<Eigen::Index>(kReferenceChunk, B - k0);
+    // ---- forward: values and error bounds, layer by layer ----
+    M x(C, model.in_dim());
+    const std::size_t x_at = static_cast<std::size_t>(k0 * model.in_dim());
+    for (Eigen::Index k = 0; k < x.size(); ++k) x.data()[k] = static_cast<double>(batch.x[x_at + static_cast<std::size_t>(k)]);
+    std::vector<LayerState> s(static_cast<std::size_t>(L));
+    // Per layer, the product's input as the engine's product sees it (rounded, with mixed precision).
+    std::vector<RoundedInput> in(static_cast<std::size_t>(L));
+    for (std::size_t l = 0; l < static_cast<std::size_t>(L); ++l) {
+      in[l] = round_input(l == 0 ? x : s[l - 1].a, l == 0 ? M::Zero(x.rows(), x.cols()) : s[l - 1].ea, rounding, 1,
+                          out.uncertain_roundings);
+      const M& a_in = in[l].value;
+      const M& ea_in = in[l].error;
+      const M absW = W[l].cwiseAbs();
+      LayerState& st = s[l];
+      st.z = a_in * W[l].transpose();
+      st.z.rowwise() += b[l];
+      // Terms of the float dot product (plus the bias), bounded by |a^| <= |a| + E_a.
+      M terms = (a_in.cwiseAbs() + ea_in) * absW.transpose();
+      terms.rowwise() += b[l].cwiseAbs();
+      const auto fan_in = static_cast<std::int64_t>(W[l].cols());
+      st.ez = ea_in * absW.transpose() + g(fan_in + 1 + options.product_input_roundings) * terms;
+      st.ez.array() += 2.0 * static_cast<double>(fan_in + 1) * eta;  // each product and sum may underflow
+      if (static_cast<int>(l) + 1 == L) break;
 
-    st.a.resize(st.z.rows(), st.z.cols());
-    st.ea.resize(st.z.rows(), st.z.cols());
-    if (model.activation == Activation::relu) st.kink.resize(static_cast<std::size_t>(st.z.size()));
-    for (Eigen::Index i = 0; i < st.z.size(); ++i) {
-      const double z = st.z.data()[i], ez = st.ez.data()[i];
-      double& a = st.a.data()[i];
-      double& ea = st.ea.data()[i];
-      switch (model.activation) {
-        case Activation::relu: {
-          const Kink k = z > ez ? Kink::active : z < -ez ? Kink::inactive : Kink::uncertain;
-          st.kink[static_cast<std::size_t>(i)] = k;
-          if (k == Kink::uncertain) ++out.uncertain_units;
-          a = z > 0 ? z : 0.0;
-          ea = k == Kink::inactive ? 0.0 : ez;  // ReLU is 1-Lipschitz
-          break;
+      st.a.resize(st.z.rows(), st.z.cols());
+      st.ea.resize(st.z.rows(), st.z.cols());
+      if (model.activation == Activation::relu) st.kink.resize(static_cast<std::size_t>(st.z.size()));
+      for (Eigen::Index i = 0; i < st.z.size(); ++i) {
+        const double z = st.z.data()[i], ez = st.ez.data()[i];
+        double& a = st.a.data()[i];
+        double& ea = st.ea.data()[i];
+        switch (model.activation) {
+          case Activation::relu: {
+            const Kink k = z > ez ? Kink::active : z < -ez ? Kink::inactive : Kink::uncertain;
+            st.kink[static_cast<std::size_t>(i)] = k;
+            if (k == Kink::uncertain) ++out.uncertain_units;
+            a = z > 0 ? z : 0.0;
+            ea = k == Kink::inactive ? 0.0 : ez;  // ReLU is 1-Lipschitz
+            break;
+          }
+          case Activation::tanh: {
+            a = std::tanh(z);
+            // Largest derivative on [z - ez, z + ez]: at the point nearest 0.
+            const double t = std::tanh(std::max(0.0, std::abs(z) - ez));
+            const double slope = 1.0 - t * t;
+            ea = slope * ez + options.tanh_error * u * (std::abs(a) + slope * ez) + eta;
+            break;
+          }
+          case Activation::identity:
+            a = z;
+            ea = ez;
+            break;
         }
-        case Activation::tanh: {
-          a = std::tanh(z);
-          // Largest derivative on [z - ez, z + ez]: at the point nearest 0.
-          const double t = std::tanh(std::max(0.0, std::abs(z) - ez));
-          const double slope = 1.0 - t * t;
-          ea = slope * ez + options.tanh_error * u * (std::abs(a) + slope * ez) + eta;
-          break;
-        }
-        case Activation::identity:
-          a = z;
-          ea = ez;
-          break;
       }
     }
-  }
 
-  // ---- loss: delta = dL/dz at the output and its bound ----
-  const LayerState& last = s.back();
-  const Eigen::Index D = last.z.cols();
-  M delta(B, D), edelta(B, D);
-  // The loss from the float32 outputs: their error carried through (per example), and the loss's own
-  // roundings if it is evaluated in float32 (differences, squares or logsumexp, and sums over the D
-  // outputs and the B examples, in any order).
-  double loss_carried = 0, loss_magnitude = 0;
-  if (model.loss == Loss::mse) {
-    const double c = 2.0 / (static_cast<double>(B) * static_cast<double>(D));
-    for (Eigen::Index k = 0; k < B; ++k)
-      for (Eigen::Index j = 0; j < D; ++j) {
-        const double diff = last.z(k, j) - static_cast<double>(batch.y[static_cast<std::size_t>(k * D + j)]);
-        const double ez = last.ez(k, j);
-        delta(k, j) = c * diff;
-        edelta(k, j) = c * (ez + u * (std::abs(diff) + ez) + eta) + eta;  // the subtraction rounds once
-        loss_carried += (2 * std::abs(diff) + ez) * ez;
-        loss_magnitude += (std::abs(diff) + ez) * (std::abs(diff) + ez);
+    // ---- loss: delta = dL/dz at the output and its bound ----
+    const LayerState& last = s.back();
+    M delta(C, D), edelta(C, D);
+    // The loss from the float32 outputs: their error carried through (per example), and the loss's own
+    // roundings if it is evaluated in float32 (differences, squares or logsumexp, and sums over the D
+    // outputs and the B examples, in any order).
+    if (model.loss == Loss::mse) {
+      const double c = 2.0 / (static_cast<double>(B) * static_cast<double>(D));
+      for (Eigen::Index k = 0; k < C; ++k)
+        for (Eigen::Index j = 0; j < D; ++j) {
+          const double diff = last.z(k, j) - static_cast<double>(batch.y[static_cast<std::size_t>((k0 + k) * D + j)]);
+          const double ez = last.ez(k, j);
+          delta(k, j) = c * diff;
+          edelta(k, j) = c * (ez + u * (std::abs(diff) + ez) + eta) + eta;  // the subtraction rounds once
+          loss_carried += (2 * std::abs(diff) + ez) * ez;
+          loss_magnitude += (std::abs(diff) + ez) * (std::abs(diff) + ez);
+        }
+    } else {
+      const double inv_b = 1.0 / static_cast<double>(B);
+      for (Eigen::Index k = 0; k < C; ++k) {
+        const double m = last.z.row(k).maxCoeff();
+        const double max_ez = last.ez.row(k).maxCoeff();
+        double sum = 0.0;
+        for (Eigen::Index j = 0; j < D; ++j) sum += std::exp(last.z(k, j) - m);
+        // Relative rounding of exp's argument z - max (its own error grows with |z - max|), of exp, of the
+        // sum of exps (weighted by each term's share p_j), and of the division.
+        double sum_rel = g(D);
+        std::vector<double> p(static_cast<std::size_t>(D)), arg_rel(static_cast<std::size_t>(D));
+        for (Eigen::Index j = 0; j < D; ++j) {
+          const auto jj = static_cast<std::size_t>(j);
+          p[jj] = std::exp(last.z(k, j) - m) / sum;
+          arg_rel[jj] = u * (std::abs(last.z(k, j) - m) + 2 * max_ez) + options.exp_error * u;
+          sum_rel += p[jj] * arg_rel[jj];
+        }
+        const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k0 + k)]);
+        // logsumexp is 1-Lipschitz in the max norm, so the outputs' error moves it by at most max_ez; its
+        // own roundings: the sum's relative error, log's, and the two additions (m - z[label]).
+        const double lse = m + std::log(sum);
+        double max_arg = 0;
+        for (Eigen::Index j = 0; j < D; ++j) max_arg = std::max(max_arg, std::abs(last.z(k, j) - m));
+        loss_carried += max_ez + last.ez(k, label);
+        const double own = 1.01 * sum_rel + u * max_arg + u * std::abs(std::log(sum)) +
+                           2 * u * (std::abs(lse) + std::abs(last.z(k, label)) + max_ez);
+        loss_carried += own;
+        loss_magnitude += std::abs(lse - last.z(k, label)) + own + max_ez + last.ez(k, label);
+        for (Eigen::Index j = 0; j < D; ++j) {
+          const auto jj = static_cast<std::size_t>(j);
+          // softmax moves by at most a factor exp(|dz_j| + max|dz|) when the logits move.
+          const double ep = p[jj] * std::expm1(last.ez(k, j) + max_ez + arg_rel[jj] + 1.01 * sum_rel + u);
+          const double diff = p[jj] - (j == label ? 1.0 : 0.0);
+          delta(k, j) = diff * inv_b;
+          edelta(k, j) = (ep + u * (std::abs(diff) + ep) + 2 * eta) * inv_b + eta;
+        }
       }
+    }
+    // With mixed precision the output delta is rounded, so its error must include the scale factor's: the
+    // engine multiplies by a coefficient rounded from (loss scale, share and micro-batch weights) / n in
+    // up to two roundings, and rounds the product once.
+    if (rounding.active()) edelta += (3 * u) * delta.cwiseAbs();
+    // The part of edelta that units within rounding of a ReLU kink contribute (none at the output).
+    M edelta_kink = M::Zero(C, D);
+
+    // ---- backward: gradient bounds, then delta for the layer below ----
+    for (std::size_t l = static_cast<std::size_t>(L); l-- > 0;) {
+      const M& a_in = in[l].value;
+      const M& ea_in = in[l].error;
+      // The products take delta rounded (at the loss scale); the bias gradient sums it as it is. A
+      // rounding made certain leaves no error, but the kink share of what remains is kept as it was.
+      const RoundedInput rd = round_input(delta, edelta, rounding, options.delta_scale, out.uncertain_roundings);
+      const M& pdelta = rd.value;
+      const M& pedelta = rd.error;
+      const M pedelta_kink = rounding.active() ? pedelta.cwiseMin(edelta_kink) : edelta_kink;
+      const M va = a_in.cwiseAbs() + ea_in;         // bounds |a^|
+      const M vdelta = delta.cwiseAbs() + edelta;    // bounds |delta^|
+      const M vpdelta = pdelta.cwiseAbs() + pedelta;  // bounds |R(delta)^|
+      const M prop_w = pdelta.cwiseAbs().transpose() * ea_in + pedelta.transpose() * va;
+      const M mag_w = vpdelta.transpose() * va;
+      const RowVector<double> prop_b = edelta.colwise().sum();
+      const RowVector<double> mag_b = vdelta.colwise().sum();
+      const M kink_w = pedelta_kink.transpose() * va;
+      const RowVector<double> kink_b = edelta_kink.colwise().sum();
+      const Slice& ws = layout.weight(static_cast<int>(l));
+      const Slice& bs = layout.bias(static_cast<int>(l));
+      for (Eigen::Index i = 0; i < mag_w.size(); ++i) {
+        out.propagated[ws.offset + static_cast<std::size_t>(i)] += prop_w.data()[i];
+        out.kink[ws.offset + static_cast<std::size_t>(i)] += kink_w.data()[i];
+        out.magnitude[ws.offset + static_cast<std::size_t>(i)] += mag_w.data()[i];
+      }
+      for (Eigen::Index i = 0; i < mag_b.size(); ++i) {
+        out.propagated[bs.offset + static_cast<std::size_t>(i)] += prop_b(i);
+        out.kink[bs.offset + static_cast<std::size_t>(i)] += kink_b(i);
+        out.magnitude[bs.offset + static_cast<std::size_t>(i)] += mag_b(i);
+      }
+      if (l == 0) break;
+
+      // h = delta W, a dot product over this layer's outputs; then the activation's derivative below.
+      const M absW = W[l].cwiseAbs();
+      const M h = pdelta * W[l];
+      M eh = pedelta * absW + g(W[l].rows() + options.product_input_roundings) * (vpdelta * absW);
+      eh.array() += 2.0 * static_cast<double>(W[l].rows()) * eta;
+      const M eh_kink = pedelta_kink * absW;
+      const LayerState& below = s[l - 1];
+      M next(h.rows(), h.cols()), enext(h.rows(), h.cols()), enext_kink(h.rows(), h.cols());
+      for (Eigen::Index i = 0; i < h.size(); ++i) {
+        const double hv = h.data()[i], ehv = eh.data()[i], ehv_kink = eh_kink.data()[i];
+        double& d = next.data()[i];
+        double& e = enext.data()[i];
+        double& ek = enext_kink.data()[i];
+        switch (model.activation) {
+          case Activation::relu: {
+            Kink k = below.kink[static_cast<std::size_t>(i)];
+            if (k == Kink::uncertain && !options.uncertain_kinks) k = below.z.data()[i] > 0 ? Kink::active : Kink::inactive;
+            switch (k) {
+              case Kink::active: d = hv; e = ehv; ek = ehv_kink; break;
+              case Kink::inactive: d = 0.0; e = 0.0; ek = 0.0; break;
+              // Either path may pass h or drop it: the whole contribution is uncertain.
+              case Kink::uncertain: d = below.z.data()[i] > 0 ? hv : 0.0; e = std::abs(hv) + ehv; ek = e; break;
+            }
+            break;
+          }
+          case Activation::tanh: {
+            const double a = below.a.data()[i], ea = below.ea.data()[i];
+            const double va_i = std::abs(a) + ea;
+            const double sv = 1.0 - a * a;
+            const double esq = (2 * std::abs(a) + ea) * ea;  // |a^2 - a'^2|
+            // 1 - a*a: the product and the subtraction each round once.
+            const double es = esq + u * va_i * va_i + u * (std::abs(sv) + esq + u * va_i * va_i);
+            d = hv * sv;
+            e = std::abs(hv) * es + std::abs(sv) * ehv + ehv * es + u * (std::abs(hv) + ehv) * (std::abs(sv) + es) + 3 * eta;
+            ek = std::min(e, ehv_kink * (std::abs(sv) + es) * (1 + u));
+            break;
+          }
+          case Activation::identity:
+            d = hv;
+            e = ehv;
+            ek = ehv_kink;
+            break;
+        }
+      }
+      delta = std::move(next);
+      edelta = std::move(enext);
+      edelta_kink = std::move(enext_kink);
+    }
+  }
+  if (model.loss == Loss::mse) {
     const double bd = static_cast<double>(B) * static_cast<double>(D);
     out.loss_bound = loss_carried / bd + g(D + B + 2) * loss_magnitude / bd + 2.0 * static_cast<double>(D + B + 2) * eta;
   } else {
     const double inv_b = 1.0 / static_cast<double>(B);
-    for (Eigen::Index k = 0; k < B; ++k) {
-      const double m = last.z.row(k).maxCoeff();
-      const double max_ez = last.ez.row(k).maxCoeff();
-      double sum = 0.0;
-      for (Eigen::Index j = 0; j < D; ++j) sum += std::exp(last.z(k, j) - m);
-      // Relative rounding of exp's argument z - max (its own error grows with |z - max|), of exp, of the
-      // sum of exps (weighted by each term's share p_j), and of the division.
-      double sum_rel = g(D);
-      std::vector<double> p(static_cast<std::size_t>(D)), arg_rel(static_cast<std::size_t>(D));
-      for (Eigen::Index j = 0; j < D; ++j) {
-        const auto jj = static_cast<std::size_t>(j);
-        p[jj] = std::exp(last.z(k, j) - m) / sum;
-        arg_rel[jj] = u * (std::abs(last.z(k, j) - m) + 2 * max_ez) + options.exp_error * u;
-        sum_rel += p[jj] * arg_rel[jj];
-      }
-      const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k)]);
-      // logsumexp is 1-Lipschitz in the max norm, so the outputs' error moves it by at most max_ez; its
-      // own roundings: the sum's relative error, log's, and the two additions (m - z[label]).
-      const double lse = m + std::log(sum);
-      double max_arg = 0;
-      for (Eigen::Index j = 0; j < D; ++j) max_arg = std::max(max_arg, std::abs(last.z(k, j) - m));
-      loss_carried += max_ez + last.ez(k, label);
-      const double own = 1.01 * sum_rel + u * max_arg + u * std::abs(std::log(sum)) +
-                         2 * u * (std::abs(lse) + std::abs(last.z(k, label)) + max_ez);
-      loss_carried += own;
-      loss_magnitude += std::abs(lse - last.z(k, label)) + own + max_ez + last.ez(k, label);
-      for (Eigen::Index j = 0; j < D; ++j) {
-        const auto jj = static_cast<std::size_t>(j);
-        // softmax moves by at most a factor exp(|dz_j| + max|dz|) when the logits move.
-        const double ep = p[jj] * std::expm1(last.ez(k, j) + max_ez + arg_rel[jj] + 1.01 * sum_rel + u);
-        const double diff = p[jj] - (j == label ? 1.0 : 0.0);
-        delta(k, j) = diff * inv_b;
-        edelta(k, j) = (ep + u * (std::abs(diff) + ep) + 2 * eta) * inv_b + eta;
-      }
-    }
     out.loss_bound = loss_carried * inv_b + g(B) * loss_magnitude * inv_b + 2.0 * static_cast<double>(D + B + 4) * eta;
-  }
-  // With mixed precision the output delta is rounded, so its error must include the scale factor's: the
-  // engine multiplies by a coefficient rounded from (loss scale, share and micro-batch weights) / n in
-  // up to two roundings, and rounds the product once.
-  if (rounding.active()) edelta += (3 * u) * delta.cwiseAbs();
-  // The part of edelta that units within rounding of a ReLU kink contribute (none at the output).
-  M edelta_kink = M::Zero(B, D);
-
-  // ---- backward: gradient bounds, then delta for the layer below ----
-  for (std::size_t l = static_cast<std::size_t>(L); l-- > 0;) {
-    const M& a_in = in[l].value;
-    const M& ea_in = in[l].error;
-    // The products take delta rounded (at the loss scale); the bias gradient sums it as it is. A
-    // rounding made certain leaves no error, but the kink share of what remains is kept as it was.
-    const RoundedInput rd = round_input(delta, edelta, rounding, options.delta_scale, out.uncertain_roundings);
-    const M& pdelta = rd.value;
-    const M& pedelta = rd.error;
-    const M pedelta_kink = rounding.active() ? pedelta.cwiseMin(edelta_kink) : edelta_kink;
-    const M va = a_in.cwiseAbs() + ea_in;         // bounds |a^|
-    const M vdelta = delta.cwiseAbs() + edelta;    // bounds |delta^|
-    const M vpdelta = pdelta.cwiseAbs() + pedelta;  // bounds |R(delta)^|
-    const M prop_w = pdelta.cwiseAbs().transpose() * ea_in + pedelta.transpose() * va;
-    const M mag_w = vpdelta.transpose() * va;
-    const RowVector<double> prop_b = edelta.colwise().sum();
-    const RowVector<double> mag_b = vdelta.colwise().sum();
-    const M kink_w = pedelta_kink.transpose() * va;
-    const RowVector<double> kink_b = edelta_kink.colwise().sum();
-    const Slice& ws = layout.weight(static_cast<int>(l));
-    const Slice& bs = layout.bias(static_cast<int>(l));
-    for (Eigen::Index i = 0; i < mag_w.size(); ++i) {
-      out.propagated[ws.offset + static_cast<std::size_t>(i)] = prop_w.data()[i];
-      out.kink[ws.offset + static_cast<std::size_t>(i)] = kink_w.data()[i];
-      out.magnitude[ws.offset + static_cast<std::size_t>(i)] = mag_w.data()[i];
-    }
-    for (Eigen::Index i = 0; i < mag_b.size(); ++i) {
-      out.propagated[bs.offset + static_cast<std::size_t>(i)] = prop_b(i);
-      out.kink[bs.offset + static_cast<std::size_t>(i)] = kink_b(i);
-      out.magnitude[bs.offset + static_cast<std::size_t>(i)] = mag_b(i);
-    }
-    if (l == 0) break;
-
-    // h = delta W, a dot product over this layer's outputs; then the activation's derivative below.
-    const M absW = W[l].cwiseAbs();
-    const M h = pdelta * W[l];
-    M eh = pedelta * absW + g(W[l].rows() + options.product_input_roundings) * (vpdelta * absW);
-    eh.array() += 2.0 * static_cast<double>(W[l].rows()) * eta;
-    const M eh_kink = pedelta_kink * absW;
-    const LayerState& below = s[l - 1];
-    M next(h.rows(), h.cols()), enext(h.rows(), h.cols()), enext_kink(h.rows(), h.cols());
-    for (Eigen::Index i = 0; i < h.size(); ++i) {
-      const double hv = h.data()[i], ehv = eh.data()[i], ehv_kink = eh_kink.data()[i];
-      double& d = next.data()[i];
-      double& e = enext.data()[i];
-      double& ek = enext_kink.data()[i];
-      switch (model.activation) {
-        case Activation::relu: {
-          Kink k = below.kink[static_cast<std::size_t>(i)];
-          if (k == Kink::uncertain && !options.uncertain_kinks) k = below.z.data()[i] > 0 ? Kink::active : Kink::inactive;
-          switch (k) {
-            case Kink::active: d = hv; e = ehv; ek = ehv_kink; break;
-            case Kink::inactive: d = 0.0; e = 0.0; ek = 0.0; break;
-            // Either path may pass h or drop it: the whole contribution is uncertain.
-            case Kink::uncertain: d = below.z.data()[i] > 0 ? hv : 0.0; e = std::abs(hv) + ehv; ek = e; break;
-          }
-          break;
-        }
-        case Activation::tanh: {
-          const double a = below.a.data()[i], ea = below.ea.data()[i];
-          const double va_i = std::abs(a) + ea;
-          const double sv = 1.0 - a * a;
-          const double esq = (2 * std::abs(a) + ea) * ea;  // |a^2 - a'^2|
-          // 1 - a*a: the product and the subtraction each round once.
-          const double es = esq + u * va_i * va_i + u * (std::abs(sv) + esq + u * va_i * va_i);
-          d = hv * sv;
-          e = std::abs(hv) * es + std::abs(sv) * ehv + ehv * es + u * (std::abs(hv) + ehv) * (std::abs(sv) + es) + 3 * eta;
-          ek = std::min(e, ehv_kink * (std::abs(sv) + es) * (1 + u));
-          break;
-        }
-        case Activation::identity:
-          d = hv;
-          e = ehv;
-          ek = ehv_kink;
-          break;
-      }
-    }
-    delta = std::move(next);
-    edelta = std::move(enext);
-    edelta_kink = std::move(enext_kink);
   }
 
   // The float64 reference is itself rounded (negligibly, but a bound should not pretend otherwise), and

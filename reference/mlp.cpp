@@ -99,61 +99,65 @@ Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> p
   std::vector<Matrix<T>> W = weights<T>(model, params);
   for (Matrix<T>& w : W) w = product_input(w, rounding);
   const std::vector<RowVector<T>> b = biases<T>(model, params);
+  const Eigen::Index D = model.out_dim();
 
-  // Forward. a[0] is the input; z[l] and a[l] belong to layer l (1-based).
-  std::vector<Matrix<T>> a(static_cast<std::size_t>(L) + 1), z(static_cast<std::size_t>(L) + 1);
-  a[0] = Matrix<T>(B, model.in_dim());
-  for (Eigen::Index k = 0; k < B; ++k)
-    for (Eigen::Index j = 0; j < a[0].cols(); ++j)
-      a[0](k, j) = static_cast<T>(batch.x[static_cast<std::size_t>(k * a[0].cols() + j)]);
-  for (std::size_t l = 1; l <= static_cast<std::size_t>(L); ++l) {
-    z[l] = product_input(a[l - 1], rounding) * W[l - 1].transpose();
-    z[l].rowwise() += b[l - 1];
-    a[l] = l < static_cast<std::size_t>(L) ? Matrix<T>(z[l].unaryExpr([&](T v) { return activation(model.activation, v); }))
-                                           : z[l];
-  }
+  // The examples a chunk at a time (kReferenceChunk), each chunk's gradient added to the sum: the memory
+  // of a chunk's activations, whatever the batch. Every scale (1 / B) is the whole batch's.
+  for (Eigen::Index k0 = 0; k0 < B; k0 += kReferenceChunk) {
+    const Eigen::Index C = std::min<Eigen::Index>(kReferenceChunk, B - k0);
+    // Forward. a[0] is the input; z[l] and a[l] belong to layer l (1-based).
+    std::vector<Matrix<T>> a(static_cast<std::size_t>(L) + 1), z(static_cast<std::size_t>(L) + 1);
+    a[0] = Matrix<T>(C, model.in_dim());
+    for (Eigen::Index k = 0; k < C; ++k)
+      for (Eigen::Index j = 0; j < a[0].cols(); ++j)
+        a[0](k, j) = static_cast<T>(batch.x[static_cast<std::size_t>((k0 + k) * a[0].cols() + j)]);
+    for (std::size_t l = 1; l <= static_cast<std::size_t>(L); ++l) {
+      z[l] = product_input(a[l - 1], rounding) * W[l - 1].transpose();
+      z[l].rowwise() += b[l - 1];
+      a[l] = l < static_cast<std::size_t>(L) ? Matrix<T>(z[l].unaryExpr([&](T v) { return activation(model.activation, v); }))
+                                             : z[l];
+    }
 
-  // Loss and delta = dL/dz at the output.
-  const Matrix<T>& out_z = z[static_cast<std::size_t>(L)];
-  const Eigen::Index D = out_z.cols();
-  Matrix<T> delta(B, D);
-  if (model.loss == Loss::mse) {
-    for (Eigen::Index k = 0; k < B; ++k)
-      for (Eigen::Index j = 0; j < D; ++j) {
-        const T e = out_z(k, j) - static_cast<T>(batch.y[static_cast<std::size_t>(k * D + j)]);
-        out.loss += e * e;
-        delta(k, j) = 2 * e / static_cast<T>(B * D);
+    // Loss and delta = dL/dz at the output.
+    const Matrix<T>& out_z = z[static_cast<std::size_t>(L)];
+    Matrix<T> delta(C, D);
+    if (model.loss == Loss::mse) {
+      for (Eigen::Index k = 0; k < C; ++k)
+        for (Eigen::Index j = 0; j < D; ++j) {
+          const T e = out_z(k, j) - static_cast<T>(batch.y[static_cast<std::size_t>((k0 + k) * D + j)]);
+          out.loss += e * e;
+          delta(k, j) = 2 * e / static_cast<T>(B * D);
+        }
+    } else {
+      for (Eigen::Index k = 0; k < C; ++k) {
+        const T m = out_z.row(k).maxCoeff();
+        T s = 0;
+        for (Eigen::Index j = 0; j < D; ++j) s += std::exp(out_z(k, j) - m);
+        const T logsumexp = m + std::log(s);
+        const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k0 + k)]);
+        out.loss += logsumexp - out_z(k, label);
+        for (Eigen::Index j = 0; j < D; ++j)
+          delta(k, j) = (std::exp(out_z(k, j) - logsumexp) - (j == label ? T(1) : T(0))) / static_cast<T>(B);
       }
-    out.loss /= static_cast<T>(B * D);
-  } else {
-    for (Eigen::Index k = 0; k < B; ++k) {
-      const T m = out_z.row(k).maxCoeff();
-      T s = 0;
-      for (Eigen::Index j = 0; j < D; ++j) s += std::exp(out_z(k, j) - m);
-      const T logsumexp = m + std::log(s);
-      const auto label = static_cast<Eigen::Index>(batch.labels[static_cast<std::size_t>(k)]);
-      out.loss += logsumexp - out_z(k, label);
-      for (Eigen::Index j = 0; j < D; ++j)
-        delta(k, j) = (std::exp(out_z(k, j) - logsumexp) - (j == label ? T(1) : T(0))) / static_cast<T>(B);
     }
-    out.loss /= static_cast<T>(B);
-  }
 
-  // Backward.
-  for (std::size_t l = static_cast<std::size_t>(L); l >= 1; --l) {
-    const Matrix<T> rounded_delta = product_input(delta, rounding, rounding.delta_scale);
-    const Matrix<T> gw = rounded_delta.transpose() * product_input(a[l - 1], rounding);
-    const RowVector<T> gb = delta.colwise().sum();
-    const Slice& ws = layout.weight(static_cast<int>(l) - 1);
-    const Slice& bs = layout.bias(static_cast<int>(l) - 1);
-    for (Eigen::Index i = 0; i < gw.rows(); ++i)
-      for (Eigen::Index j = 0; j < gw.cols(); ++j) out.grad[ws.offset + static_cast<std::size_t>(i * gw.cols() + j)] = gw(i, j);
-    for (Eigen::Index i = 0; i < gb.size(); ++i) out.grad[bs.offset + static_cast<std::size_t>(i)] = gb(i);
-    if (l > 1) {
-      const Matrix<T> h = rounded_delta * W[l - 1];
-      delta = h.binaryExpr(z[l - 1], [&](T hv, T zv) { return hv * activation_derivative(model.activation, zv); });
+    // Backward.
+    for (std::size_t l = static_cast<std::size_t>(L); l >= 1; --l) {
+      const Matrix<T> rounded_delta = product_input(delta, rounding, rounding.delta_scale);
+      const Matrix<T> gw = rounded_delta.transpose() * product_input(a[l - 1], rounding);
+      const RowVector<T> gb = delta.colwise().sum();
+      const Slice& ws = layout.weight(static_cast<int>(l) - 1);
+      const Slice& bs = layout.bias(static_cast<int>(l) - 1);
+      for (Eigen::Index i = 0; i < gw.rows(); ++i)
+        for (Eigen::Index j = 0; j < gw.cols(); ++j) out.grad[ws.offset + static_cast<std::size_t>(i * gw.cols() + j)] += gw(i, j);
+      for (Eigen::Index i = 0; i < gb.size(); ++i) out.grad[bs.offset + static_cast<std::size_t>(i)] += gb(i);
+      if (l > 1) {
+        const Matrix<T> h = rounded_delta * W[l - 1];
+        delta = h.binaryExpr(z[l - 1], [&](T hv, T zv) { return hv * activation_derivative(model.activation, zv); });
+      }
     }
   }
+  out.loss /= model.loss == Loss::mse ? static_cast<T>(B * D) : static_cast<T>(B);
   return out;
 }
 

@@ -47,9 +47,14 @@ struct ProductRounding {
   bool active() const { return format != Precision::fp32; }
 };
 
+// Examples the reference (this gradient and the bound's, reference/bound.hpp) takes at a time: its memory
+// is a chunk's activations, so that a simulated world's global batch of thousands costs no more.
+inline constexpr Eigen::Index kReferenceChunk = 256;
+
 // Mean loss and its gradient over the whole batch, with every operation in T. The float32 parameters
 // and inputs convert to T exactly. An empty batch has loss 0 and gradient 0. With `rounding`, the
-// products' inputs are rounded as above (their results, and everything else, are computed in T).
+// products' inputs are rounded as above (their results, and everything else, are computed in T). The
+// examples are taken kReferenceChunk at a time, each chunk's sums added to the total.
 template <class T>
 Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> params, const Batch& batch,
                               const ProductRounding& rounding = {});

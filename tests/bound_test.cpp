@@ -238,6 +238,32 @@ TEST(GradientBound, ScalesWithMagnitudesNotWithTheGradient) {
   EXPECT_GT(bound.magnitude[1], 3000.0);
 }
 
+// The reference takes the examples reference::kReferenceChunk at a time. A batch twice over has the
+// same mean gradient, loss and per-parameter magnitudes (each sum over twice the examples, at half the
+// weight) whatever the chunks fall on: 300 examples are one chunk and a part, 600 are two and a part.
+TEST(GradientBound, ChunksOfExamplesAddUpToTheWholeBatch) {
+  for (const Loss loss : {Loss::mse, Loss::cross_entropy}) {
+    const ModelConfig m{{5, 7, 3}, Activation::relu, loss};
+    const std::vector<float> params = init_params(m, 3);
+    const Batch once = first_examples(m, 300, 9);
+    const Batch parts[2] = {once, once};
+    const Batch twice = concat(parts);
+    ASSERT_GT(twice.size, 2 * reference::kReferenceChunk);
+    reference::BoundOptions options;
+    options.input_format = Precision::bf16;  // the rounded delta carries the whole batch's 1 / B too
+    const auto a = reference::gradient_bound(m, params, once, options);
+    const auto b = reference::gradient_bound(m, params, twice, options);
+    EXPECT_NEAR(a.loss, b.loss, 1e-12 * std::abs(a.loss));
+    ASSERT_EQ(a.magnitude.size(), b.magnitude.size());
+    for (std::size_t i = 0; i < a.magnitude.size(); ++i) {
+      EXPECT_NEAR(a.reference.grad[i], b.reference.grad[i], 1e-12 * a.magnitude[i]) << i;
+      EXPECT_NEAR(a.magnitude[i], b.magnitude[i], 1e-12 * a.magnitude[i]) << i;
+      EXPECT_NEAR(a.propagated[i], b.propagated[i], 1e-12 * a.magnitude[i]) << i;
+    }
+    EXPECT_EQ(2 * a.uncertain_units, b.uncertain_units);
+  }
+}
+
 TEST(GradientBound, LargerUnitRoundoffGivesALargerBound) {
   ModelConfig m{{5, 6, 2}, Activation::tanh, Loss::cross_entropy};
   const auto params = init_params(m, 2);
