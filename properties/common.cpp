@@ -21,11 +21,19 @@ bool agree(const Target& target, bool verdict) {
 
 bool records(const Target& target, const Communicator& comm) { return target.process_world || comm.rank() == 0; }
 
+std::vector<int> ranks_played(Communicator& comm) {
+  if (!comm.simulated()) return {comm.rank()};
+  std::vector<int> all(static_cast<std::size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) all[static_cast<std::size_t>(r)] = r;
+  return all;
+}
+
 ScenarioSpace space_for(const Target& target) {
   ScenarioSpace s;
   s.world_size = target.world_size;
   s.thresholds = [target](int world) { return comm_thresholds(target, world); };
   s.allreduce_dtype = target.allreduce_dtype;
+  s.dims = target.model_dims;
   if (target.thorough) {
     s.max_world_size = 16;
     s.max_layers = 5;

@@ -22,6 +22,10 @@ bool agree(const Target& target, bool verdict);
 // Whether this rank records the results of a world: rank 0's thread, or every process.
 bool records(const Target& target, const Communicator& comm);
 
+// The ranks whose part this call of a rank function plays: its own, or every rank of a simulated world
+// (src/comm/simulated_comm.hpp), where one replica stands for them all.
+std::vector<int> ranks_played(Communicator& comm);
+
 // The scenarios a target's cases draw from: its fixed world size, if any, and its communicator's
 // algorithm thresholds.
 ScenarioSpace space_for(const Target& target);

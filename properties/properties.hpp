@@ -92,6 +92,10 @@ struct PropertyDef {
   // Whether its cases train drawn scenarios, so that each case draws the target's formats
   // (Target::drawn_precisions, drawn_allreduce_dtypes) where the user fixed none.
   bool draws_formats = false;
+  // Whether its promise can be checked on simulated ranks (--comm simulated, src/comm/simulated_comm.hpp),
+  // which play every rank's part on one replica: what it checks holds of the world's sums, shares and
+  // one replica's updates, not of N replicas staying alike or of N processes' files.
+  bool simulates = false;
 };
 
 // The failure probability per dot product of the probabilistic bound that the properties report beside

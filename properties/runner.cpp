@@ -322,6 +322,12 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
     if (token->property != out.name)
       throw UsageError("the --reproduce string replays a case of " + token->property + ", not of " + out.name);
   }
+  if (const Backend* row = find_registered_backend(target.comm); !property.simulates && row && row->simulated) {
+    out.skipped = "it needs real ranks: simulated ones play every rank on one replica, which no other replica can "
+                  "differ from, and write no files of their own";
+    out.passed = true;
+    return out;
+  }
   if (property.unavailable) {
     out.skipped = property.unavailable(target);
     if (!out.skipped.empty()) {

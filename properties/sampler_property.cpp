@@ -33,17 +33,33 @@ SamplerOutcome check_sampler(const SamplerScenario& s, const Target& target) {
     Communicator& host = comm.host();
     for (int epoch = 0; epoch < s.epochs; ++epoch) {
       const std::string at = "epoch " + std::to_string(epoch) + ": ";
-      // Each rank computes its own share; the others learn it only through the communicator.
-      const std::vector<std::int64_t> mine = sampler->indices(comm.rank(), epoch);
-      const std::vector<std::int64_t> sizes = host.allgather_value<std::int64_t>(static_cast<std::int64_t>(mine.size()));
-      const std::int64_t widest = *std::max_element(sizes.begin(), sizes.end());
-      std::vector<std::int64_t> padded_mine(mine);
-      padded_mine.resize(static_cast<std::size_t>(widest), -1);
-      std::vector<std::int64_t> all(static_cast<std::size_t>(widest) * n);
-      host.allgather(padded_mine.data(), all.data(), static_cast<std::size_t>(widest), DType::i64);
+      std::vector<std::int64_t> sizes, all, views;
+      std::int64_t widest = 0;
       // Every rank's idea of the sizes and totals must agree.
       const std::int64_t view = sampler->total_size() * 1'000'003 + sampler->padded() * 1009 + sampler->dropped();
-      const std::vector<std::int64_t> views = host.allgather_value<std::int64_t>(view);
+      if (comm.simulated()) {
+        // Simulated ranks: one replica plays them all, so it computes every rank's share itself.
+        std::vector<std::vector<std::int64_t>> shares(n);
+        for (std::size_t r = 0; r < n; ++r) {
+          shares[r] = sampler->indices(static_cast<int>(r), epoch);
+          sizes.push_back(static_cast<std::int64_t>(shares[r].size()));
+          widest = std::max(widest, sizes.back());
+        }
+        all.assign(static_cast<std::size_t>(widest) * n, -1);
+        for (std::size_t r = 0; r < n; ++r)
+          std::copy(shares[r].begin(), shares[r].end(), all.begin() + static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(widest)));
+        views.push_back(view);
+      } else {
+        // Each rank computes its own share; the others learn it only through the communicator.
+        const std::vector<std::int64_t> mine = sampler->indices(comm.rank(), epoch);
+        sizes = host.allgather_value<std::int64_t>(static_cast<std::int64_t>(mine.size()));
+        widest = *std::max_element(sizes.begin(), sizes.end());
+        std::vector<std::int64_t> padded_mine(mine);
+        padded_mine.resize(static_cast<std::size_t>(widest), -1);
+        all.resize(static_cast<std::size_t>(widest) * n);
+        host.allgather(padded_mine.data(), all.data(), static_cast<std::size_t>(widest), DType::i64);
+        views = host.allgather_value<std::int64_t>(view);
+      }
       if (!records(target, comm)) continue;
 
       if (std::any_of(views.begin(), views.end(), [&](std::int64_t v) { return v != views[0]; }))

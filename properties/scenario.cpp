@@ -134,7 +134,11 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     std::vector<int> widths(static_cast<std::size_t>(space.max_layers) + 1);
     for (int& w : widths) w = *rc::gen::inRange(1, space.max_width + 1);
     t.model.dims.assign(widths.begin(), widths.begin() + layers + 1);
-    if (past > 0) grow_past(t.model.dims, limits[past - 1]);
+    // A model the user fixed stays as it is (its draws are still made, so that the others keep their places).
+    if (!space.dims.empty())
+      t.model.dims = space.dims;
+    else if (past > 0)
+      grow_past(t.model.dims, limits[past - 1]);
     t.allreduce_dtype = space.allreduce_dtype;
     // Momentum's coefficient: PyTorch's usual 0.9, one that forgets fast, one that barely forgets, and
     // 0 (plain SGD through the momentum path). Drawn last, so that earlier draws keep their positions.

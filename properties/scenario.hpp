@@ -54,6 +54,7 @@ struct ScenarioSpace {
   // so that a few steps both back off and grow the scale).
   LossScalerConfig loss_scaling;
   DType allreduce_dtype = DType::f32;  // the gradient all-reduce's (--allreduce-dtype)
+  std::vector<int> dims;  // non-empty: every scenario's layer widths (verify --model), none drawn
 };
 
 

@@ -301,18 +301,22 @@ void shuffle_body(const Target& target, CaseRecord& record) {
     epochs.push_back(far_epoch);
     std::string mine;
     for (const std::int64_t epoch : epochs) {
-      const std::vector<std::int64_t> got = sampler->indices(comm.rank(), epoch);
-      const std::vector<std::int64_t> want = reference::epoch_shares(s.sampler, epoch)[static_cast<std::size_t>(comm.rank())];
-      const auto diff = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
-      if (diff.first == got.end() && diff.second == want.end()) continue;
-      const auto pos = std::to_string(diff.first - got.begin());
-      mine = "epoch " + std::to_string(epoch) + ", rank " + std::to_string(comm.rank()) + ": ";
-      if (diff.first == got.end() || diff.second == want.end())
-        mine += "the share holds " + std::to_string(got.size()) + " examples, the recipe's " + std::to_string(want.size());
-      else
-        mine += "position " + pos + " of the share holds example " + std::to_string(*diff.first) + ", the recipe gives " +
-                std::to_string(*diff.second);
-      break;
+      const std::vector<std::vector<std::int64_t>> recipe = reference::epoch_shares(s.sampler, epoch);
+      for (const int rank : ranks_played(comm)) {
+        const std::vector<std::int64_t> got = sampler->indices(rank, epoch);
+        const std::vector<std::int64_t>& want = recipe[static_cast<std::size_t>(rank)];
+        const auto diff = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
+        if (diff.first == got.end() && diff.second == want.end()) continue;
+        const auto pos = std::to_string(diff.first - got.begin());
+        mine = "epoch " + std::to_string(epoch) + ", rank " + std::to_string(rank) + ": ";
+        if (diff.first == got.end() || diff.second == want.end())
+          mine += "the share holds " + std::to_string(got.size()) + " examples, the recipe's " + std::to_string(want.size());
+        else
+          mine += "position " + pos + " of the share holds example " + std::to_string(*diff.first) + ", the recipe gives " +
+                  std::to_string(*diff.second);
+        break;
+      }
+      if (!mine.empty()) break;
     }
     const std::lock_guard<std::mutex> lock(mu);
     if (failure.empty()) failure = mine;

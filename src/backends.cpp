@@ -10,6 +10,7 @@
 #include "src/choice.hpp"
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/comm/simulated_comm.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/engine.hpp"
 #include "src/error.hpp"
@@ -92,6 +93,21 @@ std::deque<Backend> built_in_rows() {
   local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) { run_local(n, fn, timeout); };
   local.thresholds = [](int n, Communicator*) { return host_reduction_thresholds(n, DType::f32); };
   rows.push_back(std::move(local));
+
+  // The local backend's reduction, rank by rank on one replica: worlds of thousands of ranks.
+  Backend simulated;
+  simulated.name = builtin::simulated;
+  simulated.engine = builtin::cpu;
+  simulated.memory = MemorySpace::host;
+  simulated.help = "up to 2^20 ranks played one at a time on one replica, summed as local sums";
+  simulated.rank_order = true;
+  simulated.simulated = true;
+  simulated.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
+    SimulatedComm comm(n);
+    comm.set_timeout(timeout);
+    fn(comm);
+  };
+  rows.push_back(std::move(simulated));
 
   Backend mpi;
   mpi.name = builtin::mpi;

@@ -83,6 +83,10 @@ struct Backend {
   // rounds once (src/comm/collective.hpp), the rank-order schedule whose depth the gradient bound takes
   // (reference/allreduce_schedule.hpp); a backend that rounds at every addition is not rank_order.
   bool rank_order = false;
+  // Simulated ranks (src/comm/simulated_comm.hpp): one thread plays each rank in turn on one replica,
+  // so a world costs one replica's memory at any size. What needs real ranks (replica synchronisation,
+  // the write audit, per-rank traces) cannot be checked on it.
+  bool simulated = false;
   // What it takes from the MPI library: nothing, its transport (dpcheck's collectives over it), or its
   // own collectives, whose algorithm Open MPI's MCA parameters may force. Reports name the library.
   MpiUse mpi = MpiUse::none;

@@ -18,5 +18,6 @@ inline constexpr std::string_view mpi = "mpi";
 inline constexpr std::string_view mpi_native = "mpi-native";
 inline constexpr std::string_view cuda_local = "cuda-local";
 inline constexpr std::string_view nccl = "nccl";
+inline constexpr std::string_view simulated = "simulated";
 
 }  // namespace dpcheck::builtin

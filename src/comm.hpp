@@ -19,6 +19,8 @@
 namespace dpcheck {
 
 enum class ReduceOp { sum, avg, min, max };
+
+class SimulatedComm;
 std::string_view reduce_op_name(ReduceOp op);
 
 class Communicator {
@@ -72,6 +74,9 @@ class Communicator {
   // thread makes them. False unless the backend says so.
   virtual bool callable_from_any_thread() const { return false; }
 
+  // The simulated world behind this communicator (src/comm/simulated_comm.hpp), whose ranks the trainer
+  // plays one at a time; nullptr for real ranks.
+  virtual SimulatedComm* simulated() { return nullptr; }
   // Device backends queue their work on this stream (a cudaStream_t), after the engine's work.
   virtual void set_stream(void* /*stream*/) {}
 
@@ -134,6 +139,7 @@ class ForwardingCommunicator : public Communicator {
   Communicator& host() override { return inner_.host(); }
   bool shares_address_space() const override { return inner_.shares_address_space(); }
   bool callable_from_any_thread() const override { return inner_.callable_from_any_thread(); }
+  SimulatedComm* simulated() override { return inner_.simulated(); }
   void set_stream(void* stream) override { inner_.set_stream(stream); }
   void to_host(const void* src, void* dst, std::size_t bytes) override { inner_.to_host(src, dst, bytes); }
   void from_host(const void* src, void* dst, std::size_t bytes) override { inner_.from_host(src, dst, bytes); }

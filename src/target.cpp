@@ -1,5 +1,6 @@
 #include "src/target.hpp"
 
+#include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
 #include "src/mutant_hooks.hpp"
 #include "src/plugin/cuda_plugin.hpp"
@@ -129,6 +130,9 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
                        " path: add --precision " + std::string(m.precision));
   }
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
+  if (backend_of(target).simulated && target.world_size > SimulatedComm::max_world)
+    throw UsageError("--world-size " + std::to_string(target.world_size) + ": a simulated world has at most " +
+                     std::to_string(SimulatedComm::max_world) + " ranks (2^20)");
   if (engine.require) engine.require();
   if (!target.kernels.empty()) require_kernels_for_engine(load_kernel_plugin(target.kernels), engine);
   if (gradient == GradientAllreduce::required)
@@ -160,6 +164,7 @@ std::string replay_command(const Target& target, const std::string& token) {
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
   // then recorded in the token).
   if (target.world_size > 0 && !target.process_world) cmd += " --world-size " + std::to_string(target.world_size);
+  if (!target.model_dims.empty()) cmd += " --model " + dims_string(target.model_dims);
   if (target.thorough) cmd += " --thorough";  // the token replays a case of the wider space
   return cmd + " --reproduce " + shell_quoted(token);
 }

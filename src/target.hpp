@@ -30,6 +30,7 @@ struct Target {
   std::string mutant;          // empty: the correct implementation
   std::string kernels;         // --kernels: a kernel plugin's path; empty: the engine's own kernels
   int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
+  std::vector<int> model_dims;  // verify --model: every training scenario's layer widths; empty: drawn
   bool tf32 = false;           // cuda engine: TF32 matrix products
   Precision precision = Precision::fp32;  // --precision: the matrix products' input format
   DType allreduce_dtype = DType::f32;      // --allreduce-dtype: the gradient all-reduce's (verify's scenarios)

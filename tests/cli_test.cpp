@@ -105,6 +105,24 @@ TEST_F(Cli, VerifyDrawsTheFormatsAndAPrecisionMutantNeedsNoFlag) {
   }
 }
 
+// Simulated ranks: verify at 300 ranks passes what holds of one replica, skips what needs real ranks
+// (naming why), defaults to 6400 / N cases, keeps --model in the replay line, and still catches a
+// gradient averaged as a sum.
+TEST_F(Cli, VerifyOnSimulatedRanksSkipsWhatNeedsRealRanksAndCatchesAMutant) {
+  const CommandResult r = run("verify --comm simulated --world-size 300 --model 6,9,3");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("world size 300, 21 cases per property"), std::string::npos) << r.output;
+  for (const char* skipped : {"replicas_bitwise_synchronized", "only_rank0_writes", "divergence_tools_name_the_difference"})
+    EXPECT_NE(r.output.find(std::string(skipped) + "  "), std::string::npos) << skipped;
+  EXPECT_NE(r.output.find("it needs real ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model 6,9,3 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--comm simulated --world-size 300 --model 6,9,3 --reproduce"), std::string::npos) << r.output;
+  const CommandResult m = run("verify --comm simulated --world-size 300 --mutant allreduce-sum-no-average "
+                              "--property gradient_average_matches_whole_batch --cases 5 --reruns 1");
+  EXPECT_EQ(m.status, 1) << m.output;
+  EXPECT_NE(m.output.find("FAILED gradient_average_matches_whole_batch"), std::string::npos) << m.output;
+}
+
 // A bf16 all-reduce that rounds at every hop, as a ring or NCCL does, takes up to N - 1 roundings
 // besides the inputs' and the result's; the bound allows N + 1. Through the shipped ring plugin at
 // N = 2..8 on correct code: no false alarm, and the largest error ratio of the gradient properties at

@@ -248,8 +248,8 @@ TEST(ReplayCommand, EveryRowOfTheBackendTable) {
       EXPECT_EQ(flag_value(line, "--comm").empty(), b.engine_default);
     }
   }
-  // local, mpi, mpi-native and cuda-local one way each; nccl both ways.
-  EXPECT_EQ(lines, 6);
+  // local, simulated, mpi, mpi-native and cuda-local one way each; nccl both ways.
+  EXPECT_EQ(lines, 7);
 }
 
 }  // namespace

@@ -495,7 +495,8 @@ void check_train_size(const TrainConfig& t, int world, const Target& target, boo
   needs.batch = t.batch;
   needs.dataset = t.data_size();
   needs.world_size = world;
-  needs.ranks_are_threads = target.process_world == nullptr;
+  const Backend* row = find_registered_backend(target.comm);
+  needs.ranks_are_threads = target.process_world == nullptr && !(row && row->simulated);
   needs.replicas_on_host = find_engine(target.engine).memory == MemorySpace::host;
   needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam ? 2 : t.optimizer.kind == OptimizerKind::momentum ? 1 : 0;
   needs.reference = reference;

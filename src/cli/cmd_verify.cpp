@@ -26,12 +26,14 @@ struct VerifyOptions {
   TargetOptions target_options{0};
   Target target;  // from target_options, with --thorough and the formats the cases draw
   int cases = 100;
+  bool cases_given = false;  // --cases
   SeedOption seed_option{1};
   std::uint64_t seed = 1;
   std::vector<std::string> only;  // --property
   std::string reproduce;
   bool reproduce_given = false;
   int reruns = 5;
+  std::string model;  // --model
   std::string report, junit, html;
   bool quiet = false;
   bool list_mutants = false;
@@ -192,18 +194,31 @@ void prepare_target(VerifyOptions& o) {
   const bool thorough = o.target.thorough;
   o.target = o.target_options.resolved();
   o.target.thorough = thorough;
+  if (!o.model.empty()) o.target.model_dims = parse_dims(o.model, "--model");
   // Each rank loads its own plugin: one that fails on one rank stops every rank at once.
   agree_on_rank_inputs([&] {
     choose_formats(o);
     validate_target(o.target);
   });
-  if (o.target_options.given("--world-size")) {
-    // The cases draw small models; the ranks themselves must fit (threads, and their replicas).
+  if (o.target_options.given("--world-size") || !o.target.model_dims.empty()) {
+    // The cases draw small models unless --model fixes one; the ranks themselves must fit (threads, and
+    // their replicas), and the model with a batch of 512 (the most a case draws) in three.
     RunSize run;
-    run.world_size = o.target.world_size;
-    run.ranks_are_threads = !o.target.process_world;
+    run.world_size = o.target.world_size > 0 ? o.target.world_size : o.target.thorough ? 16 : 8;
+    run.model.dims = o.target.model_dims;
+    if (!run.model.dims.empty()) {
+      run.batch = 512;
+      run.dataset = 3 * 512;
+    }
+    const Backend* row = find_registered_backend(o.target.comm);
+    run.ranks_are_threads = !o.target.process_world && !(row && row->simulated);
     check_run_size(run);
   }
+  // A simulated world's case trains every rank's share, N examples a step at least: past 64 ranks the
+  // default is 6400 / N cases per property, at least 10 (10 at 4096 ranks, about half a minute).
+  const Backend* row = find_registered_backend(o.target.comm);
+  if (!o.cases_given && row && row->simulated && o.target.world_size > 64)
+    o.cases = std::max(10, 6400 / o.target.world_size);
 }
 
 std::vector<const PropertyDef*> select_properties(const VerifyOptions& o) {
@@ -419,7 +434,9 @@ Runner add_verify(CLI::App& app) {
       "A mutant of one precision's path runs in that precision unless --precision is given.\n"
       "Exit status: 0 every property passed; 1 a property failed (with its minimal case and replay line);\n"
       "2 bad usage; 3 a runtime fault (a plugin's error, a launcher's).");
-  sub->add_option("--cases", o->cases, "Cases per property (default 100; 500 with --thorough)");
+  sub->add_option("--cases", o->cases,
+                  "Cases per property (default 100; 500 with --thorough; on more than 64 simulated ranks 6400 / N, "
+                  "at least 10)");
   sub->add_flag("--thorough", o->target.thorough,
                 "Draw harder: 500 cases per property unless --cases says otherwise, from a wider space (world sizes "
                 "1-16, 1-5 layers, up to 12 steps); minutes where the default takes seconds");
@@ -429,6 +446,8 @@ Runner add_verify(CLI::App& app) {
                   "Replay one case: the minimal case of a failure, or a closest call (the string printed with it)");
   sub->add_option("--reruns", o->reruns,
                   "Runs of a failing case, to tell a steady failure from one that comes and goes (default 5)");
+  sub->add_option("--model", o->model,
+                  "Fix every training scenario's layer widths, input first (e.g. 64,64,10); the rest is still drawn");
   o->target_options.add_to(*sub, target_option::training);
   o->target_options.reword("--world-size", "Fix the number of ranks (default: each case draws 1-8)");
   o->target_options.reword("--mutant", "Run against a deliberately broken part (see --list-mutants)");
@@ -441,7 +460,8 @@ Runner add_verify(CLI::App& app) {
   sub->add_flag("--list-mutants", o->list_mutants, "Print the mutants' names, one a line, and exit");
   return [o, sub] {
     o->reproduce_given = sub->count("--reproduce") > 0;
-    if (o->target.thorough && sub->count("--cases") == 0) o->cases = 500;
+    o->cases_given = sub->count("--cases") > 0;
+    if (o->target.thorough && !o->cases_given) o->cases = 500;
     return run_verify(*o);
   };
 }

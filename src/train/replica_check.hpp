@@ -22,6 +22,9 @@ struct ReplicaReport {
   std::vector<std::uint64_t> hashes;  // one per rank
   std::string hash_name;              // the function that made them: MemoryService::hash_name()
   std::vector<std::int64_t> optimizer_steps;  // one per rank
+  // Simulated ranks (Communicator::simulated): one replica plays every rank, so there is nothing to
+  // compare; hashes and optimizer_steps hold the one replica's.
+  bool simulated = false;
 
   // Filled on a mismatch.
   std::string buffer;            // "parameters" or "optimizer state exp_avg", ...

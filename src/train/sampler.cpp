@@ -148,9 +148,18 @@ std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::in
   return share;
 }
 
+std::shared_ptr<const std::vector<std::int64_t>> DistributedSampler::cached_order(std::int64_t epoch) const {
+  const std::lock_guard<std::mutex> lock(cache_->mutex);
+  if (!cache_->order || cache_->epoch != epoch) {
+    cache_->order = std::make_shared<const std::vector<std::int64_t>>(epoch_order(epoch));
+    cache_->epoch = epoch;
+  }
+  return cache_->order;
+}
+
 std::vector<std::int64_t> DistributedSampler::indices(int rank, std::int64_t epoch) const {
   check_rank(rank, config_.world_size);
-  return share_of(epoch_order(epoch), rank);
+  return share_of(*cached_order(epoch), rank);
 }
 
 }  // namespace dpcheck

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -57,7 +59,18 @@ class DistributedSampler {
   std::vector<std::int64_t> share_of(const std::vector<std::int64_t>& order, int rank) const;
 
  private:
+  // The epoch order indices() last built, or nullptr: a simulated world (src/comm/simulated_comm.hpp) asks
+  // for every rank's share of the same epoch in turn, which would otherwise build the order N times.
+  // Copies share it (it depends on the config alone); a mutex, since ranks as threads may share a sampler.
+  std::shared_ptr<const std::vector<std::int64_t>> cached_order(std::int64_t epoch) const;
+  struct OrderCache {
+    std::mutex mutex;
+    std::int64_t epoch = -1;
+    std::shared_ptr<const std::vector<std::int64_t>> order;
+  };
+
   SamplerConfig config_;
+  std::shared_ptr<OrderCache> cache_ = std::make_shared<OrderCache>();
 };
 
 }  // namespace dpcheck

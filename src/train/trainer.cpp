@@ -6,6 +6,7 @@
 #include <string>
 
 #include "src/choice.hpp"
+#include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
 #include "src/low_precision.hpp"
 
@@ -45,11 +46,15 @@ Trainer::Slot Trainer::slot(int rank, std::int64_t step) const {
 }
 
 std::int64_t Trainer::global_batch(std::int64_t step) const {
+  // Every simulated rank's pass asks again: kept for the last step asked, so that a step costs O(N).
+  if (step == global_batch_step_) return global_batch_;
   std::int64_t total = 0;
   for (int r = 0; r < comm_.size(); ++r) {
     const Slot s = slot(r, step);
     total += s.end - s.begin;
   }
+  global_batch_step_ = step;
+  global_batch_ = total;
   return total;
 }
 
@@ -91,6 +96,21 @@ double Trainer::micro_batch_weight(std::int64_t micro, std::int64_t share) const
 }
 
 double Trainer::compute_gradient(std::int64_t step) {
+  SimulatedComm* simulated = comm_.simulated();
+  if (!simulated) return rank_gradient(step);
+  // Simulated ranks (src/comm/simulated_comm.hpp): every rank's pass in turn, on this one replica. Each
+  // pass folds its gradient, loss and verdicts into the collectives' partial results; the last pass
+  // receives the results, and its found_inf and loss are the world's.
+  double loss = 0;
+  for (int r = 0; r < simulated->size(); ++r) {
+    simulated->play(r);
+    loss = rank_gradient(step);
+  }
+  simulated->replicate();
+  return loss;
+}
+
+double Trainer::rank_gradient(std::int64_t step) {
   const Slot s = slot(comm_.rank(), step);
   const std::int64_t share = s.end - s.begin;
   const std::int64_t global = global_batch(step);

@@ -101,6 +101,7 @@ class Trainer {
   // Leaves the all-reduced gradient of step's global batch in engine.grads(); returns the mean loss.
   // With a loss scaler the gradient is unscaled, unless some rank found a non-finite value: then
   // found_inf() is true on every rank and the gradient is left as the all-reduce made it.
+  // On a simulated world (Communicator::simulated) this one trainer plays every rank's part in turn.
   double compute_gradient(std::int64_t step);
   bool found_inf() const { return found_inf_; }
   const LossScaler& scaler() const { return scaler_; }
@@ -175,6 +176,9 @@ class Trainer {
   void allreduce_gradient();
 
  private:
+  // compute_gradient of this rank (the rank being played, on a simulated world).
+  double rank_gradient(std::int64_t step);
+
   TrainConfig config_;
   Communicator& comm_;
   Engine& engine_;
@@ -184,6 +188,7 @@ class Trainer {
   std::int64_t slice_ = 1;
   std::int64_t steps_per_epoch_ = 1;
   std::int64_t next_step_ = 0;
+  mutable std::int64_t global_batch_step_ = -1, global_batch_ = 0;  // global_batch's last answer
   StepObserver* observer_ = nullptr;
   LossScaler scaler_;
   bool found_inf_ = false;
