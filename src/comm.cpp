@@ -31,6 +31,11 @@ bool Communicator::all(bool verdict) {
 }
 
 std::vector<std::string> allgather_strings(Communicator& host, const std::string& mine) {
+  return host.gather_strings(mine);
+}
+
+std::vector<std::string> Communicator::gather_strings(const std::string& mine) {
+  Communicator& host = *this;
   const std::vector<std::int64_t> sizes = host.allgather_value<std::int64_t>(static_cast<std::int64_t>(mine.size()));
   const auto most = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
   std::vector<std::string> out(sizes.size());

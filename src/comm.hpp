@@ -100,6 +100,10 @@ class Communicator {
   template <class T> std::vector<T> allgather_value(T value);
   // The AND of a verdict over all ranks, so that every rank takes the same branch afterwards.
   bool all(bool verdict);
+  // allgather_strings on this (host) communicator: two all-gathers, the lengths then the texts padded to
+  // the longest. Simulated ranks keep the texts as the ranks are played instead (the longest is not
+  // known until the last rank).
+  virtual std::vector<std::string> gather_strings(const std::string& mine);
 
  private:
   std::chrono::milliseconds timeout_ = default_timeout;
@@ -140,6 +144,7 @@ class ForwardingCommunicator : public Communicator {
   bool shares_address_space() const override { return inner_.shares_address_space(); }
   bool callable_from_any_thread() const override { return inner_.callable_from_any_thread(); }
   SimulatedComm* simulated() override { return inner_.simulated(); }
+  std::vector<std::string> gather_strings(const std::string& mine) override { return inner_.gather_strings(mine); }
   void set_stream(void* stream) override { inner_.set_stream(stream); }
   void to_host(const void* src, void* dst, std::size_t bytes) override { inner_.to_host(src, dst, bytes); }
   void from_host(const void* src, void* dst, std::size_t bytes) override { inner_.from_host(src, dst, bytes); }

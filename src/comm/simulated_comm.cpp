@@ -117,13 +117,18 @@ void SimulatedComm::replicate() {
 }
 
 
+void SimulatedComm::abandon() {
+  passing_ = false;
+  calls_.clear();
+}
+
 SimulatedComm::Call& SimulatedComm::next_call(const CallDesc& desc) {
   if (rank_ == 0) {
     const CallDesc descs[1] = {desc};
     const std::uint8_t no_null[1] = {0};
     if (const std::string why = check_calls(descs, no_null); !why.empty())
       throw UsageError(call_on_rank(desc.kind, 0) + ": " + why);
-    calls_.push_back(Call{desc, {}});
+    calls_.push_back(Call{desc, {}, {}});
     ++next_;
     return calls_.back();
   }
@@ -195,6 +200,16 @@ void SimulatedComm::allgather(const void* send, void* recv, std::size_t count, D
     std::memcpy(recv, c.acc.data(), bytes * static_cast<std::size_t>(rank_ + 1));
     for (int r = rank_ + 1; r < world_; ++r) std::memcpy(out + static_cast<std::size_t>(r) * bytes, send, bytes);
   }
+}
+
+std::vector<std::string> SimulatedComm::gather_strings(const std::string& mine) {
+  if (!passing_) return Communicator::gather_strings(mine);
+  Call& c = next_call(CallDesc{CallKind::allgather, 0, DType::u8, ReduceOp::sum, 0});
+  if (rank_ == 0) c.strings.assign(static_cast<std::size_t>(world_), std::string());
+  c.strings[static_cast<std::size_t>(rank_)] = mine;
+  std::vector<std::string> out(c.strings.begin(), c.strings.begin() + rank_ + 1);
+  out.resize(static_cast<std::size_t>(world_), mine);
+  return out;
 }
 
 void SimulatedComm::barrier() {

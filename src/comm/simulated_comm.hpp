@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -41,6 +42,9 @@ class SimulatedComm final : public Communicator {
   void play(int rank);
   // The passes are over: calls act on the one replica (see above).
   void replicate();
+  // A pass ended with an exception (a check that failed, a fault): the round is dropped unfinished and
+  // calls act on the replica, so that what handles the failure (a bundle, a report) may still call.
+  void abandon();
   bool passing() const { return passing_; }
 
   using Communicator::allgather;
@@ -50,6 +54,10 @@ class SimulatedComm final : public Communicator {
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override;
   void barrier() override;
+  // allgather_strings (src/comm.hpp) while the ranks are played: the strings so far, and this rank's in
+  // every later place, as allgather gives blocks. (The two-call exchange of sizes then padded bytes
+  // cannot be played: each pass would see another largest size and make another call.)
+  std::vector<std::string> gather_strings(const std::string& mine) override;
 
   // The most bytes that the partial results of one round of passes held (for the memory figures: they
   // grow with the calls of one pass, not with N).
@@ -60,6 +68,7 @@ class SimulatedComm final : public Communicator {
   struct Call {
     CallDesc desc;
     std::vector<std::byte> acc;  // the accumulator (float32 for the 16-bit formats), or all-gathered blocks
+    std::vector<std::string> strings;  // allgather_strings's, one a rank
   };
   // The call this pass is at, checked against what rank 0 asked for (the ranks' calls must agree).
   Call& next_call(const CallDesc& desc);

@@ -101,12 +101,23 @@ double Trainer::compute_gradient(std::int64_t step) {
   // Simulated ranks (src/comm/simulated_comm.hpp): every rank's pass in turn, on this one replica. Each
   // pass folds its gradient, loss and verdicts into the collectives' partial results; the last pass
   // receives the results, and its found_inf and loss are the world's.
+  // The all-reduced gradient exists once the last rank has passed: an observer sees it then, as the
+  // replica (rank 0), not at each pass (where the earlier ranks hold their own gradients).
   double loss = 0;
-  for (int r = 0; r < simulated->size(); ++r) {
-    simulated->play(r);
-    loss = rank_gradient(step);
+  passes_ = true;
+  try {
+    for (int r = 0; r < simulated->size(); ++r) {
+      simulated->play(r);
+      loss = rank_gradient(step);
+    }
+  } catch (...) {
+    passes_ = false;
+    simulated->abandon();
+    throw;
   }
+  passes_ = false;
   simulated->replicate();
+  if (observer_) observer_->reduced_gradient(*this, step);
   return loss;
 }
 
@@ -188,7 +199,7 @@ double Trainer::rank_gradient(std::int64_t step) {
     found_inf_ = agree_found_inf(local_inf, gradient_non_finite());
     if (!found_inf_) scale_gradient(1.0f / loss_scale);
   }
-  if (observer_) observer_->reduced_gradient(*this, step);
+  if (observer_ && !passes_) observer_->reduced_gradient(*this, step);
   return global_mean_loss(loss_sum, share, global);
 }
 

@@ -189,6 +189,7 @@ class Trainer {
   std::int64_t steps_per_epoch_ = 1;
   std::int64_t next_step_ = 0;
   mutable std::int64_t global_batch_step_ = -1, global_batch_ = 0;  // global_batch's last answer
+  bool passes_ = false;  // simulated ranks: compute_gradient is playing them, one rank_gradient each
   StepObserver* observer_ = nullptr;
   LossScaler scaler_;
   bool found_inf_ = false;
