@@ -506,5 +506,40 @@ TEST(SamplerGrid, SizesOfAHugeDataSetNeedNoOrder) {
   EXPECT_EQ(exact.share_size(6), kMax / 7);
 }
 
+// index(rank, epoch, k) is indices(rank, epoch)[k], asked for alone: over a grid of sizes, both splits,
+// every policy, in order and shuffled; a place outside the share is refused.
+TEST(SamplerIndex, IsTheShareAskedPlaceByPlace) {
+  for (const std::int64_t d : {0, 1, 5, 10, 17})
+    for (const int n : {1, 3, 4, 7})
+      for (const Split split : kSplits)
+        for (const Policy policy : kPolicies)
+          for (const bool shuffle : {false, true}) {
+            const DistributedSampler s(config_of(d, n, split, policy, shuffle, 9));
+            for (std::int64_t epoch = 0; epoch < 2; ++epoch)
+              for (int r = 0; r < n; ++r) {
+                const Indices share = s.indices(r, epoch);
+                for (std::size_t k = 0; k < share.size(); ++k)
+                  ASSERT_EQ(s.index(r, epoch, static_cast<std::int64_t>(k)), share[k])
+                      << "D=" << d << " N=" << n << " rank " << r << " place " << k;
+                EXPECT_THROW((void)s.index(r, epoch, static_cast<std::int64_t>(share.size())), UsageError);
+                EXPECT_THROW((void)s.index(r, epoch, -1), UsageError);
+              }
+          }
+}
+
+// Past 2^31 examples, in order: a place is arithmetic, with no list of D examples built, and lands where
+// 64-bit arithmetic puts it (the last rank's last example beyond 2^31).
+TEST(SamplerIndex, PastTwoToTheThirtyOneNeedsNoList) {
+  const std::int64_t d = (std::int64_t{1} << 32) + 5;
+  const int n = 4096;
+  const DistributedSampler strided(config_of(d, n, Split::strided, Policy::pad));
+  const std::int64_t last = strided.share_size(n - 1) - 1;
+  EXPECT_EQ(strided.index(n - 1, 0, last), (n - 1 + last * n) % d);
+  EXPECT_GT(strided.index(n - 1, 0, last - 1), std::int64_t{1} << 31);
+  const DistributedSampler contiguous(config_of(d, n, Split::contiguous, Policy::uneven));
+  EXPECT_EQ(contiguous.index(n - 1, 0, contiguous.share_size(n - 1) - 1), d - 1);
+  EXPECT_EQ(contiguous.index(1, 0, 0), contiguous.share_size(0));
+}
+
 }  // namespace
 }  // namespace dpcheck

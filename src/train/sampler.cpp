@@ -87,6 +87,10 @@ void check_rank(int rank, int world_size) {
   }
 }
 
+// p mod D, for D > 0. A position outside [0, total) (a broken split's) stays out of [0, D) when it is
+// negative, so a check sees it instead of a wrapped example.
+std::int64_t wrapped(std::int64_t p, std::int64_t d) { return p < 0 ? p : p % d; }
+
 }  // namespace
 
 std::int64_t DistributedSampler::total_size() const {
@@ -117,35 +121,39 @@ std::int64_t DistributedSampler::share_size(int rank) const {
   return total / n + (rank < total % n ? 1 : 0);
 }
 
+std::int64_t DistributedSampler::position(int rank, std::int64_t k) const {
+  const std::int64_t n = config_.world_size;
+  if (config_.split == Split::strided) return rank + k * n;
+  const std::int64_t total = total_size();
+  return rank * (total / n) + std::min<std::int64_t>(rank, total % n) + k;
+}
+
 std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::int64_t>& order,
                                                        int rank) const {
   check_rank(rank, config_.world_size);
   DPCHECK_ASSERT(static_cast<std::int64_t>(order.size()) == config_.dataset_size);
   const std::int64_t d = config_.dataset_size;
-  const std::int64_t n = config_.world_size;
-  const std::int64_t total = total_size();
   const std::int64_t size = share_size(rank);
-
   // Position p of the padded-or-truncated list is order[p mod D]: drop-last and uneven never reach
   // past D, and pad wraps around to the head as often as needed (PyTorch repeats the whole list
   // when the padding exceeds D).
-  std::int64_t start = 0;
-  std::int64_t stride = 1;
-  if (config_.split == Split::strided) {
-    start = rank;
-    stride = n;
-  } else {
-    const std::int64_t base = total / n;
-    start = rank * base + std::min<std::int64_t>(rank, total % n);
-  }
-
   std::vector<std::int64_t> share;
   share.reserve(static_cast<std::size_t>(size));
   for (std::int64_t k = 0; k < size; ++k) {
-    const std::int64_t p = start + k * stride;
-    share.push_back(order[static_cast<std::size_t>(p % d)]);
+    const std::int64_t p = wrapped(position(rank, k), d);
+    share.push_back(p < 0 ? p : order[static_cast<std::size_t>(p)]);
   }
   return share;
+}
+
+std::int64_t DistributedSampler::index(int rank, std::int64_t epoch, std::int64_t k) const {
+  check_rank(rank, config_.world_size);
+  if (k < 0 || k >= share_size(rank))
+    throw UsageError("sampler: rank " + std::to_string(rank) + " holds " + std::to_string(share_size(rank)) +
+                     " examples, not an example " + std::to_string(k));
+  const std::int64_t p = wrapped(position(rank, k), config_.dataset_size);
+  if (!config_.shuffle || p < 0) return p;
+  return (*cached_order(epoch))[static_cast<std::size_t>(p)];
 }
 
 std::shared_ptr<const std::vector<std::int64_t>> DistributedSampler::cached_order(std::int64_t epoch) const {
@@ -159,7 +167,13 @@ std::shared_ptr<const std::vector<std::int64_t>> DistributedSampler::cached_orde
 
 std::vector<std::int64_t> DistributedSampler::indices(int rank, std::int64_t epoch) const {
   check_rank(rank, config_.world_size);
-  return share_of(*cached_order(epoch), rank);
+  if (config_.shuffle) return share_of(*cached_order(epoch), rank);
+  // In order: the identity needs no list of D examples.
+  const std::int64_t size = share_size(rank);
+  std::vector<std::int64_t> share;
+  share.reserve(static_cast<std::size_t>(size));
+  for (std::int64_t k = 0; k < size; ++k) share.push_back(wrapped(position(rank, k), config_.dataset_size));
+  return share;
 }
 
 }  // namespace dpcheck

@@ -46,6 +46,9 @@ class DistributedSampler {
 
   // Rank r's share of the epoch, in the order the rank visits it.
   virtual std::vector<std::int64_t> indices(int rank, std::int64_t epoch) const;
+  // Example k of rank r's share (indices(rank, epoch)[k]) without building the share: O(1) in order,
+  // for data sets too large to list (2^31 examples and more); a shuffled epoch builds its order once.
+  std::int64_t index(int rank, std::int64_t epoch, std::int64_t k) const;
 
   // Size of rank r's share (the same every epoch); its sum over ranks is total_size().
   std::int64_t share_size(int rank) const;
@@ -57,6 +60,9 @@ class DistributedSampler {
   // Rank r's share of an epoch order of length D: pads or drops it as the policy says, then splits.
   // Mutants that change the order reuse it.
   std::vector<std::int64_t> share_of(const std::vector<std::int64_t>& order, int rank) const;
+  // Where example k of rank r's share sits in the padded-or-truncated list of the epoch (before it wraps
+  // around D): the split's arithmetic, which every share and index() go through.
+  virtual std::int64_t position(int rank, std::int64_t k) const;
 
  private:
   // The epoch order indices() last built, or nullptr: a simulated world (src/comm/simulated_comm.hpp) asks
