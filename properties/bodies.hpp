@@ -28,5 +28,6 @@ void loss_scaler_body(const Target& target, CaseRecord& record);
 void lr_schedule_body(const Target& target, CaseRecord& record);
 void shuffle_body(const Target& target, CaseRecord& record);
 void tools_body(const Target& target, CaseRecord& record);
+void schedule_bound_body(const Target& target, CaseRecord& record);
 
 }  // namespace dpcheck

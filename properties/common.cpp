@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <system_error>
 
+#include "properties/mutants.hpp"
+#include "src/builtin_names.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
 #include "src/train/replica_check.hpp"
@@ -51,12 +53,34 @@ CaseRecord::Size size_of(const Scenario& s) {
           *std::max_element(s.train.model.dims.begin(), s.train.model.dims.end())};
 }
 
+int scale_one_in(const Target& target) {
+  if (target.world_size > 0 || target.process_world) return 0;
+  if (target.comm != builtin::local && target.comm != builtin::simulated) return 0;
+  const MutantInfo* m = find_mutant(target.mutant);
+  return m && m->scale ? 2 : 16;
+}
+
+void add_scale_class(ScenarioSpace& space, const Target& target) {
+  space.scale_one_in = scale_one_in(target);
+  if (space.scale_one_in > 0) space.scale_worlds = scale_class_worlds();
+}
+
+Target target_for_case(const Target& target, bool simulated) {
+  if (!simulated || target.comm == builtin::simulated) return target;
+  Target t = target;
+  t.comm = builtin::simulated;
+  return t;
+}
+
 void step_check_body(const Target& target, CaseRecord& record,
                      StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
-                     void (*classify)(const Scenario& scenario)) {
-  const Scenario s = *gen_scenario(space_for(target));
+                     void (*classify)(const Scenario& scenario), bool scale) {
+  ScenarioSpace space = space_for(target);
+  if (scale) add_scale_class(space, target);
+  const Scenario s = *gen_scenario(space);
   record.size = size_of(s);
-  const StepOutcome o = check(s, target);
+  const StepOutcome o = check(s, target_for_case(target, s.simulated));
+  RC_CLASSIFY(s.simulated, "the scale class: " + std::to_string(s.world_size) + " simulated ranks");
   record.ratio = o.ratio;
   record.note = o.note;
   if (classify) classify(s);

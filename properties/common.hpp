@@ -32,6 +32,13 @@ ScenarioSpace space_for(const Target& target);
 
 CaseRecord::Size size_of(const Scenario& s);
 
+// The scale class (ScenarioSpace::scale_worlds, scale_one_in in properties.hpp) for a property whose
+// promise holds on simulated ranks.
+void add_scale_class(ScenarioSpace& space, const Target& target);
+// The target a case runs on: the target itself, or for a case of the scale class the same target on
+// simulated ranks, which give the local backend's bits at any N.
+Target target_for_case(const Target& target, bool simulated);
+
 // A fresh scratch directory that every rank can see: rank 0 creates it and, for processes, tells the
 // others its name. In memory (/dev/shm) where allowed; not for an audited run, since /dev/shm is one
 // of the paths any rank may write.
@@ -40,10 +47,10 @@ void remove_scratch(const Target& target, const std::filesystem::path& dir);
 
 // The body of a property whose check gives a StepOutcome: draws a scenario, runs the check, records its
 // ratio and note, classifies the case, and fails it (agreed across processes) with the check's message,
-// or `elsewhere` when only another rank saw the failure.
+// or `elsewhere` when only another rank saw the failure. With `scale`, its scenarios draw the scale class.
 void step_check_body(const Target& target, CaseRecord& record,
                      StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
-                     void (*classify)(const Scenario& scenario) = nullptr);
+                     void (*classify)(const Scenario& scenario) = nullptr, bool scale = false);
 
 // The element whose |got - want| / bound is largest (a non-finite `got`: infinite), kept in `worst` when
 // it is larger than what `worst` holds: its ratio, its index and "<what> <element(i)> is <value>, the

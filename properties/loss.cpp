@@ -13,7 +13,8 @@
 namespace dpcheck {
 
 void loss_body(const Target& target, CaseRecord& record) {
-  step_check_body(target, record, check_reported_loss, "another rank's reported loss left the bound");
+  step_check_body(target, record, check_reported_loss, "another rank's reported loss left the bound", nullptr,
+                  /*scale=*/true);
 }
 
 StepOutcome check_reported_loss(const Scenario& s, const Target& target) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "src/builtin_names.hpp"
+#include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
 #include "src/io/json_limits.hpp"
 #include "src/low_precision.hpp"
@@ -26,7 +27,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 45> kMutants{{
+constexpr std::array<MutantInfo, 50> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -136,6 +137,23 @@ constexpr std::array<MutantInfo, 45> kMutants{{
      "(whose update is right for the wrong gradient) is called rounding"},
     {"audit-openat-unrecorded", "audit_sees_every_write",
      "the write audit interposes openat but records nothing for it, as if programs called only open"},
+    // Bugs that only scale shows (MutantInfo::scale): verify's scale class of worlds finds them.
+    {"sampler-index-32bit", "sampler_shards_disjoint",
+     "the sampler computes a share's positions in 32-bit integers, as code written for data sets that fit an "
+     "int does: past 2^31 examples a position wraps negative", {}, false, {}, false, true},
+    {"allreduce-tree-drops-rank", "gradient_average_matches_whole_batch",
+     "the all-reduce chains the ranks of each node of 8 and joins the nodes in a binary tree built for a power "
+     "of two: when the node count is not one (65 ranks, 1000), the last node's first rank is never added",
+     {}, false, {}, false, true},
+    {"allreduce-hierarchical-group-means", "gradient_average_matches_whole_batch",
+     "the hierarchical all-reduce averages within each group of 8 ranks, then averages the group means: right "
+     "while every group is full, wrong when N is no multiple of 8 (63, 65, 1000)", {}, false, {}, false, true},
+    {"allreduce-ring-chunk-start-off-by-one", "gradient_average_matches_whole_batch",
+     "the ring's reduce-scatter starts chunk c at rank c + 1 instead of rank c and stops after N - 1 ranks, so "
+     "chunk c never receives rank c's part"},
+    {"bound-ring-depth-as-tree", "allreduce_schedules_within_bound",
+     "the bound counts a ring's roundings as a double binary tree's, about 2 log2 N, where each chunk's partial sum "
+     "is rounded at N - 1 hops: near enough up to 8 ranks, too tight past them", {}, false, {}, false, true},
 }};
 
 class SumNoAverage final : public ForwardingCommunicator {
@@ -196,6 +214,21 @@ class RankOrderSum final : public ForwardingCommunicator {
     for (std::size_t k = 0; k < n; ++k) order[k] = (me + k) % n;
     sum_in_order(all.data(), count, order, op, dtype, mine.data());
     inner_.from_host(mine.data(), buf, count * sizeof(T));
+  }
+};
+
+// The split's arithmetic in 32 bits (unsigned, so that it wraps rather than overflows, then read back
+// as an int): every position past 2^31 - 1 turns negative.
+class Index32Sampler final : public DistributedSampler {
+ public:
+  using DistributedSampler::DistributedSampler;
+
+ protected:
+  std::int64_t position(int rank, std::int64_t k) const override {
+    const auto n = static_cast<std::uint32_t>(config().world_size), r = static_cast<std::uint32_t>(rank);
+    const auto i = static_cast<std::uint32_t>(k), total = static_cast<std::uint32_t>(total_size());
+    const std::uint32_t p = config().split == Split::strided ? r + i * n : r * (total / n) + std::min(r, total % n) + i;
+    return static_cast<std::int32_t>(p);
   }
 };
 
@@ -533,6 +566,13 @@ void mutant_engine_spec(std::string_view mutant, EngineSpec& spec) {
 
 bool mutant_trace_digest_prefix(std::string_view mutant) { return mutant == "trace-digest-prefix"; }
 
+void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world, double& gamma) {
+  if (mutant != "bound-ring-depth-as-tree" || options.schedule != reference::AllreduceSchedule::ring) return;
+  reference::ScheduleOptions tree = options;
+  tree.schedule = reference::AllreduceSchedule::tree;
+  gamma = reference::schedule_gamma(tree, world);
+}
+
 void mutant_bound_options(std::string_view mutant, reference::BoundOptions& options) {
   if (mutant == "bound-without-kink-term") options.uncertain_kinks = false;
   if (mutant == "bound-three-times-loose") options.looseness = 3;
@@ -552,7 +592,81 @@ class SilentBf16Communicator final : public ForwardingCommunicator {
   }
 };
 
+// A schedule that leaves out or misweighs some ranks' parts. What it computes comes to each rank's
+// float32 buffer entering a correct sum or average times a factor of the rank and the element (0 for a
+// part never added), so the wrapper scales its own buffer so and forwards the call: one rank at a time,
+// as simulated ranks play them, at any N.
+class MisweighingCommunicator : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    // Simulated ranks past their passes are one replica standing for all: no rank's part to change.
+    const SimulatedComm* played = simulated();
+    if (dtype != DType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || (played && !played->passing()) ||
+        !misweighs(count))
+      return inner_.allreduce(buf, count, dtype, op);
+    std::vector<float> host(count);
+    to_host(buf, host.data(), count * sizeof(float));
+    for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>(host[i] * part(i, count));
+    from_host(host.data(), buf, count * sizeof(float));
+    inner_.allreduce(buf, count, dtype, op);
+  }
+
+ protected:
+  static constexpr int kNode = 8;  // ranks of a node, or of a group
+  virtual bool misweighs(std::size_t count) const = 0;  // whether this rank's part changes in this call
+  virtual double part(std::size_t i, std::size_t count) const = 0;
+};
+
+// Nodes of 8 ranks; the tree across nodes is built for the largest power of two not above their count,
+// and the node it leaves over is never joined but through its first rank's link, which the tree lacks.
+class TreeDropsRankCommunicator final : public MisweighingCommunicator {
+ public:
+  using MisweighingCommunicator::MisweighingCommunicator;
+
+ protected:
+  bool misweighs(std::size_t) const override {
+    const int nodes = (size() + kNode - 1) / kNode;
+    return nodes > 1 && !std::has_single_bit(static_cast<unsigned>(nodes)) && rank() == kNode * (nodes - 1);
+  }
+  double part(std::size_t, std::size_t) const override { return 0; }
+};
+
+// The mean of the group means: rank r's part weighs N / (groups * |its group|) of a true average's.
+class GroupMeansCommunicator final : public MisweighingCommunicator {
+ public:
+  using MisweighingCommunicator::MisweighingCommunicator;
+
+ protected:
+  bool misweighs(std::size_t) const override { return size() % kNode != 0 && size() > kNode; }
+  double part(std::size_t, std::size_t) const override {
+    const int groups = (size() + kNode - 1) / kNode;
+    const int mine = rank() / kNode == groups - 1 ? size() - kNode * (groups - 1) : kNode;
+    return static_cast<double>(size()) / (static_cast<double>(groups) * mine);
+  }
+};
+
+// Chunk c holds elements [c count / N, (c + 1) count / N); its reduction never adds rank c's part.
+class RingChunkOffByOneCommunicator final : public MisweighingCommunicator {
+ public:
+  using MisweighingCommunicator::MisweighingCommunicator;
+
+ protected:
+  bool misweighs(std::size_t count) const override { return size() > 1 && chunk(rank() + 1, count) > chunk(rank(), count); }
+  double part(std::size_t i, std::size_t count) const override {
+    return i >= chunk(rank(), count) && i < chunk(rank() + 1, count) ? 0 : 1;
+  }
+
+ private:
+  std::size_t chunk(int c, std::size_t count) const {
+    return static_cast<std::size_t>(static_cast<unsigned long long>(c) * count / static_cast<unsigned long long>(size()));
+  }
+};
+
 std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner) {
+  if (mutant == "allreduce-tree-drops-rank") return std::make_unique<TreeDropsRankCommunicator>(inner);
+  if (mutant == "allreduce-hierarchical-group-means") return std::make_unique<GroupMeansCommunicator>(inner);
+  if (mutant == "allreduce-ring-chunk-start-off-by-one") return std::make_unique<RingChunkOffByOneCommunicator>(inner);
   if (mutant == "allreduce-bf16-silently") return std::make_unique<SilentBf16Communicator>(inner);
   if (mutant == "allreduce-sum-no-average") return std::make_unique<SumNoAverage>(inner);
   if (mutant == "allreduce-rank-order") return std::make_unique<RankOrderSum>(inner);
@@ -572,6 +686,7 @@ std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Commu
 std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config) {
   if (mutant == "sampler-rank-seed") return std::make_unique<RankSeedSampler>(config);
   if (mutant == "sampler-off-by-one") return std::make_unique<OffByOneSampler>(config);
+  if (mutant == "sampler-index-32bit") return std::make_unique<Index32Sampler>(config);
   if (mutant == "shuffle-sattolo") return std::make_unique<SlippedShuffleSampler<ShuffleSlip::sattolo>>(config);
   if (mutant == "shuffle-modulo") return std::make_unique<SlippedShuffleSampler<ShuffleSlip::modulo>>(config);
   return nullptr;

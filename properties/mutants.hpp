@@ -36,6 +36,9 @@ struct MutantInfo {
   // The bug shows only where a value falls below a format's normal range (an fp16 delta under 2^-14),
   // which takes many examples, outputs or layers: its minimal case keeps them (and the width).
   bool large_minimal_case = false;
+  // The bug shows only at scale (a world of the scale class, a data set past 2^31 examples): verify
+  // draws the scale class in half the cases against it, and its minimal case keeps the world it needs.
+  bool scale = false;
 };
 
 std::span<const MutantInfo> mutants();
@@ -57,6 +60,8 @@ void mutant_engine_spec(std::string_view mutant, EngineSpec& spec);
 bool mutant_trace_digest_prefix(std::string_view mutant);
 // The bound mutants: the derived bound without its kink term, or three times as loose.
 void mutant_bound_options(std::string_view mutant, reference::BoundOptions& options);
+// The schedule-bound mutant: a ring's gamma from a tree's depth.
+void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world, double& gamma);
 std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner);
 std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config);
 // The optimizer itself, wrapped when the mutant breaks its formula.

@@ -28,6 +28,9 @@
 //   audit_sees_every_write                the write audit itself: writes of every kind it claims to see,
 //                                         planted by ranks other than 0 in one launch, each reported with
 //                                         its rank, path and call; rank 0's and reads not reported
+//   divergence_tools_name_the_difference  (properties/tools.cpp)
+//   allreduce_schedules_within_bound      every schedule's emulated all-reduce within the bound of its
+//                                         depth, at 1 to 4096 ranks, in float32, bf16 and fp16 (and tight)
 #pragma once
 
 #include <cstdint>
@@ -96,11 +99,20 @@ struct PropertyDef {
   // which play every rank's part on one replica: what it checks holds of the world's sums, shares and
   // one replica's updates, not of N replicas staying alike or of N processes' files.
   bool simulates = false;
+  // What tightness measures on each of its two paths, for reports and JSON keys ("whole batch",
+  // "sharded"); "" for a path the property does not measure.
+  std::string_view tightness_paths[2] = {"whole batch", "sharded"};
 };
 
 // The failure probability per dot product of the probabilistic bound that the properties report beside
 // the worst-case one (reference/bound.hpp).
 inline constexpr double kProbabilisticFailure = 1e-9;
+
+// How often the training properties that hold on simulated ranks draw a case of the scale class
+// (ScenarioSpace::scale_worlds): one case in 16 where the target's ranks are threads of the local
+// backend (or already simulated) and no world is fixed; one in 2 against a mutant that only scale shows
+// (MutantInfo::scale); 0 (never) elsewhere: a process backend, a plugin or a device cannot be simulated.
+int scale_one_in(const Target& target);
 
 // Fails the current case with a message of our own (RC_FAIL would prefix it with its own location).
 [[noreturn]] void fail_case(const std::string& message);

@@ -308,6 +308,17 @@ class Search {
 
 const PropertyDef& replay_property(const std::string& token) { return find_property(decode_replay(token).property); }
 
+std::string PropertyResult::tightness_text(std::string_view and_word) const {
+  std::string text;
+  for (int path = 0; path < 2; ++path) {
+    if (tightness[path] < 0 || tightness_paths[path].empty()) continue;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g ", tightness[path]);
+    text += (text.empty() ? "" : std::string(and_word)) + buf + std::string(tightness_paths[path]);
+  }
+  return text;
+}
+
 PropertyResult run_property(const PropertyDef& property, const Target& target, const RunOptions& options) {
   register_mutants();  // the target's mutant, if any, is built through the table
   if (options.cases < 1) throw UsageError("the number of cases must be at least 1");
@@ -316,6 +327,8 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
   out.name = std::string(property.name);
   out.min_power = property.min_power;
   out.min_tightness = property.min_tightness;
+  out.tightness_paths[0] = property.tightness_paths[0];
+  out.tightness_paths[1] = property.tightness_paths[1];
   std::optional<ReplayToken> token;
   if (!options.reproduce.empty()) {
     token = decode_replay(options.reproduce);
@@ -356,16 +369,14 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
                   " required), so the bound is too loose to tell a batch from the batch without one of its examples";
   }
   if (out.passed && !out.replayed && out.min_tightness > 0 && out.cases >= min_tightness_cases) {
-    static constexpr const char* paths[2] = {"whole-batch", "sharded"};
     for (int path = 0; path < 2 && out.passed; ++path)
       if (out.tightness[path] >= 0 && out.tightness[path] < out.min_tightness) {
         out.passed = false;
         char buf[64];
         std::snprintf(buf, sizeof buf, "%.3g (at least %.3g required)", out.tightness[path], out.min_tightness);
         out.failure = std::string("the bound has grown loose: over ") + std::to_string(out.cases) +
-                      " cases no correct evaluation of the " + paths[path] +
-                      " gradient came nearer to it than an error ratio of " + buf +
-                      ", where plain rounding reaches about twice that";
+                      " cases no correct evaluation (" + std::string(out.tightness_paths[path]) +
+                      ") came nearer to it than an error ratio of " + buf + ", where plain rounding reaches about twice that";
       }
   }
   return out;

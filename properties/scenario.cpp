@@ -27,6 +27,7 @@ std::string Scenario::describe() const {
      << " lr " << lr_string(t.optimizer.lr) << " | " << t.steps
      << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << ", at step " << at_step << " | seed "
      << t.seed;
+  if (simulated) os << " | simulated ranks";
   if (t.allreduce_dtype != DType::f32) os << " | all-reduce in " << allreduce_dtype_name(t.allreduce_dtype);
   if (t.loss_scaling.enabled()) {
     const LossScalerConfig& l = t.loss_scaling;
@@ -143,6 +144,33 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     // Momentum's coefficient: PyTorch's usual 0.9, one that forgets fast, one that barely forgets, and
     // 0 (plain SGD through the momentum path). Drawn last, so that earlier draws keep their positions.
     t.optimizer.momentum = *rc::gen::element(0.9, 0.5, 0.99, 0.0);
+    // The scale class, drawn last for the same reason (and always, so that every case makes the same
+    // draws). The pick shrinks towards the worlds of 1 to 8, the world towards 63, the batch towards
+    // its least.
+    const int scale_pick = *uniform(rc::gen::inRange(0, std::max(1, space.scale_one_in)));
+    const std::size_t scale_world = *index_below(space.scale_worlds.size());
+    const auto scale_batch = *uniform(rc::gen::inRange<std::int64_t>(0, std::int64_t{1} << 20));
+    if (space.world_size == 0 && space.scale_one_in > 0 && !space.scale_worlds.empty() &&
+        scale_pick == space.scale_one_in - 1) {
+      s.simulated = true;
+      s.world_size = space.scale_worlds[scale_world];
+      const std::int64_t world = s.world_size;
+      if (space.uneven_only) {
+        // B = q N + r with q in {0, 1} and 0 < r < N.
+        t.batch = (scale_batch / (world - 1)) % 2 * world + 1 + scale_batch % (world - 1);
+        t.dataset_size = t.batch;
+      } else {
+        const std::int64_t least = t.policy == Policy::drop_last ? world : 1;
+        t.batch = least + scale_batch % (2 * world - least);
+        t.dataset_size = t.batch + extra % (t.batch + 1);
+      }
+      t.steps = std::min(t.steps, 2);
+      s.at_step = std::min(s.at_step, t.steps - 1);
+      if (space.dims.empty()) {
+        t.model.dims.assign(widths.begin(), widths.begin() + std::min(layers, 2) + 1);
+        for (int& w : t.model.dims) w = 1 + (w - 1) % 4;
+      }
+    }
     return s;
   });
 }
@@ -152,13 +180,14 @@ std::string SamplerScenario::describe() const {
   os << "data " << sampler.dataset_size << " | world " << sampler.world_size << " " << split_name(sampler.split)
      << " " << policy_name(sampler.policy) << (sampler.shuffle ? " shuffled" : " in order") << " | seed "
      << sampler.seed << " | " << epochs << (epochs == 1 ? " epoch" : " epochs");
+  if (simulated) os << " | simulated ranks";
   return os.str();
 }
 
 void showValue(const SamplerScenario& s, std::ostream& os) { os << s.describe(); }
 
-rc::Gen<SamplerScenario> gen_sampler_scenario(int fixed_world_size, int max_world_size) {
-  return rc::gen::exec([fixed_world_size, max_world_size] {
+rc::Gen<SamplerScenario> gen_sampler_scenario(int fixed_world_size, int max_world_size, int scale_one_in) {
+  return rc::gen::exec([fixed_world_size, max_world_size, scale_one_in] {
     SamplerScenario s;
     s.sampler.dataset_size = *rc::gen::inRange<std::int64_t>(0, 1001);
     s.sampler.world_size = fixed_world_size > 0 ? fixed_world_size : *rc::gen::inRange(1, max_world_size + 1);
@@ -167,6 +196,25 @@ rc::Gen<SamplerScenario> gen_sampler_scenario(int fixed_world_size, int max_worl
     s.sampler.shuffle = *rc::gen::element(false, true);
     s.sampler.seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
     s.epochs = *rc::gen::inRange(1, 4);
+    // The scale class, drawn last and always (see gen_scenario).
+    const std::vector<int>& worlds = scale_class_worlds();
+    const int scale_pick = *uniform(rc::gen::inRange(0, std::max(1, scale_one_in)));
+    const std::size_t scale_world = *index_below(worlds.size());
+    const auto scale_data = *uniform(rc::gen::inRange<std::int64_t>(0, std::int64_t{1} << 20));
+    const bool huge = *rc::gen::element(false, true);
+    if (fixed_world_size <= 0 && scale_one_in > 0 && scale_pick == scale_one_in - 1) {
+      s.simulated = true;
+      s.sampler.world_size = worlds[scale_world];
+      const std::int64_t world = s.sampler.world_size;
+      if (huge) {
+        // From 2^20 short of 2^31 to 2^32: positions on both sides of 2^31, in order (a shuffle would
+        // have to list them all).
+        s.sampler.dataset_size = (std::int64_t{1} << 31) - (std::int64_t{1} << 20) + scale_data * 2049;
+        s.sampler.shuffle = false;
+      } else {
+        s.sampler.dataset_size = scale_data % (3 * world + 1);
+      }
+    }
     return s;
   });
 }

@@ -123,6 +123,26 @@ TEST_F(Cli, VerifyOnSimulatedRanksSkipsWhatNeedsRealRanksAndCatchesAMutant) {
   EXPECT_NE(m.output.find("FAILED gradient_average_matches_whole_batch"), std::string::npos) << m.output;
 }
 
+// Live checks on simulated ranks judge the world's all-reduced gradient once the last rank has passed
+// (not each rank's own, mid-reduction), and the finite check names the rank whose gradient is not finite;
+// the failure's bundle is written though the round of passes was cut short.
+TEST_F(Cli, LiveChecksOnSimulatedRanksJudgeTheWorldsGradient) {
+  const CommandResult ok = run("train --comm simulated --world-size 64 --model 1,1 --activation tanh --batch 64 "
+                               "--dataset-size 64 --policy drop-last --optimizer adam --steps 2 --seed 0 "
+                               "--check-gradient-every 1 --check-finite --no-bundle");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_NE(ok.output.find("gradient error ratio"), std::string::npos) << ok.output;
+  const CommandResult dropped = run("train --comm simulated --world-size 65 --model 1,1 --batch 65 --dataset-size 65 "
+                                    "--steps 2 --check-gradient-every 1 --mutant allreduce-tree-drops-rank --no-bundle");
+  EXPECT_EQ(dropped.status, 1) << dropped.output;
+  EXPECT_NE(dropped.output.find("FAILED: step 0: the all-reduced gradient"), std::string::npos) << dropped.output;
+  const CommandResult nan = run("train --comm simulated --world-size 100 --model 3,4,2 --batch 300 --steps 3 "
+                                "--check-finite --mutant rank-nan-gradient --bundle-dir " + path("bundles"));
+  EXPECT_EQ(nan.status, 1) << nan.output;
+  EXPECT_NE(nan.output.find("FAILED: step 1: rank 99: its local gradient"), std::string::npos) << nan.output;
+  EXPECT_NE(nan.output.find("repro bundle"), std::string::npos) << nan.output;
+}
+
 // A bf16 all-reduce that rounds at every hop, as a ring or NCCL does, takes up to N - 1 roundings
 // besides the inputs' and the result's; the bound allows N + 1. Through the shipped ring plugin at
 // N = 2..8 on correct code: no false alarm, and the largest error ratio of the gradient properties at
@@ -185,7 +205,7 @@ TEST_F(Cli, AThoroughRunsReplayLineCarriesThorough) {
   const CommandResult r = run("verify --thorough --cases 20 --mutant allreduce-rank-order --property "
                               "replicas_bitwise_synchronized --report " + path("r.json"));
   ASSERT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("world size drawn from 1-16 (thorough), 20 cases per property"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("world size drawn from 1-16 (thorough) and the scale class, 20 cases per property"), std::string::npos) << r.output;
   const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
   const auto& p = j["properties"][0];
   const std::string replay = p["reproduce"].get<std::string>();

@@ -4,11 +4,13 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
+#include "properties/scenario.hpp"
 #include "src/error.hpp"
 
 namespace dpcheck {
@@ -66,8 +68,58 @@ TEST(Properties, audit_sees_every_write) {
   EXPECT_EQ(r.cases, options.cases);
 }
 
+TEST(Properties, allreduce_schedules_within_bound) { check_property("allreduce_schedules_within_bound"); }
+
+// The scale class: with one case in one drawn from it, every scenario has a world of the class, a model
+// of at most two layers of 4 units, at most two steps and a batch under 2N (at least N for drop-last);
+// a fixed world turns it off.
+TEST(Properties, TheScaleClassDrawsLargeWorldsWithSmallModels) {
+  ScenarioSpace space;
+  space.scale_worlds = scale_class_worlds();
+  space.scale_one_in = 1;
+  int cases = 0;
+  rc::detail::checkGTest([&] {
+    const Scenario s = *gen_scenario(space);
+    RC_ASSERT(s.simulated);
+    RC_ASSERT(std::find(space.scale_worlds.begin(), space.scale_worlds.end(), s.world_size) != space.scale_worlds.end());
+    RC_ASSERT(s.train.model.layers() <= 2);
+    RC_ASSERT(*std::max_element(s.train.model.dims.begin(), s.train.model.dims.end()) <= 4);
+    RC_ASSERT(s.train.steps <= 2 && s.at_step < s.train.steps);
+    RC_ASSERT(s.train.batch >= (s.train.policy == Policy::drop_last ? s.world_size : 1));
+    RC_ASSERT(s.train.batch < 2 * s.world_size);
+    ++cases;
+  });
+  EXPECT_GT(cases, 0);
+  space.world_size = 3;
+  rc::detail::checkGTest([&] { RC_ASSERT(!(*gen_scenario(space)).simulated); });
+}
+
+// The sampler's cases past 2^24 examples are checked place by place: the correct sampler passes, and one
+// whose positions are 32-bit integers fails past 2^31 (and passes below it), naming the place.
+TEST(Properties, TheSamplerPastTwoToTheThirtyOneIsCheckedPlaceByPlace) {
+  register_mutants();
+  SamplerScenario s;
+  s.simulated = true;
+  s.sampler.world_size = 1000;
+  s.sampler.shuffle = false;
+  Target broken;
+  broken.mutant = "sampler-index-32bit";
+  for (const Split split : {Split::strided, Split::contiguous})
+    for (const Policy policy : {Policy::pad, Policy::drop_last, Policy::uneven}) {
+      s.sampler.split = split;
+      s.sampler.policy = policy;
+      s.sampler.dataset_size = (std::int64_t{1} << 31) + 12345;
+      EXPECT_TRUE(check_sampler(s, Target{}).passed) << s.describe();
+      const SamplerOutcome o = check_sampler(s, broken);
+      EXPECT_FALSE(o.passed) << s.describe();
+      EXPECT_NE(o.message.find("where the " + std::string(split_name(split)) + " split"), std::string::npos) << o.message;
+      s.sampler.dataset_size = (std::int64_t{1} << 31) - 4096;
+      EXPECT_TRUE(check_sampler(s, broken).passed) << s.describe();
+    }
+}
+
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 17u);
+  ASSERT_EQ(properties().size(), 18u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;

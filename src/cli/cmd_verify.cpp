@@ -2,6 +2,7 @@
 // prints one table; for a failure, the minimal counterexample and the command that replays it.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <cstdio>
@@ -109,10 +110,14 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                                                 {"required", r.min_power},
                                                 {"weakest_probe_ratio", r.weakest_probe}})
                               : nlohmann::json(nullptr);
-    p["tightness"] = r.tightness[0] >= 0 ? nlohmann::json({{"whole_batch", r.tightness[0]},
-                                                           {"sharded", r.tightness[1]},
-                                                           {"required", r.min_tightness}})
-                                         : nlohmann::json(nullptr);
+    p["tightness"] = nlohmann::json(nullptr);
+    for (int path = 0; path < 2; ++path) {
+      if (r.tightness[path] < 0 || r.tightness_paths[path].empty()) continue;
+      std::string key(r.tightness_paths[path]);
+      std::replace(key.begin(), key.end(), ' ', '_');
+      p["tightness"][key] = r.tightness[path];
+      p["tightness"]["required"] = r.min_tightness;
+    }
     p["closest_call"] = r.closest.ratio >= 0 ? nlohmann::json({{"error_ratio", r.closest.ratio},
                                                                {"where", r.closest.note},
                                                                {"case", r.closest.example},
@@ -152,7 +157,7 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
     property("cases", std::to_string(r.cases));
     property("max_error_ratio", ratio_text(r));
     property("max_probabilistic_ratio", probabilistic_text(r));
-    if (r.tightness[0] >= 0) property("tightness", ratio(r.tightness[0]) + " whole batch, " + ratio(r.tightness[1]) + " sharded");
+    if (!r.tightness_text().empty()) property("tightness", r.tightness_text(", "));
     if (r.probed > 0) {
       property("power", std::to_string(r.probe_caught) + " of " + std::to_string(r.probed));
       property("power_required", number(100 * r.min_power, "%.0f%%"));
@@ -317,10 +322,10 @@ void describe_closest_calls(std::ostream& details, const VerifyOptions& o, const
 
 void describe_tightness_and_power(std::ostream& details, const std::vector<PropertyResult>& results) {
   for (const PropertyResult& r : results) {
-    if (r.tightness[0] < 0 && r.tightness[1] < 0) continue;
-    details << "\n" << r.name << ": tightness: plain rounding (no kink term) came to " << ratio(r.tightness[0])
-            << " of the bound on the whole batch and " << ratio(r.tightness[1]) << " sharded (at least "
-            << number(r.min_tightness) << " required over " << min_tightness_cases << " cases or more)\n";
+    if (r.tightness_text().empty()) continue;
+    details << "\n" << r.name << ": tightness: plain rounding (no kink term) came to " << r.tightness_text()
+            << " of the bound (at least " << number(r.min_tightness) << " required over " << min_tightness_cases
+            << " cases or more)\n";
   }
   for (const PropertyResult& r : results) {
     if (r.probed == 0) continue;
@@ -377,7 +382,8 @@ int run_verify(VerifyOptions& o) {
   Progress progress(printing && Progress::wanted(o.quiet));
   say("dpcheck verify: " + o.target.describe() + plugins_text(o.target) + ", world size " +
       (o.target.world_size > 0 ? std::to_string(o.target.world_size)
-                                : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) + ", " +
+                                : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) +
+          (o.target.world_size == 0 && scale_one_in(o.target) > 0 ? " and the scale class" : "") + ", " +
       (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
       ", seed " + std::to_string(o.seed) + "\n\n");
   say(row("%-38s %6s %7s %12s %12s %6s %9s\n", "property", "cases", "passed", "error ratio", "prob. ratio", "power",
@@ -430,6 +436,11 @@ Runner add_verify(CLI::App& app) {
       "                           update, optimizer state), step, rank and element (often a tensor's last);\n"
       "                           a replay with the same fault or one moved in rank, element or kind;\n"
       "                           drift across two world sizes, with a bug in either run or none\n"
+      "  scale class              on the local backend, one case in 16 of the gradient, loss and sampler\n"
+      "                           properties: 63, 64, 65, 255, 256, 1000, 1024 or 4096 simulated ranks,\n"
+      "                           small models, batches under 2N; the sampler's data sets past 2^31 too\n"
+      "  all-reduce schedules     the schedule, format, sum or avg, 1-8 ranks or (one case in 4) 63-4096,\n"
+      "                           values spread over magnitudes or chains of half spacings\n"
       "  --thorough               world sizes 1-16, 1-5 layers, up to 12 steps, 500 cases\n"
       "A mutant of one precision's path runs in that precision unless --precision is given.\n"
       "Exit status: 0 every property passed; 1 a property failed (with its minimal case and replay line);\n"

@@ -423,11 +423,17 @@ std::string verify_property(const json& p, std::size_t index) {
   if (const auto r = opt_number(p, "max_probabilistic_ratio"))
     facts.push_back({text_cell("largest probabilistic ratio (reported, never the verdict)"), num_cell(shown(*r))});
   if (has(p, "tightness")) {
+    // One entry a path it measured ("whole_batch", "sharded", "chains"), and the floor.
     const json& t = p.at("tightness");
+    std::string paths;
+    for (const auto& [key, value] : t.items()) {
+      if (key == "required" || !value.is_number()) continue;
+      std::string path = key;
+      std::replace(path.begin(), path.end(), '_', ' ');
+      paths += (paths.empty() ? "" : ", ") + ratio_shown(value.get<double>()) + " " + path;
+    }
     facts.push_back({text_cell("tightness: plain rounding came to"),
-                     text_cell(ratio_shown(t.at("whole_batch").get<double>()) + " whole batch, " +
-                               ratio_shown(t.at("sharded").get<double>()) + " sharded (at least " +
-                               shown(t.at("required").get<double>()) + " required)")});
+                     text_cell(paths + " (at least " + shown(t.at("required").get<double>()) + " required)")});
   }
   if (const auto sec = opt_number(p, "seconds")) facts.push_back({text_cell("time"), num_cell(shown(*sec, "%.2f s"))});
   s += table({"", ""}, facts);

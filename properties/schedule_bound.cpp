@@ -1,0 +1,165 @@
+// allreduce_schedules_within_bound: the bound of an all-reduce, per schedule (reference/allreduce_schedule.hpp).
+// A case draws a schedule, a format (float32, bfloat16, float16), sum or avg, a world of 1 to 8 ranks or
+// of the scale class (63 to 4096) and the buffers, emulates the schedule bit for bit and holds every
+// element of its result to gamma of the schedule's depth times the sum of the inputs' magnitudes, from
+// the float64 sum. The buffers are spread over magnitudes and signs, or chains: one rank holds 1 and
+// every other half the format's spacing at 1, with the 1 where the element's reduction starts (rank 0
+// in rank order, the chunk's first rank in a ring and in a hierarchy's first group), so that every
+// addition on its way rounds down by all it can. Those reach over three quarters of the bound; over a
+// run the largest ratio must reach kScheduleTightness, or the bound has grown looser than rounding needs.
+//
+// What the emulation models is checked elsewhere (tests/allreduce_schedule_test.cpp, against each
+// algorithm written message by message); this property holds the depth the gradient bound takes for a
+// backend's schedule (reference::schedule_depth) to what the schedule's rounding does.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "properties/common.hpp"
+#include "properties/mutants.hpp"
+#include "reference/allreduce_schedule.hpp"
+#include "src/rng.hpp"
+
+namespace dpcheck {
+
+namespace {
+
+using reference::AllreduceSchedule;
+using reference::ScheduleOptions;
+
+// Half the spacing of the format's values at 1: 1 + h rounds to 1 (ties to even).
+float half_spacing(Precision f) {
+  switch (f) {
+    case Precision::bf16: return 0x1p-8f;
+    case Precision::fp16: return 0x1p-11f;
+    default: return 0x1p-24f;
+  }
+}
+
+// The rank where the reduction of element i starts: the chain's 1 goes there.
+int chain_start(const ScheduleOptions& o, int world, std::size_t i, std::size_t count, int drawn) {
+  const auto n = static_cast<std::size_t>(world);
+  // A ring's chunk c (the first count % N one element longer) starts at rank c.
+  const auto chunk_of = [](std::size_t element, std::size_t elements, std::size_t ranks) {
+    const std::size_t base = elements / ranks, rem = elements % ranks;
+    return element < rem * (base + 1) ? element / (base + 1) : rem + (element - rem * (base + 1)) / std::max<std::size_t>(base, 1);
+  };
+  switch (o.schedule) {
+    case AllreduceSchedule::rank_order: return 0;
+    case AllreduceSchedule::ring: return static_cast<int>(chunk_of(i, count, n));
+    case AllreduceSchedule::hierarchical:
+      return static_cast<int>(chunk_of(i, count, std::min<std::size_t>(n, static_cast<std::size_t>(o.group_size))));
+    default: return drawn;  // trees and halving-doubling: wherever the draw put it
+  }
+}
+
+// One case: the schedule and its format, the world, and two draws an element from which the buffers
+// are made.
+struct ScheduleCase {
+  ScheduleOptions options;
+  bool chain = false;
+  int world = 1;
+  std::vector<std::uint32_t> draws;  // two an element
+  std::size_t count() const { return draws.size() / 2; }
+  // "ring bf16 avg of 65 ranks, 3 elements, chains of half spacings"
+  std::string describe() const {
+    return reference::schedule_text(options) + " " + std::string(precision_name(options.format)) +
+           (options.average ? " avg" : " sum") + " of " + std::to_string(world) + " ranks, " + std::to_string(count()) +
+           (count() == 1 ? " element, " : " elements, ") + (chain ? "chains of half spacings" : "values spread over magnitudes");
+  }
+};
+
+void showValue(const ScheduleCase& c, std::ostream& os) { os << c.describe(); }
+
+// A world of 1 to 8 ranks, or of the scale class in one case of `one_in`; up to 32 elements.
+rc::Gen<ScheduleCase> gen_schedule_case(int one_in) {
+  return rc::gen::exec([one_in] {
+    ScheduleCase c;
+    const auto schedules = reference::allreduce_schedules();
+    c.options.schedule = schedules[*rc::gen::inRange<std::size_t>(0, schedules.size())].schedule;
+    c.options.format = *rc::gen::element(Precision::fp32, Precision::bf16, Precision::fp16);
+    c.options.average = *rc::gen::element(false, true);
+    c.options.group_size = *rc::gen::element(8, 4, 2);
+    c.chain = *rc::gen::element(false, true);
+    const int small = *rc::gen::inRange(1, 9);
+    const int pick = *uniform(rc::gen::inRange(0, one_in));
+    const std::vector<int>& worlds = scale_class_worlds();
+    const int large = worlds[*index_below(worlds.size())];
+    c.world = pick == one_in - 1 ? large : small;
+    const auto count = *rc::gen::inRange<std::size_t>(1, 33);
+    c.draws = *rc::gen::container<std::vector<std::uint32_t>>(count * 2, rc::gen::arbitrary<std::uint32_t>());
+    return c;
+  });
+}
+
+}  // namespace
+
+void schedule_bound_body(const Target& target, CaseRecord& record) {
+  // The scale class in one case of 4 (of 2 against a mutant of scale): no simulated ranks are needed,
+  // the emulation is the schedule itself.
+  const MutantInfo* mutant = find_mutant(target.mutant);
+  const ScheduleCase c = *gen_schedule_case(mutant && mutant->scale ? 2 : 4);
+  const ScheduleOptions& o = c.options;
+  const int world = c.world;
+  const bool chain = c.chain;
+  const std::size_t count = c.count();
+  const std::vector<std::uint32_t>& draws = c.draws;
+  record.size = {static_cast<std::int64_t>(count), world, 0, 0};
+
+  // The buffers: value of rank r at element i from the draws (a counter-based mix, so that a world of
+  // 4096 needs only two draws an element).
+  std::vector<std::vector<float>> in(static_cast<std::size_t>(world), std::vector<float>(count));
+  const float h = half_spacing(o.format);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint32_t seed = draws[2 * i], shape = draws[2 * i + 1];
+    const int start = chain_start(o, world, i, count, static_cast<int>(shape % static_cast<std::uint32_t>(world)));
+    const float sign = shape & 0x80000000u ? -1.0f : 1.0f;
+    for (int r = 0; r < world; ++r) {
+      float v = 0;
+      if (chain) {
+        v = sign * (r == start ? 1.0f : h);
+      } else {
+        const std::uint64_t bits = mix_key(seed, static_cast<std::uint64_t>(r));
+        const float mantissa = 1.0f + static_cast<float>(bits & 0xffffff) * 0x1p-24f;
+        const int exponent = static_cast<int>((bits >> 24) % 13) - 6;
+        v = ((bits >> 40) & 1 ? -1.0f : 1.0f) * std::ldexp(mantissa, exponent);
+        if (o.format == Precision::fp16) v /= 64.0f;  // within fp16's range whatever the sum
+      }
+      in[static_cast<std::size_t>(r)][i] = round_to_precision(v, o.format);
+    }
+  }
+
+  const std::vector<float> got = reference::emulate_allreduce(o, in);
+  double gamma = reference::schedule_gamma(o, world);
+  mutant_schedule_gamma(target.mutant, o, world, gamma);
+  // Below the normal range a rounding's error is absolute: the format's smallest spacing per rounding.
+  const double floor = (o.format == Precision::fp16 ? 0x1p-24 : 0x1p-133) * static_cast<double>(world + 2);
+  double worst = 0;
+  std::size_t at = 0;
+  double worst_exact = 0, worst_bound = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double exact = 0, magnitude = 0;
+    for (const std::vector<float>& b : in) exact += b[i], magnitude += std::abs(static_cast<double>(b[i]));
+    if (o.average) exact /= world, magnitude /= world;
+    const double bound = gamma * magnitude + floor;
+    const double ratio = std::abs(static_cast<double>(got[i]) - exact) / bound;
+    if (ratio > worst || i == 0) worst = ratio, at = i, worst_exact = exact, worst_bound = bound;
+  }
+  record.ratio = worst;
+  record.tightness[0] = worst;
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%s %s %s of %d ranks (%s), element %zu: %.9g against the exact %.17g, error %.3g, bound %.3g",
+                reference::schedule_text(o).c_str(), std::string(precision_name(o.format)).c_str(),
+                o.average ? "avg" : "sum", world, chain ? "a chain" : "spread values", at,
+                static_cast<double>(got[at]), worst_exact, std::abs(static_cast<double>(got[at]) - worst_exact),
+                worst_bound);
+  record.note = buf;
+  RC_CLASSIFY(world > 8, "the scale class");
+  RC_CLASSIFY(chain, "a chain of half spacings");
+  if (worst > 1) fail_case(std::string("the all-reduce leaves its schedule's bound: ") + buf);
+}
+
+}  // namespace dpcheck
