@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -408,6 +409,43 @@ TEST(AllreduceSchedule, EveryScheduleStaysWithinTheBoundOfItsDepth) {
     const double bound = schedule_gamma(o, world) * exact;
     EXPECT_EQ(got, 1.0f) << world;
     EXPECT_GE((exact - got) / bound, 0.75) << world;
+  }
+}
+
+// The tree's bound is not slack either. Element 0 goes up tree 0; a chain puts 1 on one rank and, on
+// its way to the root, half bf16's spacing h where it meets the partial sum at each ancestor: the
+// ancestor's own value (added to the lower child's sum first), and when the chain comes up through the
+// lower child, the higher child's subtree too (its root holds h). Every such addition rounds the h away
+// (ties to even), so the error is h times the additions on the path. Over every rank as the chain's
+// start, the largest error reaches over three quarters of the bound of the tree's depth (0.96 at 8
+// ranks, 0.86 at 1000: the depth counts two additions a level, where a path up through a higher child
+// has one).
+TEST(AllreduceSchedule, TheTreesBoundIsReachedByAChainUpItsDeepestPath) {
+  const float h = 0x1p-8f;
+  for (const int world : {8, 13, 64, 1000}) {
+    const ScheduleOptions o = schedule_of(AllreduceSchedule::tree, Precision::bf16);
+    const std::vector<int>& parent = double_binary_tree(world).parent[0];
+    double best = 0;
+    for (int start = 0; start < world; ++start) {
+      Buffers in(static_cast<std::size_t>(world), std::vector<float>(1, 0.0f));
+      in[static_cast<std::size_t>(start)][0] = 1.0f;
+      std::size_t halves = 0;
+      for (int child = start, a = parent[static_cast<std::size_t>(start)]; a >= 0;
+           child = a, a = parent[static_cast<std::size_t>(a)]) {
+        in[static_cast<std::size_t>(a)][0] = h, ++halves;
+        // The higher-ranked child of a, when the chain comes up through the lower one: its own h.
+        int higher = -1;
+        for (int r = 0; r < world; ++r)
+          if (parent[static_cast<std::size_t>(r)] == a && r != child && r > child) higher = r;
+        if (higher >= 0) in[static_cast<std::size_t>(higher)][0] = h, ++halves;
+      }
+      const float got = emulate_allreduce(o, in)[0];
+      const double exact = 1.0 + static_cast<double>(halves) * h;
+      best = std::max(best, (exact - got) / (schedule_gamma(o, world) * exact));
+    }
+    EXPECT_GE(best, 0.75) << world;
+    std::printf("tree N=%d: %.3f of the bound\n", world, best);
+    EXPECT_LE(best, 1.0) << world;
   }
 }
 
