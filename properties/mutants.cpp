@@ -566,7 +566,8 @@ void mutant_engine_spec(std::string_view mutant, EngineSpec& spec) {
 
 bool mutant_trace_digest_prefix(std::string_view mutant) { return mutant == "trace-digest-prefix"; }
 
-void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world, double& gamma) {
+void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world,
+                           double& gamma) {
   if (mutant != "bound-ring-depth-as-tree" || options.schedule != reference::AllreduceSchedule::ring) return;
   reference::ScheduleOptions tree = options;
   tree.schedule = reference::AllreduceSchedule::tree;
@@ -652,14 +653,17 @@ class RingChunkOffByOneCommunicator final : public MisweighingCommunicator {
   using MisweighingCommunicator::MisweighingCommunicator;
 
  protected:
-  bool misweighs(std::size_t count) const override { return size() > 1 && chunk(rank() + 1, count) > chunk(rank(), count); }
+  bool misweighs(std::size_t count) const override {
+    return size() > 1 && chunk(rank() + 1, count) > chunk(rank(), count);
+  }
   double part(std::size_t i, std::size_t count) const override {
     return i >= chunk(rank(), count) && i < chunk(rank() + 1, count) ? 0 : 1;
   }
 
  private:
   std::size_t chunk(int c, std::size_t count) const {
-    return static_cast<std::size_t>(static_cast<unsigned long long>(c) * count / static_cast<unsigned long long>(size()));
+    const auto n = static_cast<unsigned long long>(size());
+    return static_cast<std::size_t>(static_cast<unsigned long long>(c) * count / n);
   }
 };
 

@@ -61,7 +61,8 @@ bool mutant_trace_digest_prefix(std::string_view mutant);
 // The bound mutants: the derived bound without its kink term, or three times as loose.
 void mutant_bound_options(std::string_view mutant, reference::BoundOptions& options);
 // The schedule-bound mutant: a ring's gamma from a tree's depth.
-void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world, double& gamma);
+void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world,
+                           double& gamma);
 std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner);
 std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config);
 // The optimizer itself, wrapped when the mutant breaks its formula.

@@ -376,7 +376,8 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
         std::snprintf(buf, sizeof buf, "%.3g (at least %.3g required)", out.tightness[path], out.min_tightness);
         out.failure = std::string("the bound has grown loose: over ") + std::to_string(out.cases) +
                       " cases no correct evaluation (" + std::string(out.tightness_paths[path]) +
-                      ") came nearer to it than an error ratio of " + buf + ", where plain rounding reaches about twice that";
+                      ") came nearer to it than an error ratio of " + buf +
+                      ", where plain rounding reaches about twice that";
       }
   }
   return out;

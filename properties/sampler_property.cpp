@@ -44,10 +44,12 @@ SamplerOutcome check_sampler_by_place(const SamplerScenario& s, const Target& ta
   const std::int64_t lo = *std::min_element(sizes.begin(), sizes.end());
   const std::int64_t hi = *std::max_element(sizes.begin(), sizes.end());
   if (total != sampler->total_size())
-    fail("the shares hold " + std::to_string(total) + " examples, total_size says " + std::to_string(sampler->total_size()));
+    fail("the shares hold " + std::to_string(total) + " examples, total_size says " +
+         std::to_string(sampler->total_size()));
   switch (c.policy) {
     case Policy::pad:
-      if (lo != hi || hi != (d + n - 1) / n) fail("pad shares should all hold ceil(D/N) = " + std::to_string((d + n - 1) / n));
+      if (lo != hi || hi != (d + n - 1) / n)
+        fail("pad shares should all hold ceil(D/N) = " + std::to_string((d + n - 1) / n));
       if (sampler->padded() != total - d)
         fail("the shares repeat " + std::to_string(total - d) + " examples but the sampler reports " +
              std::to_string(sampler->padded()) + " padded");

@@ -5,8 +5,9 @@
 // the float64 sum. The buffers are spread over magnitudes and signs, or chains: one rank holds 1 and
 // every other half the format's spacing at 1, with the 1 where the element's reduction starts (rank 0
 // in rank order, the chunk's first rank in a ring and in a hierarchy's first group), so that every
-// addition on its way rounds down by all it can. Those reach over three quarters of the bound; over a
-// run the largest ratio must reach kScheduleTightness, or the bound has grown looser than rounding needs.
+// addition on its way rounds down by all it can. A ring's chain, or rank order's in float32, reaches
+// over three quarters of the bound; over a run the largest ratio must reach kScheduleTightness, or the
+// bound has grown looser than rounding needs.
 //
 // What the emulation models is checked elsewhere (tests/allreduce_schedule_test.cpp, against each
 // algorithm written message by message); this property holds the depth the gradient bound takes for a
@@ -45,7 +46,8 @@ int chain_start(const ScheduleOptions& o, int world, std::size_t i, std::size_t 
   // A ring's chunk c (the first count % N one element longer) starts at rank c.
   const auto chunk_of = [](std::size_t element, std::size_t elements, std::size_t ranks) {
     const std::size_t base = elements / ranks, rem = elements % ranks;
-    return element < rem * (base + 1) ? element / (base + 1) : rem + (element - rem * (base + 1)) / std::max<std::size_t>(base, 1);
+    const std::size_t long_part = rem * (base + 1);  // the first rem chunks, one element longer
+    return element < long_part ? element / (base + 1) : rem + (element - long_part) / std::max<std::size_t>(base, 1);
   };
   switch (o.schedule) {
     case AllreduceSchedule::rank_order: return 0;
@@ -68,7 +70,8 @@ struct ScheduleCase {
   std::string describe() const {
     return reference::schedule_text(options) + " " + std::string(precision_name(options.format)) +
            (options.average ? " avg" : " sum") + " of " + std::to_string(world) + " ranks, " + std::to_string(count()) +
-           (count() == 1 ? " element, " : " elements, ") + (chain ? "chains of half spacings" : "values spread over magnitudes");
+           (count() == 1 ? " element, " : " elements, ") +
+           (chain ? "chains of half spacings" : "values spread over magnitudes");
   }
 };
 
