@@ -464,9 +464,15 @@ namespace {
 // What one rank's step left at each phase, on the host.
 class Capture final : public StepObserver {
  public:
-  void local_gradient(Trainer& t, std::int64_t, double, std::int64_t) override {
+  void local_gradient(Trainer& t, std::int64_t step, double, std::int64_t) override {
     local.resize(t.engine().param_count());
     t.engine().store_grads(local);
+    // Simulated ranks pass one after another on one replica: each pass's gradient and examples are kept,
+    // so that every rank's phases can be judged after the step.
+    if (t.comm().simulated()) {
+      played.resize(static_cast<std::size_t>(t.world_size()));
+      played[static_cast<std::size_t>(t.rank())] = {local, t.local_indices(step), true};
+    }
     // The optimizer has not run yet: this is the state the step starts from.
     params_before.resize(t.engine().param_count());
     t.engine().store_params(params_before);
@@ -488,6 +494,12 @@ class Capture final : public StepObserver {
   }
   std::vector<float> local, reduced, params, state;
   std::vector<float> params_before, state_before;
+  struct Pass {
+    std::vector<float> local;
+    std::vector<std::int64_t> used;
+    bool seen = false;  // the rank passed (a pass that threw leaves the later ones unplayed)
+  };
+  std::vector<Pass> played;  // simulated ranks: each rank's local gradient and examples
   float loss_scale = 1;  // the scaler's scale at the step: the local gradient is scaled by it
   bool skipped = false;  // the loss scaler found the gradient non-finite: the step takes no update
   std::int64_t steps_before = 0;
@@ -609,9 +621,21 @@ ReplayResult replay_step(const Target& target, const ReplayInput& in) {
       if (!failure && (has_non_finite(cap.params) || has_non_finite(cap.state)))
         failure = non_finite_state_failure(step, cap.params, cap.state, ParamLayout(in.config.model), "");
     }
-    const std::vector<std::int64_t> used = rt.trainer->local_indices(step);
-    const nlohmann::json row = attribute_rank(target, in, ex, used, cap, replicas ? &*replicas : nullptr, comm.rank());
-    const std::vector<std::string> all = allgather_strings(comm.host(), row.dump());
+    std::vector<std::string> all;
+    if (comm.simulated()) {
+      // One replica played every rank: each rank's row from its own pass.
+      for (std::size_t r = 0; r < cap.played.size(); ++r) {
+        if (!cap.played[r].seen) continue;
+        cap.local = std::move(cap.played[r].local);
+        all.push_back(attribute_rank(target, in, ex, cap.played[r].used, cap, replicas ? &*replicas : nullptr,
+                                     static_cast<int>(r))
+                          .dump());
+      }
+    } else {
+      const std::vector<std::int64_t> used = rt.trainer->local_indices(step);
+      const nlohmann::json row = attribute_rank(target, in, ex, used, cap, replicas ? &*replicas : nullptr, comm.rank());
+      all = allgather_strings(comm.host(), row.dump());
+    }
     if (!records(target, comm)) return;
     const std::lock_guard<std::mutex> lock(mu);
     for (const std::string& s : all) rows.push_back(nlohmann::json::parse(s));

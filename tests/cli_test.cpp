@@ -125,7 +125,7 @@ TEST_F(Cli, VerifyOnSimulatedRanksSkipsWhatNeedsRealRanksAndCatchesAMutant) {
 
 // Live checks on simulated ranks judge the world's all-reduced gradient once the last rank has passed
 // (not each rank's own, mid-reduction), and the finite check names the rank whose gradient is not finite;
-// the failure's bundle is written though the round of passes was cut short.
+// the failure's bundle is written though the round of passes was cut short, and replays rank by rank.
 TEST_F(Cli, LiveChecksOnSimulatedRanksJudgeTheWorldsGradient) {
   const CommandResult ok = run("train --comm simulated --world-size 64 --model 1,1 --activation tanh --batch 64 "
                                "--dataset-size 64 --policy drop-last --optimizer adam --steps 2 --seed 0 "
@@ -141,6 +141,11 @@ TEST_F(Cli, LiveChecksOnSimulatedRanksJudgeTheWorldsGradient) {
   EXPECT_EQ(nan.status, 1) << nan.output;
   EXPECT_NE(nan.output.find("FAILED: step 1: rank 99: its local gradient"), std::string::npos) << nan.output;
   EXPECT_NE(nan.output.find("repro bundle"), std::string::npos) << nan.output;
+  // Its replay judges every rank's pass, and names the rank whose local gradient left the bound.
+  const CommandResult replay = run("replay " + path("bundles/dpcheck-bundle-step-00000001"));
+  EXPECT_NE(replay.output.find("first phase out of the bound: local gradient on rank 99"), std::string::npos)
+      << replay.output;
+  EXPECT_NE(replay.output.find("reproduced bit for bit"), std::string::npos) << replay.output;
 }
 
 // A bf16 all-reduce that rounds at every hop, as a ring or NCCL does, takes up to N - 1 roundings
