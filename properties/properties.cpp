@@ -23,10 +23,10 @@ constexpr double kGradientPower = 0.9;
 // 50 cases); a bound three times looser than it is now stays below 0.12.
 constexpr double kBoundTightness = 0.12;
 
-// The largest ratio that the chains of half spacings must reach over a run: a ring's or rank order's
-// chain rounds down at every addition and reaches over three quarters of its bound (a bound counting
-// twice the roundings stays under a half).
-constexpr double kScheduleTightness = 0.5;
+// The largest ratio that the chains of half spacings must reach over a run, among the rings' chains and
+// among the trees': a chain rounds an h away at every addition on its way, and over 3000 cases each
+// schedule's reached 0.93 to 1 of its bound in every format (a bound twice as loose stays under 0.5).
+constexpr double kScheduleTightness = 0.75;
 
 constexpr std::array<PropertyDef, 18> kProperties{{
     {"gradient_average_matches_whole_batch",
@@ -93,8 +93,8 @@ constexpr std::array<PropertyDef, 18> kProperties{{
     {"allreduce_schedules_within_bound",
      "every all-reduce schedule (rank order, ring, double binary tree, halving-doubling, hierarchical), emulated "
      "bit for bit in float32, bf16 and fp16 at 1 to 4096 ranks, stays within the bound of its depth, and rounding "
-     "reaches over half of it",
-     schedule_bound_body, 1, nullptr, 0, kScheduleTightness, false, false, true, {"chains", ""}},
+     "reaches over three quarters of it",
+     schedule_bound_body, 1, nullptr, 0, kScheduleTightness, false, false, true, {"ring chains", "tree chains"}},
 }};
 
 }  // namespace

@@ -313,8 +313,8 @@ std::string PropertyResult::tightness_text(std::string_view and_word) const {
   for (int path = 0; path < 2; ++path) {
     if (tightness[path] < 0 || tightness_paths[path].empty()) continue;
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.6g ", tightness[path]);
-    text += (text.empty() ? "" : std::string(and_word)) + buf + std::string(tightness_paths[path]);
+    std::snprintf(buf, sizeof buf, "%.6g (", tightness[path]);
+    text += (text.empty() ? "" : std::string(and_word)) + buf + std::string(tightness_paths[path]) + ")";
   }
   return text;
 }

@@ -64,7 +64,7 @@ struct PropertyResult {
   double tightness[2] = {-1, -1};
   double min_tightness = 0;
   std::string_view tightness_paths[2];  // PropertyDef::tightness_paths
-  // "0.213 whole batch and 0.197 sharded": each measured path's tightness and name, joined by `and`.
+  // "0.213 (whole batch) and 0.197 (sharded)": each measured path's tightness and name, joined by `and`.
   std::string tightness_text(std::string_view and_word = " and ") const;
   double seconds = 0;
   std::string failure;         // why the minimal case failed

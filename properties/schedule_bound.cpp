@@ -3,10 +3,9 @@
 // of the scale class (63 to 4096) and the buffers, emulates the schedule bit for bit and holds every
 // element of its result to gamma of the schedule's depth times the sum of the inputs' magnitudes, from
 // the float64 sum. The buffers are spread over magnitudes and signs, or chains: one rank holds 1 and
-// every other half the format's spacing at 1, with the 1 where the element's reduction starts (rank 0
-// in rank order, the chunk's first rank in a ring and in a hierarchy's first group), so that every
-// addition on its way rounds down by all it can. A ring's chain, or rank order's in float32, reaches
-// over three quarters of the bound; over a run the largest ratio must reach kScheduleTightness, or the
+// the ranks that meet its partial sum on the way hold half the format's spacing at 1, so that every
+// addition on its way rounds down by all it can (chain_values builds it for each schedule). Over a run
+// the largest ratio of the rings' chains and of the trees' must each reach kScheduleTightness, or the
 // bound has grown looser than rounding needs.
 //
 // What the emulation models is checked elsewhere (tests/allreduce_schedule_test.cpp, against each
@@ -40,22 +39,70 @@ float half_spacing(Precision f) {
   }
 }
 
-// The rank where the reduction of element i starts: the chain's 1 goes there.
-int chain_start(const ScheduleOptions& o, int world, std::size_t i, std::size_t count, int drawn) {
+// A ring's chunk of element i among `ranks` chunks (the first count % ranks one element longer).
+std::size_t chunk_of(std::size_t i, std::size_t count, std::size_t ranks) {
+  const std::size_t base = count / ranks, rem = count % ranks;
+  const std::size_t long_part = rem * (base + 1);  // the first rem chunks, one element longer
+  return i < long_part ? i / (base + 1) : rem + (i - long_part) / std::max<std::size_t>(base, 1);
+}
+
+// The chain of element i, as each rank's value in units: 1 where the element's partial sum starts, h
+// (half a spacing) on each rank whose value or partial sum meets it on its way, 0 elsewhere, so that
+// every addition on that way rounds an h away. `drawn` picks the start where the schedule leaves it
+// open (trees, halving-doubling).
+std::vector<float> chain_values(const ScheduleOptions& o, int world, std::size_t i, std::size_t count, int drawn, float h) {
   const auto n = static_cast<std::size_t>(world);
-  // A ring's chunk c (the first count % N one element longer) starts at rank c.
-  const auto chunk_of = [](std::size_t element, std::size_t elements, std::size_t ranks) {
-    const std::size_t base = elements / ranks, rem = elements % ranks;
-    const std::size_t long_part = rem * (base + 1);  // the first rem chunks, one element longer
-    return element < long_part ? element / (base + 1) : rem + (element - long_part) / std::max<std::size_t>(base, 1);
-  };
+  std::vector<float> v(n, 0.0f);
   switch (o.schedule) {
-    case AllreduceSchedule::rank_order: return 0;
-    case AllreduceSchedule::ring: return static_cast<int>(chunk_of(i, count, n));
-    case AllreduceSchedule::hierarchical:
-      return static_cast<int>(chunk_of(i, count, std::min<std::size_t>(n, static_cast<std::size_t>(o.group_size))));
-    default: return drawn;  // trees and halving-doubling: wherever the draw put it
+    case AllreduceSchedule::rank_order:
+    case AllreduceSchedule::ring: {
+      // Every other rank is added to the partial that starts at rank 0 (rank order) or at the chunk's rank.
+      std::fill(v.begin(), v.end(), h);
+      v[o.schedule == AllreduceSchedule::ring ? chunk_of(i, count, n) : 0] = 1.0f;
+      break;
+    }
+    case AllreduceSchedule::hierarchical: {
+      // The group that starts the element's chunk of the ring across groups holds the 1 where its own
+      // ring's chunk starts and h on its other ranks; each other group one h.
+      const auto g = std::min(n, static_cast<std::size_t>(o.group_size));
+      const std::size_t groups = (n + g - 1) / g, first = chunk_of(i, count, groups) * g;
+      const std::size_t size = std::min(g, n - first);
+      for (std::size_t k = 0; k < groups; ++k) v[k * g] = h;
+      for (std::size_t m = 0; m < size; ++m) v[first + m] = h;
+      v[first + chunk_of(i, count, size)] = 1.0f;
+      break;
+    }
+    case AllreduceSchedule::tree: {
+      // Up tree 0 (the first half of the buffer) or tree 1: at each ancestor its own value, and its
+      // higher child's sum when the way comes up through the lower child (a rank adds its own value, then
+      // its lower child's sum, then its higher child's).
+      const std::vector<int>& parent = reference::double_binary_tree(world).parent[i < (count + 1) / 2 ? 0 : 1];
+      const int start = drawn;
+      v[static_cast<std::size_t>(start)] = 1.0f;
+      for (int child = start, a = parent[static_cast<std::size_t>(start)]; a >= 0;
+           child = a, a = parent[static_cast<std::size_t>(a)]) {
+        v[static_cast<std::size_t>(a)] = h;
+        for (int r = child + 1; r < world; ++r)
+          if (parent[static_cast<std::size_t>(r)] == a) v[static_cast<std::size_t>(r)] = h;
+      }
+      break;
+    }
+    case AllreduceSchedule::halving_doubling: {
+      // p = the largest power of two up to N; rank 2j + 1 (j < N - p) first adds rank 2j, and becomes
+      // rank j of the p; the others k >= 2 (N - p) become k - (N - p). At every level the partial holding
+      // the 1 meets its partner's, which holds one h.
+      std::size_t p = 1;
+      while (p * 2 <= n) p *= 2;
+      const std::size_t extra = n - p;
+      const auto old_rank = [&](std::size_t s) { return s < extra ? 2 * s + 1 : s + extra; };
+      const std::size_t s = static_cast<std::size_t>(drawn) % p;
+      v[old_rank(s)] = 1.0f;
+      if (s < extra) v[2 * s] = h;
+      for (std::size_t bit = 1; bit < p; bit *= 2) v[old_rank(s ^ bit)] = h;
+      break;
+    }
   }
+  return v;
 }
 
 // One case: the schedule and its format, the world, and two draws an element from which the buffers
@@ -82,7 +129,7 @@ rc::Gen<ScheduleCase> gen_schedule_case(int one_in) {
   return rc::gen::exec([one_in] {
     ScheduleCase c;
     const auto schedules = reference::allreduce_schedules();
-    c.options.schedule = schedules[*rc::gen::inRange<std::size_t>(0, schedules.size())].schedule;
+    c.options.schedule = schedules[*uniform(rc::gen::inRange<std::size_t>(0, schedules.size()))].schedule;
     c.options.format = *rc::gen::element(Precision::fp32, Precision::bf16, Precision::fp16);
     c.options.average = *rc::gen::element(false, true);
     c.options.group_size = *rc::gen::element(8, 4, 2);
@@ -118,12 +165,14 @@ void schedule_bound_body(const Target& target, CaseRecord& record) {
   const float h = half_spacing(o.format);
   for (std::size_t i = 0; i < count; ++i) {
     const std::uint32_t seed = draws[2 * i], shape = draws[2 * i + 1];
-    const int start = chain_start(o, world, i, count, static_cast<int>(shape % static_cast<std::uint32_t>(world)));
     const float sign = shape & 0x80000000u ? -1.0f : 1.0f;
+    const std::vector<float> links =
+        chain ? chain_values(o, world, i, count, static_cast<int>(shape % static_cast<std::uint32_t>(world)), h)
+              : std::vector<float>();
     for (int r = 0; r < world; ++r) {
       float v = 0;
       if (chain) {
-        v = sign * (r == start ? 1.0f : h);
+        v = sign * links[static_cast<std::size_t>(r)];
       } else {
         const std::uint64_t bits = mix_key(seed, static_cast<std::uint64_t>(r));
         const float mantissa = 1.0f + static_cast<float>(bits & 0xffffff) * 0x1p-24f;
@@ -152,7 +201,10 @@ void schedule_bound_body(const Target& target, CaseRecord& record) {
     if (ratio > worst || i == 0) worst = ratio, at = i, worst_exact = exact, worst_bound = bound;
   }
   record.ratio = worst;
-  record.tightness[0] = worst;
+  // Tightness from the chains alone: a ring's (rank order's, a hierarchy's) and a tree's (halving-
+  // doubling's, a tree of pairs for each element), each judged over the run.
+  const bool tree_like = o.schedule == AllreduceSchedule::tree || o.schedule == AllreduceSchedule::halving_doubling;
+  if (chain) record.tightness[tree_like ? 1 : 0] = worst;
   char buf[320];
   std::snprintf(buf, sizeof buf, "%s %s %s of %d ranks (%s), element %zu: %.9g against the exact %.17g, error %.3g, bound %.3g",
                 reference::schedule_text(o).c_str(), std::string(precision_name(o.format)).c_str(),

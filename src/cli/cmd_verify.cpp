@@ -323,9 +323,9 @@ void describe_closest_calls(std::ostream& details, const VerifyOptions& o, const
 void describe_tightness_and_power(std::ostream& details, const std::vector<PropertyResult>& results) {
   for (const PropertyResult& r : results) {
     if (r.tightness_text().empty()) continue;
-    details << "\n" << r.name << ": tightness: plain rounding (no kink term) came to " << r.tightness_text()
-            << " of the bound (at least " << number(r.min_tightness) << " required over " << min_tightness_cases
-            << " cases or more)\n";
+    details << "\n" << r.name << ": tightness: the largest error ratio of plain rounding (no kink term) was "
+            << r.tightness_text() << "; at least " << number(r.min_tightness) << " required over "
+            << min_tightness_cases << " cases or more\n";
   }
   for (const PropertyResult& r : results) {
     if (r.probed == 0) continue;
