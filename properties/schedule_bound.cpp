@@ -28,6 +28,7 @@ namespace dpcheck {
 namespace {
 
 using reference::AllreduceSchedule;
+using reference::chunk_of;
 using reference::ScheduleOptions;
 
 // Half the spacing of the format's values at 1: 1 + h rounds to 1 (ties to even).
@@ -37,13 +38,6 @@ float half_spacing(Precision f) {
     case Precision::fp16: return 0x1p-11f;
     default: return 0x1p-24f;
   }
-}
-
-// A ring's chunk of element i among `ranks` chunks (the first count % ranks one element longer).
-std::size_t chunk_of(std::size_t i, std::size_t count, std::size_t ranks) {
-  const std::size_t base = count / ranks, rem = count % ranks;
-  const std::size_t long_part = rem * (base + 1);  // the first rem chunks, one element longer
-  return i < long_part ? i / (base + 1) : rem + (i - long_part) / std::max<std::size_t>(base, 1);
 }
 
 // The chain of element i, as each rank's value in units: 1 where the element's partial sum starts, h

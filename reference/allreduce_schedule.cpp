@@ -24,12 +24,6 @@ constexpr ScheduleRow kSchedules[] = {
 // a + b as a kernel of the format adds: in float32, rounded to the format.
 float add(float a, float b, Precision format) { return round_to_precision(a + b, format); }
 
-// The chunk of element i when n elements are cut into `parts` chunks, the first n % parts one longer.
-std::size_t chunk_of(std::size_t i, std::size_t n, std::size_t parts) {
-  const std::size_t q = n / parts, r = n % parts;
-  return i < r * (q + 1) ? i / (q + 1) : r + (i - r * (q + 1)) / q;
-}
-
 // The ring's sum of element i of `x` (one value per rank of the ring) for the chunk c it lies in:
 // x[c] + x[c + 1] + ... around the ring, rounded at every hop.
 float ring_sum(const std::vector<float>& x, std::size_t c, Precision format) {
@@ -83,6 +77,11 @@ float finish(float sum, const ScheduleOptions& o, std::size_t world) {
 }
 
 }  // namespace
+
+std::size_t chunk_of(std::size_t i, std::size_t n, std::size_t parts) {
+  const std::size_t q = n / parts, r = n % parts;
+  return i < r * (q + 1) ? i / (q + 1) : r + (i - r * (q + 1)) / q;
+}
 
 std::span<const ScheduleRow> allreduce_schedules() { return kSchedules; }
 

@@ -67,6 +67,10 @@ ScheduleOptions parse_schedule(std::string_view text);
 // The text that parse_schedule reads back: "ring", "hierarchical:4".
 std::string schedule_text(const ScheduleOptions& options);
 
+// The chunk of element i when n elements are cut into `parts` chunks, the first n % parts one longer
+// (a ring's chunks, within a group and across groups too).
+std::size_t chunk_of(std::size_t i, std::size_t n, std::size_t parts);
+
 // What every rank receives from an all-reduce of inputs[r], rank r's buffer (all of one length, each
 // value one of the format's), under the schedule.
 std::vector<float> emulate_allreduce(const ScheduleOptions& options, std::span<const std::vector<float>> inputs);
