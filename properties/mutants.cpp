@@ -27,7 +27,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 50> kMutants{{
+constexpr std::array<MutantInfo, 51> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -154,6 +154,10 @@ constexpr std::array<MutantInfo, 50> kMutants{{
     {"bound-ring-depth-as-tree", "allreduce_schedules_within_bound",
      "the bound counts a ring's roundings as a double binary tree's, about 2 log2 N, where each chunk's partial sum "
      "is rounded at N - 1 hops: near enough up to 8 ranks, too tight past them", {}, false, {}, false, true},
+    {"share-weight-float32", "share_weights_match_global_batch",
+     "the share weight b_r N / B is computed from counts held in float32, as a global batch counted in a float "
+     "tensor is: exact up to 2^24 examples, past that B and b_r N round before the division", {}, false, {}, false,
+     true},
 }};
 
 class SumNoAverage final : public ForwardingCommunicator {
@@ -283,6 +287,16 @@ class MeanOfMeansTrainer final : public Trainer {
 
  protected:
   double share_weight(std::int64_t share, std::int64_t, int) const override { return share > 0 ? 1.0 : 0.0; }
+};
+
+class Float32CountTrainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  double share_weight(std::int64_t share, std::int64_t global, int world) const override {
+    return static_cast<double>(static_cast<float>(share * world)) / static_cast<double>(static_cast<float>(global));
+  }
 };
 
 class DropOneSampleTrainer final : public Trainer {
@@ -814,6 +828,7 @@ constexpr std::pair<std::string_view, decltype(&trainer_of<Trainer>)> kTrainerMu
     {"bucket-boundary-off-by-one", trainer_of<BucketOffByOneTrainer>},
     {"bucket-reduced-before-ready", trainer_of<BucketBeforeReadyTrainer>},
     {"mean-of-means", trainer_of<MeanOfMeansTrainer>},
+    {"share-weight-float32", trainer_of<Float32CountTrainer>},
     {"drop-one-sample", trainer_of<DropOneSampleTrainer>},
     {"accumulate-sum-of-means", trainer_of<SumOfMeansTrainer>},
     {"resume-skips-optimizer-state", trainer_of<ResumeSkipsOptimizerTrainer>},

@@ -28,7 +28,7 @@ constexpr double kBoundTightness = 0.12;
 // schedule's reached 0.93 to 1 of its bound in every format (a bound twice as loose stays under 0.5).
 constexpr double kScheduleTightness = 0.75;
 
-constexpr std::array<PropertyDef, 18> kProperties{{
+constexpr std::array<PropertyDef, 19> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower, 0, true, true, true},
@@ -95,6 +95,11 @@ constexpr std::array<PropertyDef, 18> kProperties{{
      "bit for bit in float32, bf16 and fp16 at 1 to 4096 ranks, stays within the bound of its depth, and rounding "
      "reaches over three quarters of it",
      schedule_bound_body, 1, nullptr, 0, kScheduleTightness, false, false, true, {"ring chains", "tree chains"}},
+    // The trainer's arithmetic alone, on a simulated world of any size: no collective, no kernel of a plugin.
+    {"share_weights_match_global_batch",
+     "every example of a step's global batch weighs 1/B after the all-reduce's average: each rank's scale for each "
+     "micro-batch is n N / B rounded once to float32, at 1 to 4096 ranks and data sets past 2^31 examples",
+     share_weights_body, 1, nullptr, 0, 0, false, false, true},
 }};
 
 }  // namespace

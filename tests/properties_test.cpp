@@ -11,7 +11,9 @@
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
 #include "properties/scenario.hpp"
+#include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
+#include "src/train/data.hpp"
 
 namespace dpcheck {
 namespace {
@@ -69,6 +71,7 @@ TEST(Properties, audit_sees_every_write) {
 }
 
 TEST(Properties, allreduce_schedules_within_bound) { check_property("allreduce_schedules_within_bound"); }
+TEST(Properties, share_weights_match_global_batch) { check_property("share_weights_match_global_batch"); }
 
 // The scale class: with one case in one drawn from it, every scenario has a world of the class, a model
 // of at most two layers of 4 units, at most two steps and a batch under 2N (at least N for drop-last);
@@ -118,8 +121,41 @@ TEST(Properties, TheSamplerPastTwoToTheThirtyOneIsCheckedPlaceByPlace) {
     }
 }
 
+// Rank 0's scale for its one micro-batch at step 0, where the data set is one global batch of `examples`
+// split unevenly over `world` simulated ranks.
+float rank0_scale(const Target& target, std::int64_t examples, int world) {
+  TrainConfig c;
+  c.model.dims = {1, 1};
+  c.batch = examples;
+  c.shuffle = false;
+  c.policy = Policy::uneven;
+  const SyntheticDataset data(c.data_size(), c.model, c.seed);
+  SimulatedComm comm(world);
+  const RankTrainer rt = make_rank_trainer(target, c, comm, data);
+  const Trainer::Slot s = rt.trainer->slot(0, 0);
+  return rt.trainer->micro_batch_scale(s.end - s.begin, s.end - s.begin, s.end - s.begin, examples);
+}
+
+// share-weight-float32 is a bug of scale: its counts are exact in float32 below 2^24 examples, so its
+// scales are the trainer's bits there, and past 2^24 they are not.
+TEST(Properties, Float32CountsAreRightBelow2To24AndWrongPastIt) {
+  Target broken;
+  broken.comm = "simulated";
+  broken.mutant = "share-weight-float32";
+  Target right = broken;
+  right.mutant.clear();
+  for (const int world : {2, 3, 63, 4096})
+    for (const std::int64_t examples : {std::int64_t{4097}, std::int64_t{12345677}, (std::int64_t{1} << 24) - 1})
+      EXPECT_EQ(rank0_scale(broken, examples, world), rank0_scale(right, examples, world))
+          << examples << " over " << world;
+  // B = 2^24 + 153 rounds to 2^24 + 152 in float32; rank 0's 8388685 examples times 2 stay exact.
+  const float want = static_cast<float>(16777370.0 / 16777369.0);
+  EXPECT_EQ(rank0_scale(right, 16777369, 2), want);
+  EXPECT_NE(rank0_scale(broken, 16777369, 2), want);
+}
+
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 18u);
+  ASSERT_EQ(properties().size(), 19u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;

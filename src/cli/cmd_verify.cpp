@@ -441,6 +441,8 @@ Runner add_verify(CLI::App& app) {
       "                           small models, batches under 2N; the sampler's data sets past 2^31 too\n"
       "  all-reduce schedules     the schedule, format, sum or avg, 1-8 ranks or (one case in 4) 63-4096,\n"
       "                           values spread over magnitudes or chains of half spacings\n"
+      "  share weights            1-8 ranks or 63-4096, data sets to 3N, past 2^24 and past 2^31, the\n"
+      "                           policy and split, the step, 1-4 micro-batches, loss scales 1 to 2^24\n"
       "  --thorough               world sizes 1-16, 1-5 layers, up to 12 steps, 500 cases\n"
       "A mutant of one precision's path runs in that precision unless --precision is given.\n"
       "Exit status: 0 every property passed; 1 a property failed (with its minimal case and replay line);\n"

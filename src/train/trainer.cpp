@@ -95,6 +95,12 @@ double Trainer::micro_batch_weight(std::int64_t micro, std::int64_t share) const
   return static_cast<double>(micro) / static_cast<double>(share);
 }
 
+float Trainer::micro_batch_scale(std::int64_t micro, std::int64_t examples, std::int64_t share, std::int64_t global,
+                                 float loss_scale) const {
+  const double weight = share_weight(share, global, comm_.size());
+  return static_cast<float>(weight * micro_batch_weight(micro, examples) * loss_scale);
+}
+
 double Trainer::compute_gradient(std::int64_t step) {
   SimulatedComm* simulated = comm_.simulated();
   if (!simulated) return rank_gradient(step);
@@ -127,7 +133,6 @@ double Trainer::rank_gradient(std::int64_t step) {
   const std::int64_t global = global_batch(step);
   if (global == 0) throw Error("step " + std::to_string(step) + " has an empty global batch");
   const Batch batch = local_batch(step);
-  const double weight = share_weight(share, global, comm_.size());
   const float loss_scale = scaler_.enabled() ? applied_loss_scale() : 1.0f;
 
   if (config_.bucket_mb > 0 && !reducer_) {
@@ -170,7 +175,7 @@ double Trainer::rank_gradient(std::int64_t step) {
   for (std::size_t j = 0; j < micro.size(); ++j) {
     const std::int64_t n = micro[j];
     if (n == 0) continue;
-    const auto scale = static_cast<float>(weight * micro_batch_weight(n, batch.size) * loss_scale);
+    const float scale = micro_batch_scale(n, batch.size, share, global, loss_scale);
     const HookReset reset{engine_};
     if (overlap && j == last_micro) {
       launch_ready(layers);

@@ -98,6 +98,14 @@ class Trainer {
   // The largest micro-batch any rank uses at a step (array_split of a slice into `accumulate` parts).
   std::int64_t largest_micro_batch(std::int64_t step) const;
 
+  // The factor by which a rank's engine scales the mean gradient of a micro-batch of `micro` of its
+  // `examples` examples, where its slot holds `share` of the step's `global` examples: the share weight
+  // share N / global times the micro-batch weight micro / examples and the loss scale, computed in
+  // float64 and rounded once to float32. After the all-reduce's average every example then weighs
+  // loss_scale / global, to within that one rounding (share_weights_match_global_batch holds it there).
+  float micro_batch_scale(std::int64_t micro, std::int64_t examples, std::int64_t share, std::int64_t global,
+                          float loss_scale = 1) const;
+
   // Leaves the all-reduced gradient of step's global batch in engine.grads(); returns the mean loss.
   // With a loss scaler the gradient is unscaled, unless some rank found a non-finite value: then
   // found_inf() is true on every rank and the gradient is left as the all-reduce made it.
