@@ -27,7 +27,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 51> kMutants{{
+constexpr std::array<MutantInfo, 52> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -154,6 +154,10 @@ constexpr std::array<MutantInfo, 51> kMutants{{
     {"bound-ring-depth-as-tree", "allreduce_schedules_within_bound",
      "the bound counts a ring's roundings as a double binary tree's, about 2 log2 N, where each chunk's partial sum "
      "is rounded at N - 1 hops: near enough up to 8 ranks, too tight past them", {}, false, {}, false, true},
+    {"trainer-slot-32bit", "share_weights_match_global_batch",
+     "the trainer computes a step's slot of a share in 32-bit integers: past 2^31 examples a share (a data set of "
+     "tokens over few ranks) wraps negative, and the rank trains on the wrong examples or none",
+     {}, false, {}, false, true},
     {"share-weight-float32", "share_weights_match_global_batch",
      "the share weight b_r N / B is computed from counts held in float32, as a global batch counted in a float "
      "tensor is: exact up to 2^24 examples, past that B and b_r N round before the division", {}, false, {}, false,
@@ -287,6 +291,24 @@ class MeanOfMeansTrainer final : public Trainer {
 
  protected:
   double share_weight(std::int64_t share, std::int64_t, int) const override { return share > 0 ? 1.0 : 0.0; }
+};
+
+class Slot32Trainer final : public Trainer {
+ public:
+  using Trainer::Trainer;
+  // Each value in 32 bits, wrapping as two's complement does (without the undefined behaviour of an
+  // overflowing int).
+  Slot slot(int rank, std::int64_t step) const override {
+    const auto i32 = [](std::int64_t v) { return static_cast<std::int32_t>(static_cast<std::uint32_t>(v)); };
+    const std::int32_t share = i32(sampler().share_size(rank));
+    const std::int32_t slice = i32((config().batch + world_size() - 1) / world_size());
+    const std::int32_t begin = std::min(share, i32(std::int64_t{i32(step % steps_per_epoch())} * slice));
+    Slot s;
+    s.epoch = step / steps_per_epoch();
+    s.begin = begin;
+    s.end = std::min(share, i32(std::int64_t{begin} + slice));
+    return s;
+  }
 };
 
 class Float32CountTrainer final : public Trainer {
@@ -829,6 +851,7 @@ constexpr std::pair<std::string_view, decltype(&trainer_of<Trainer>)> kTrainerMu
     {"bucket-reduced-before-ready", trainer_of<BucketBeforeReadyTrainer>},
     {"mean-of-means", trainer_of<MeanOfMeansTrainer>},
     {"share-weight-float32", trainer_of<Float32CountTrainer>},
+    {"trainer-slot-32bit", trainer_of<Slot32Trainer>},
     {"drop-one-sample", trainer_of<DropOneSampleTrainer>},
     {"accumulate-sum-of-means", trainer_of<SumOfMeansTrainer>},
     {"resume-skips-optimizer-state", trainer_of<ResumeSkipsOptimizerTrainer>},

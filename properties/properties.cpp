@@ -97,8 +97,9 @@ constexpr std::array<PropertyDef, 19> kProperties{{
      schedule_bound_body, 1, nullptr, 0, kScheduleTightness, false, false, true, {"ring chains", "tree chains"}},
     // The trainer's arithmetic alone, on a simulated world of any size: no collective, no kernel of a plugin.
     {"share_weights_match_global_batch",
-     "every example of a step's global batch weighs 1/B after the all-reduce's average: each rank's scale for each "
-     "micro-batch is n N / B rounded once to float32, at 1 to 4096 ranks and data sets past 2^31 examples",
+     "every example of a step's global batch weighs 1/B after the all-reduce's average: each rank takes its slot of "
+     "its share and scales each micro-batch by n N / B rounded once to float32, at 1 to 4096 ranks and shares past "
+     "2^31 examples",
      share_weights_body, 1, nullptr, 0, 0, false, false, true},
 }};
 

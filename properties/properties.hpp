@@ -31,6 +31,8 @@
 //   divergence_tools_name_the_difference  (properties/tools.cpp)
 //   allreduce_schedules_within_bound      every schedule's emulated all-reduce within the bound of its
 //                                         depth, at 1 to 4096 ranks, in float32, bf16 and fp16 (and tight)
+//   share_weights_match_global_batch      every rank's slot of its share and its scale for every
+//                                         micro-batch, n N / B rounded once, at shares past 2^31
 #pragma once
 
 #include <cstdint>

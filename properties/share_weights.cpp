@@ -2,14 +2,17 @@
 // weighs 1/B. The trainer gives rank r's micro-batch j the scale n_j N / B (its share weight b_r N / B
 // times the micro-batch's weight n_j / b_r, times the loss scale), rounded once to float32
 // (Trainer::micro_batch_scale); a case holds every rank's every scale to the float32 nearest that
-// rational.
+// rational, with b_r and B from the step's definition (reference/schedule.hpp, from the shares' sizes),
+// and every rank's slot of its share (Trainer::slot) to that definition's.
 //
 // The gradient properties see a weight only through a gradient's bound, whose roundings grow with the
 // share: at 2^24 examples a share's gamma reaches 1 and the bound says nothing. Weights go wrong exactly
-// there -- a count held in float32 is exact up to 2^24 and rounds past it -- so this property asks the
-// trainer for its scales alone, with no example evaluated: data sets of up to 3N examples, past 2^24 and
-// past 2^31, at 1 to 8 ranks and at the scale class's 63 to 4096, every policy and split, 1 to 4
-// micro-batches and loss scales of 1 to 2^24, at a drawn step of the epoch (its last slices are short).
+// there -- a count held in float32 is exact up to 2^24 and rounds past it -- and so do slots computed in
+// 32 bits past 2^31, so this property asks the trainer for its slots and scales alone, with no example
+// evaluated: data sets of up to 3N examples, past 2^24, past 2^31, and shares past 2^31 (data sets of
+// N times that: tokens, not samples), at 1 to 8 ranks and at the scale class's 63 to 4096, every policy
+// and split, 1 to 4 micro-batches and loss scales of 1 to 2^24, at a drawn step of the epoch (its last
+// slices are short).
 #include <cmath>
 #include <cstdio>
 #include <ostream>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "properties/common.hpp"
+#include "reference/schedule.hpp"
 #include "src/comm/simulated_comm.hpp"
 #include "src/train/data.hpp"
 
@@ -66,14 +70,16 @@ rc::Gen<WeightCase> gen_weight_case(int fixed_world) {
     c.split = *rc::gen::element(Split::strided, Split::contiguous);
     c.policy = *rc::gen::element(Policy::uneven, Policy::pad, Policy::drop_last);
     // Up to 3N examples; from 2^24 to 2^25, where float32 holds every other count; from 2^20 short of
-    // 2^31 to 2^32, where it holds one in 128 to 256.
-    const int magnitude = *uniform(rc::gen::inRange(0, 3));
+    // 2^31 to 2^32, where it holds one in 128 to 256; shares from 2^20 short of 2^31 to 2^32.
+    const int magnitude = *uniform(rc::gen::inRange(0, 4));
     const auto offset = *uniform(rc::gen::inRange<std::int64_t>(0, std::int64_t{1} << 30));
     const std::int64_t n = c.world;
     const std::int64_t least = c.policy == Policy::drop_last ? n : 1;  // drop-last: a share for every rank
+    const std::int64_t across_2_31 = (std::int64_t{1} << 31) - (std::int64_t{1} << 20) + 2 * offset;
     c.dataset = magnitude == 0   ? least + offset % (3 * n)
                 : magnitude == 1 ? (std::int64_t{1} << 24) + offset % (std::int64_t{1} << 24)
-                                 : (std::int64_t{1} << 31) - (std::int64_t{1} << 20) + 2 * offset;
+                : magnitude == 2 ? across_2_31
+                                 : n * across_2_31 + offset % n;
     const bool whole = *rc::gen::element(true, false);
     const auto cut = *uniform(rc::gen::inRange<std::int64_t>(0, std::int64_t{1} << 40));
     c.batch = whole ? c.dataset : 1 + cut % c.dataset;
@@ -104,6 +110,7 @@ void share_weights_body(const Target& target, CaseRecord& record) {
   const WeightCase c = *gen_weight_case(fixed);
   record.size = {c.dataset, c.world, 0, 0};
   RC_CLASSIFY(c.dataset > kCountableExamples, "a data set past 2^24 examples");
+  RC_CLASSIFY(c.dataset / c.world >= (std::int64_t{1} << 31), "shares past 2^31 examples");
   RC_CLASSIFY(c.world > 8, "the scale class");
 
   // The trainer of rank 0 of a simulated world: its arithmetic is every rank's, and no example is read.
@@ -113,17 +120,23 @@ void share_weights_body(const Target& target, CaseRecord& record) {
   const RankTrainer rt = make_rank_trainer(target_for_case(target, true), config, comm, data);
   const Trainer& trainer = *rt.trainer;
 
-  std::vector<std::int64_t> shares(static_cast<std::size_t>(c.world));
-  std::int64_t global = 0;
+  const reference::StepSlots slots = reference::step_slots(config, *rt.sampler, c.step);
   for (int r = 0; r < c.world; ++r) {
     const Trainer::Slot s = trainer.slot(r, c.step);
-    global += shares[static_cast<std::size_t>(r)] = s.end - s.begin;
+    const auto at = static_cast<std::size_t>(r);
+    if (s.epoch == slots.epoch && s.begin == slots.begin[at] && s.end == slots.end[at]) continue;
+    fail_case("rank " + std::to_string(r) + " takes examples [" + std::to_string(s.begin) + ", " +
+              std::to_string(s.end) + ") of its share of epoch " + std::to_string(s.epoch) + " at step " +
+              std::to_string(c.step) + ", where slices of " + std::to_string(slots.slice) + " put it at [" +
+              std::to_string(slots.begin[at]) + ", " + std::to_string(slots.end[at]) + ") of epoch " +
+              std::to_string(slots.epoch) + " (its share holds " + std::to_string(rt.sampler->share_size(r)) + ")");
   }
+  const std::int64_t global = slots.global();
   if (global == 0) fail_case("step " + std::to_string(c.step) + " has no examples on any rank");
   const float loss_scale = std::ldexp(1.0f, c.loss_scale_exponent);
   double worst = 0;  // the largest |got - want| in float32 spacings at want
   for (int r = 0; r < c.world; ++r) {
-    const std::int64_t share = shares[static_cast<std::size_t>(r)];
+    const std::int64_t share = slots.end[static_cast<std::size_t>(r)] - slots.begin[static_cast<std::size_t>(r)];
     const std::vector<std::int64_t> micro = split_sizes(share, c.accumulate);
     for (std::size_t j = 0; j < micro.size(); ++j) {
       const std::int64_t n = micro[j];
