@@ -79,7 +79,7 @@ std::vector<ConformRow> conform_properties(const Target& target, const ConformOp
       row.minimal = r.counterexample.empty() ? "none: the verdict is over all " + std::to_string(r.cases) +
                                                    " cases, not one"
                                              : r.counterexample;
-      row.replay = r.reproduce.empty() ? o.replay_prefix + " --check '" + check + "'" : replay_command(target, r.reproduce);
+      row.replay = r.reproduce.empty() ? o.replay_prefix + " --check '" + check + "'" : failure_replay(target, r);
     }
     if (o.on_row) o.on_row(row);
     rows.push_back(std::move(row));

@@ -383,4 +383,9 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
   return out;
 }
 
+std::string failure_replay(const Target& target, const PropertyResult& result) {
+  return replay_command(target, result.reproduce) +
+         (result.flaky() ? " --reruns " + std::to_string(comes_and_goes_reruns) : std::string());
+}
+
 }  // namespace dpcheck

@@ -90,4 +90,13 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
 // The property a replay token belongs to (UsageError if the token is damaged or names no property).
 const PropertyDef& replay_property(const std::string& token);
 
+// A failure that comes and goes is replayed as many times as verify allows (--reruns): the shrinker keeps a
+// smaller case that failed in any one of its runs, so a minimal case may fail one run in twenty or fewer,
+// and its run takes milliseconds (a case that launches processes is run twice at most).
+inline constexpr int comes_and_goes_reruns = 1000;
+
+// The command that replays a failure's minimal case (replay_command), ending in --reruns
+// comes_and_goes_reruns when the failure comes and goes, so that as printed it fails again.
+std::string failure_replay(const Target& target, const PropertyResult& result);
+
 }  // namespace dpcheck

@@ -205,12 +205,13 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   }
 
   // The replay line names this launch exactly: mpirun with the same ranks, the backend and the mutant.
-  // A failure that comes and goes (a sum in arrival order) says so in it: "replay (it fails k of n
-  // runs: run it several times): ...".
+  // A failure that comes and goes (a sum in arrival order) says so in it, and the command runs the case
+  // as many times as verify allows, so that a case failing even one run in fifty fails again but once in
+  // 10^8: "replay (it fails k of n runs: the command runs it 1000 times): ... --reruns 1000".
   const std::optional<std::string> replay_line = block_after(o.output, "  replay");
   ASSERT_TRUE(replay_line.has_value()) << o.output;
   const bool comes_and_goes = replay_line->rfind(" (it fails ", 0) == 0;
-  // The command follows the first ": " after the parenthesis, if there is one ("runs: run" is inside it).
+  // The command follows the first ": " after the parenthesis, if there is one ("runs: the" is inside it).
   const std::size_t colon = comes_and_goes ? replay_line->find("): ") + 1 : replay_line->find(": ");
   ASSERT_TRUE(colon == (comes_and_goes ? replay_line->find(')') + 1 : 0)) << o.output;
   const std::string printed = replay_line->substr(colon + 2, replay_line->find('\n') - colon - 2);
@@ -220,11 +221,13 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
                            (m.precision.empty() ? " --allreduce-dtype fp32" : "") + " --mutant " + name + " --reproduce '";
   ASSERT_EQ(printed.rfind(printed_launch + rest, 0), 0u) << printed;
 
-  // Run as printed, with this build's launcher and binary in place of "mpirun" and "dpcheck" -- and,
-  // as the line advises for a failure that comes and goes, run several times: as many as verify allows,
-  // so that a case failing even one run in fifty fails again but once in 10^8.
-  const std::string command = launcher() + " -np " + std::to_string(kRanks) + " " + DPCHECK_BINARY +
-                              printed.substr(printed_launch.size()) + (comes_and_goes ? " --reruns 1000" : "");
+  // Run as printed, with this build's launcher and binary in place of "mpirun" and "dpcheck".
+  const std::string reruns = " --reruns 1000";
+  if (comes_and_goes) {
+    EXPECT_EQ(printed.size() >= reruns.size() ? printed.substr(printed.size() - reruns.size()) : printed, reruns);
+  }
+  const std::string command =
+      launcher() + " -np " + std::to_string(kRanks) + " " + DPCHECK_BINARY + printed.substr(printed_launch.size());
   const CommandResult again = run_command(command, kLimitS);
   EXPECT_EQ(again.status, 1) << command << "\n" << again.output;
   EXPECT_NE(again.output.find("one replayed case"), std::string::npos) << again.output;

@@ -97,7 +97,7 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                      {"failure", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.failure)},
                      {"not_judged", !r.passed && r.not_judged},
                      {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr)
-                                                       : nlohmann::json(replay_command(o.target, r.reproduce))},
+                                                       : nlohmann::json(failure_replay(o.target, r))},
                      {"runs", r.runs > 0 ? nlohmann::json({{"failing", r.failing_runs}, {"total", r.runs}})
                                          : nlohmann::json(nullptr)},
                      {"flaky", r.flaky()},
@@ -173,7 +173,7 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
     if (!r.skipped.empty()) x << "    <skipped message=\"" << xml_escape(r.skipped) << "\"/>\n";
     if (!r.passed)
       x << "    <failure message=\"" << xml_escape(r.failure) << "\">" << xml_escape(r.counterexample) << "\n"
-        << xml_escape(r.reproduce.empty() ? std::string() : replay_command(o.target, r.reproduce)) << "</failure>\n";
+        << xml_escape(r.reproduce.empty() ? std::string() : failure_replay(o.target, r)) << "</failure>\n";
     x << "    <system-out>cases " << r.cases << ", max error ratio " << ratio_text(r) << "</system-out>\n";
     x << "  </testcase>\n";
   }
@@ -348,8 +348,11 @@ void describe_failures(std::ostream& details, const VerifyOptions& o, const std:
     if (!r.counterexample.empty()) details << indented("  minimal case: ", r.counterexample);
     details << indented("  why: ", r.failure);
     if (!r.reproduce.empty())
-      details << "  replay" << (r.flaky() ? " (it " + runs_text(r) + ": run it several times)" : "") << ": "
-              << replay_command(o.target, r.reproduce) << "\n";
+      details << "  replay"
+              << (r.flaky() ? " (it " + runs_text(r) + ": the command runs it " +
+                                  std::to_string(comes_and_goes_reruns) + " times)"
+                            : "")
+              << ": " << failure_replay(o.target, r) << "\n";
   }
 }
 
