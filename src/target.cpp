@@ -99,7 +99,11 @@ bool allreduce_dtype_drawable(const Target& target) {
   if (!formats_drawable(target)) return false;
   Target bf16 = target;
   bf16.allreduce_dtype = DType::bf16;
-  return gradient_allreduce_unsupported(bf16).empty();
+  if (!gradient_allreduce_unsupported(bf16).empty()) return false;
+  // A fixed world past the bf16 bound's reach (the drawn ones stop at 16, the scale class is the host
+  // backends'): the cases draw float32 alone.
+  const int world = target.process_world ? target.process_world->size() : target.world_size;
+  return allreduce_bound_refusal(target, DType::bf16, world).empty();
 }
 
 void validate_target(const Target& target, GradientAllreduce gradient) {
@@ -237,13 +241,18 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
 // and its average: N + 1 roundings of 2^-8, which past 64 ranks would leave the bound above a quarter
 // of every gradient, checking nothing. A backend that adds in float32 in rank order and rounds once
 // (dpcheck's own host backends) keeps the bound small at any N (reference/allreduce_schedule.hpp).
-void require_allreduce_bound(const Target& target, const TrainConfig& config, int world) {
-  if (config.allreduce_dtype != DType::bf16 || world <= 64) return;
+std::string allreduce_bound_refusal(const Target& target, DType dtype, int world) {
+  if (dtype != DType::bf16 || world <= 64) return "";
   const Backend* comm = find_backend(target.comm);
-  if (comm != nullptr && comm->rank_order) return;
-  throw UsageError("--allreduce-dtype bf16 on " + std::to_string(world) + " ranks of --comm " + target.comm +
-                   ", which names no reduction schedule: its N + 1 roundings of 2^-8 would leave the bound above a "
-                   "quarter of every gradient; at most 64 ranks (dpcheck's own host backends round once, at any N)");
+  if (comm != nullptr && comm->rank_order) return "";
+  return "--allreduce-dtype bf16 on " + std::to_string(world) + " ranks of --comm " + target.comm +
+         ", which names no reduction schedule: its N + 1 roundings of 2^-8 would leave the bound above a quarter "
+         "of every gradient; at most 64 ranks (dpcheck's own host backends round once, at any N)";
+}
+
+void require_allreduce_bound(const Target& target, const TrainConfig& config, int world) {
+  if (std::string why = allreduce_bound_refusal(target, config.allreduce_dtype, world); !why.empty())
+    throw UsageError(why);
 }
 
 RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,

@@ -90,7 +90,8 @@ void validate_target(const Target& target, GradientAllreduce gradient = Gradient
 
 // Whether verify draws the precision, or the all-reduce's dtype, per case where no option fixes it: on
 // the cpu engine (no --tf32), the precision with its own kernels, the dtype where the communicator
-// takes a bf16 all-reduce; neither for a mutant of one precision's path, which runs in that precision.
+// takes a bf16 all-reduce and the bound still checks one on the target's world (allreduce_bound_refusal);
+// neither for a mutant of one precision's path, which runs in that precision.
 bool precision_drawable(const Target& target);
 bool allreduce_dtype_drawable(const Target& target);
 
@@ -142,8 +143,11 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
                                             const std::filesystem::path& checkpoint_dir,
                                             const std::filesystem::path& log_path, int keep = 2);
 
-// UsageError for a bf16 all-reduce past 64 ranks through a backend that names no reduction schedule:
-// its N + 1 roundings would leave the bound nothing to check (dpcheck's host backends round once).
+// Why an all-reduce in `dtype` on `world` ranks leaves the gradient bound nothing to check, or "" when
+// it does not: bf16 past 64 ranks through a backend that names no reduction schedule, whose N + 1
+// roundings would reach a quarter of every gradient (dpcheck's host backends round once).
+std::string allreduce_bound_refusal(const Target& target, DType dtype, int world);
+// UsageError with allreduce_bound_refusal's reason, where it gives one.
 void require_allreduce_bound(const Target& target, const TrainConfig& config, int world);
 
 // A trainer for this rank: parameters from init_params(config.model, config.seed), data from `data`.

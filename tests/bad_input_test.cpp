@@ -391,6 +391,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --comm local", 2, {"--comm local", "other than dpcheck's default", "mpi-native"}},
       {"train --model 8,4,1 --batch 512 --world-size 65 --allreduce-dtype bf16 --comm {r}", 2,
        {"--allreduce-dtype bf16 on 65 ranks", "names no reduction schedule", "at most 64 ranks"}},
+      {"verify --cases 1 --world-size 65 --allreduce-dtype bf16 --comm {r}", 2,
+       {"--allreduce-dtype bf16 on 65 ranks", "names no reduction schedule", "at most 64 ranks"}},
       {"conform --comm {r} --max-size 0", 2, {"--max-size"}},
       {"conform --comm {r} --max-size 100000", 2, {"--max-size", "4096"}},
       {"conform --comm {r} --max-size 64", 2, {"--max-size is for kernel plugins"}},

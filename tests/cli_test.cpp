@@ -171,6 +171,23 @@ TEST_F(Cli, RingPluginInBf16KeepsTheBoundAtEveryWorldSizeAndTheBoundIsNotSlack) 
   }
 }
 
+// Past 64 ranks a bf16 all-reduce through a backend of no known schedule leaves the bound nothing to
+// check: verify's cases keep float32 all-reduces there (they drew bf16 in half the cases, each a failed
+// case rather than a refusal), and a fixed --allreduce-dtype bf16 is refused before any case (the bad
+// input tests). At 64 ranks bf16 is still drawn.
+TEST_F(Cli, VerifyOnAPluginPast64RanksDrawsFloat32AllReducesAlone) {
+  const std::string verify = std::string("verify --comm ") + DPCHECK_RING_PLUGIN +
+                             " --model 2,2 --quiet --property gradient_average_matches_whole_batch";
+  const CommandResult past = run(verify + " --world-size 65 --cases 8 --report " + path("r.json"));
+  ASSERT_EQ(past.status, 0) << past.output;
+  EXPECT_EQ(past.output.find("all-reduce in fp32 or bf16 drawn per case"), std::string::npos) << past.output;
+  const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
+  EXPECT_EQ(j["properties"][0]["cases"].get<int>(), 8);
+  const CommandResult at = run(verify + " --world-size 64 --cases 1");
+  ASSERT_EQ(at.status, 0) << at.output;
+  EXPECT_NE(at.output.find("all-reduce in fp32 or bf16 drawn per case"), std::string::npos) << at.output;
+}
+
 TEST_F(Cli, VerifyPassesAndWritesReports) {
   const CommandResult r = run("verify --cases 10 --report " + path("r.json") + " --junit " + path("j.xml"));
   ASSERT_EQ(r.status, 0) << r.output;

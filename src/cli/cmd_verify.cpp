@@ -205,6 +205,10 @@ void prepare_target(VerifyOptions& o) {
     choose_formats(o);
     validate_target(o.target);
   });
+  // A bf16 all-reduce the bound cannot check on the fixed world: refused before any case, not failed in one.
+  const int world = o.target.process_world ? o.target.process_world->size() : o.target.world_size;
+  if (std::string why = allreduce_bound_refusal(o.target, o.target.allreduce_dtype, world); !why.empty())
+    throw UsageError(why);
   if (o.target_options.given("--world-size") || !o.target.model_dims.empty()) {
     // The cases draw small models unless --model fixes one; the ranks themselves must fit (threads, and
     // their replicas), and the model with a batch of 512 (the most a case draws) in three.
