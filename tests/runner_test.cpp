@@ -74,6 +74,8 @@ TEST_F(Runner, ShrinkingReachesTheSmallestFailingCaseAndItsTokenReplaysIt) {
   EXPECT_EQ(r.failing_runs, 5);
   EXPECT_EQ(r.runs, 5);
   EXPECT_FALSE(r.flaky());
+  // A steady failure's replay command runs the case as verify's default does.
+  EXPECT_EQ(failure_replay(Target{}, r), replay_command(Target{}, r.reproduce));
   RunOptions replay = options();
   replay.reproduce = r.reproduce;
   const PropertyResult again = run_property(test_property(), Target{}, replay);
@@ -97,6 +99,8 @@ TEST_F(Runner, AFailureThatComesAndGoesIsReportedAsSuch) {
   EXPECT_LT(r.failing_runs, r.runs);
   // Shrinking still reached the smallest failing x: a candidate counts if any of its runs fails.
   EXPECT_EQ(r.failure, "x = 500 is too large");
+  // Its replay command runs the case often enough to fail again as printed.
+  EXPECT_EQ(failure_replay(Target{}, r), replay_command(Target{}, r.reproduce) + " --reruns 1000");
 }
 
 TEST_F(Runner, DamagedTokensAndTokensOfAnotherPropertyAreRefused) {
