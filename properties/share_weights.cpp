@@ -106,7 +106,7 @@ bool rounded_once(float got, double want) {
 }  // namespace
 
 void share_weights_body(const Target& target, CaseRecord& record) {
-  const int fixed = target.process_world ? target.process_world->size() : target.world_size;
+  const int fixed = fixed_world(target);
   const WeightCase c = *gen_weight_case(fixed);
   record.size = {c.dataset, c.world, 0, 0};
   RC_CLASSIFY(c.dataset > kCountableExamples, "a data set past 2^24 examples");

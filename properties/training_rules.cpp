@@ -278,10 +278,10 @@ void showValue(const ShuffleCase& k, std::ostream& os) { os << k.s.describe() <<
 }  // namespace
 
 void shuffle_body(const Target& target, CaseRecord& record) {
-  const int fixed_world = target.process_world ? target.process_world->size() : target.world_size;
-  const ShuffleCase k = *rc::gen::exec([fixed_world] {
+  const int world = fixed_world(target);
+  const ShuffleCase k = *rc::gen::exec([world] {
     ShuffleCase c;
-    c.s = *gen_sampler_scenario(fixed_world);
+    c.s = *gen_sampler_scenario(world);
     // The whole seed, and one epoch far from the first: a recipe followed only for small seeds and
     // epochs (a key cut to 32 bits) is not the recipe.
     c.s.sampler.seed = *uniform(rc::gen::arbitrary<std::uint64_t>());

@@ -102,8 +102,7 @@ bool allreduce_dtype_drawable(const Target& target) {
   if (!gradient_allreduce_unsupported(bf16).empty()) return false;
   // A fixed world past the bf16 bound's reach (the drawn ones stop at 16, the scale class is the host
   // backends'): the cases draw float32 alone.
-  const int world = target.process_world ? target.process_world->size() : target.world_size;
-  return allreduce_bound_refusal(target, DType::bf16, world).empty();
+  return allreduce_bound_refusal(target, DType::bf16, fixed_world(target)).empty();
 }
 
 void validate_target(const Target& target, GradientAllreduce gradient) {

@@ -106,6 +106,11 @@ std::vector<std::size_t> comm_thresholds(const Target& target, int world_size);
 // What starts the target's ranks when they are a launcher's processes ("mpirun -np 4 "), else "".
 std::string launch_prefix(const Target& target);
 
+// The world every case runs on: the launcher's processes, or --world-size; 0 where each case draws one.
+inline int fixed_world(const Target& target) {
+  return target.process_world ? target.process_world->size() : target.world_size;
+}
+
 // The command that replays one case of a property on this target: `dpcheck verify` with the engine,
 // communicator, kernels, mutant and world size the target was run with (the defaults left out), prefixed by its
 // row's launcher when the ranks are a launcher's processes, and --reproduce with the token (shell-quoted).

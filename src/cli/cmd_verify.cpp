@@ -206,8 +206,8 @@ void prepare_target(VerifyOptions& o) {
     validate_target(o.target);
   });
   // A bf16 all-reduce the bound cannot check on the fixed world: refused before any case, not failed in one.
-  const int world = o.target.process_world ? o.target.process_world->size() : o.target.world_size;
-  if (std::string why = allreduce_bound_refusal(o.target, o.target.allreduce_dtype, world); !why.empty())
+  if (std::string why = allreduce_bound_refusal(o.target, o.target.allreduce_dtype, fixed_world(o.target));
+      !why.empty())
     throw UsageError(why);
   if (o.target_options.given("--world-size") || !o.target.model_dims.empty()) {
     // The cases draw small models unless --model fixes one; the ranks themselves must fit (threads, and
