@@ -461,6 +461,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench allreduce --sizes 4K --ranks 2 --backends local --html /dev/full", 2, {"--html"}},
       {"bench trace --steps 1 --html {d}/nodir/t.html", 2, {"--html"}},
       {"bench step --engine cpu --html {d}/nodir/s.html", 2, {"--html"}},
+      {"bench step --engine cpu --torch-script {d}/none.py", 2, {"--torch-script", "none.py", "no such file"}},
+      {"bench step --engine cpu --torch-script {d}", 2, {"--torch-script", "not a regular file"}},
       {"train --model 4,1 --html /dev/full", 2, {"--html"}},
       {"train --model 4,1 --report {d}/nodir/r.json", 2, {"--report"}},
       {"bench scaling --world-size 65", 2, {"--world-size", "from 1 to 64"}},

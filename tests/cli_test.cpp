@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <span>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -444,6 +446,99 @@ TEST_F(Cli, BenchRoundingKeepsEveryScheduleInItsBoundAndTheRingFallsBehindTheTre
   EXPECT_TRUE(last.at("ring").at("bound").is_null()) << last.dump();
   EXPECT_FALSE(last.at("tree").at("bound").is_null()) << last.dump();
   EXPECT_LT(last.at("rank-order").at("max").get<double>(), 0x1p-7) << last.dump();  // rounded once, from float32
+}
+
+// A Python that can import torch: `python3` on PATH first, as dpcheck's default, then the
+// distribution's; "" when neither can.
+std::string python_with_torch() {
+  for (const std::string python : {"python3", "/usr/bin/python3"})
+    if (run_command(python + " -c 'import torch' >/dev/null 2>&1").status == 0) return python;
+  return "";
+}
+
+// bench step --engine cpu runs PyTorch's step of each model after its own, on the same threads, and
+// reports its row and the ratio, in the table and in the JSON. Run from the test's directory the script
+// is found above the binary; run from the script's repository root, as the docs do, it is found there.
+TEST_F(Cli, BenchStepCpuTimesPyTorchsStepOnTheSameThreads) {
+  const std::string python = python_with_torch();
+  if (python.empty()) GTEST_SKIP() << "neither python3 on PATH nor /usr/bin/python3 can import torch";
+  const CommandResult r = run("bench step --engine cpu --models '32,64,16@32;16,8@8' --warmup 1 --repeats 3 --python " +
+                              python + " --json " + path("step.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("PyTorch "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step / PyTorch's step, in time: "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("NOT the same"), std::string::npos) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(read_file(path("step.json")));
+  ASSERT_EQ(j.size(), 2u) << j.dump(2);
+  for (const nlohmann::json& m : j) {
+    const nlohmann::json& t = m.at("torch");
+    ASSERT_EQ(t.at("status"), "ran") << t.dump(2);
+    const nlohmann::json& rows = m.at("rows");
+    const nlohmann::json& torch_row = rows.back();
+    const nlohmann::json& step_row = rows.at(rows.size() - 2);
+    ASSERT_EQ(torch_row.at("what"), "torch") << m.dump(2);
+    ASSERT_EQ(step_row.at("what"), "step") << m.dump(2);
+    EXPECT_EQ(t.at("threads"), step_row.at("threads")) << m.dump(2);
+    EXPECT_EQ(torch_row.at("threads"), step_row.at("threads")) << m.dump(2);
+    EXPECT_FALSE(t.at("blas").get<std::string>().empty()) << t.dump(2);
+    EXPECT_EQ(torch_row.at("path"), t.at("blas")) << m.dump(2);
+    EXPECT_FALSE(t.at("version").get<std::string>().empty()) << t.dump(2);
+    const double torch_ms = t.at("ms").get<double>(), step_ms = step_row.at("ms").get<double>();
+    ASSERT_GT(torch_ms, 0) << t.dump(2);
+    EXPECT_DOUBLE_EQ(m.at("step_over_torch").get<double>(), step_ms / torch_ms) << m.dump(2);
+    // The header line above the table names PyTorch's BLAS, with the version where it has one.
+    EXPECT_NE(r.output.find("BLAS " + t.at("blas").get<std::string>()), std::string::npos) << r.output;
+  }
+
+  const fs::path script = j.at(0).at("torch").at("script").get<std::string>();
+  ASSERT_TRUE(script.is_absolute()) << script << " (found above the binary, not in the working directory)";
+  const fs::path root = script.parent_path().parent_path();
+  const CommandResult from_root = run_command("cd " + shell_quoted(root.string()) + " && " + DPCHECK_BINARY +
+                                              " bench step --engine cpu --models 16,8@8 --warmup 0 --repeats 1 --python " +
+                                              python + " --json " + path("root.json"));
+  ASSERT_EQ(from_root.status, 0) << from_root.output;
+  const nlohmann::json k = nlohmann::json::parse(read_file(path("root.json")));
+  EXPECT_EQ(k.at(0).at("torch").at("status"), "ran") << k.dump(2);
+  EXPECT_EQ(k.at(0).at("torch").at("script"), "ci/torch_baseline.py") << k.dump(2);
+}
+
+// Without torch, without a Python, or with --no-torch, the baseline is one line saying so and why, and
+// neither a failure nor a row; no Python is retried for the next model.
+TEST_F(Cli, BenchStepCpuWithoutPyTorchSaysWhyOnOneLine) {
+  const auto check = [&](const std::string& options, const std::vector<std::string>& why) {
+    const CommandResult r = run("bench step --engine cpu --models '16,8@8;8,4@4' --warmup 0 --repeats 1 " + options +
+                                " --json " + path("s.json"));
+    ASSERT_EQ(r.status, 0) << options << "\n" << r.output;
+    EXPECT_EQ(r.output.find("PyTorch's step"), std::string::npos) << r.output;
+    std::vector<std::string> notes;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);)
+      if (line.find("PyTorch baseline") != std::string::npos) notes.push_back(line);
+    ASSERT_EQ(notes.size(), 2u) << r.output;  // one a model
+    for (const std::string& note : notes) {
+      EXPECT_EQ(note.rfind("# PyTorch baseline skipped", 0), 0u) << note;
+      for (const std::string& w : why) EXPECT_NE(note.find(w), std::string::npos) << w << " in " << note;
+    }
+    const nlohmann::json j = nlohmann::json::parse(read_file(path("s.json")));
+    for (const nlohmann::json& m : j) {
+      EXPECT_EQ(m.at("torch").at("status"), "skipped") << m.dump(2);
+      EXPECT_TRUE(m.at("step_over_torch").is_null()) << m.dump(2);
+      EXPECT_EQ(m.at("rows").back().at("what"), "step") << m.dump(2);
+    }
+  };
+  check("--no-torch", {"--no-torch"});
+  check("--python " + path("no-such-python"), {"no-such-python", "--python"});
+  // A real Python that cannot see torch: -S leaves out site-packages, where torch is installed.
+  std::string python;
+  for (const std::string p : {"python3", "/usr/bin/python3"})
+    if (run_command(p + " -c pass >/dev/null 2>&1").status == 0) {
+      python = p;
+      break;
+    }
+  if (python.empty()) GTEST_SKIP() << "no python3 to run the baseline script without torch";
+  std::ofstream(path("python-without-torch")) << "#!/bin/sh\nexec " << python << " -S \"$@\"\n";
+  fs::permissions(path("python-without-torch"), fs::perms::owner_all);
+  check("--python " + path("python-without-torch"), {"cannot import torch", "--python"});
 }
 
 TEST_F(Cli, TrainStopsAtTheFirstDesyncWithTheLocatedDifference) {

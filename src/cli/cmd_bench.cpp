@@ -118,7 +118,7 @@ struct StepArgs {
   int warmup = 0;      // 0 and 0: the engine's defaults
   int repeats = 0;
   std::string python = "python3";
-  std::string torch_script = "ci/torch_baseline.py";
+  std::string torch_script;  // empty: kTorchScript, found by find_torch_script
   bool no_torch = false;
   std::string json;
   std::string html;  // --html: the same as one self-contained page (src/report/html.hpp)
@@ -127,6 +127,8 @@ struct StepArgs {
 // bench step's models when --models is not given: the GPU engine's, the host engine's.
 constexpr std::string_view kGpuStepModels = "1024,4096,4096,1024@8192:0.95;784,256,10@256:0.1";
 constexpr std::string_view kCpuStepModels = "1024,2048,2048,1024@1024:0.7";
+// The PyTorch baseline of both engines, relative to the repository's root.
+constexpr std::string_view kTorchScript = "ci/torch_baseline.py";
 
 struct TraceArgs {
   ModelOptions model;
@@ -177,14 +179,51 @@ std::vector<cuda::StepModel> parse_models(const std::string& text) {
   return models;
 }
 
-// The CPU engine's step against bare GEMMs of its shapes (src/bench/bench_cpu_step.hpp); GOAL is the step's
-// ratio to the best GEMM that counts as met.
+// The PyTorch baseline script. --torch-script is taken as given (relative to the working directory) and
+// must be a file. Without it, ci/torch_baseline.py is looked for in the working directory (the
+// repository's root, where the docs run dpcheck from), then in the directories above this binary (a
+// build directory inside the repository, build/dpcheck), so that a test or a user in another directory
+// still finds it. "" when there is none, with `why` saying where it looked.
+std::string find_torch_script(const std::string& given, std::string* why) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!given.empty()) {
+    if (!fs::is_regular_file(given, ec))
+      throw UsageError("--torch-script " + given + ": " +
+                       (fs::exists(given, ec) ? "not a regular file" : "no such file") + " (or --no-torch)");
+    return given;
+  }
+  if (fs::is_regular_file(std::string(kTorchScript), ec)) return std::string(kTorchScript);
+  const fs::path self = self_executable(ec);
+  if (!ec)
+    for (fs::path dir = self.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+      const fs::path candidate = dir / kTorchScript;
+      if (fs::is_regular_file(candidate, ec)) return candidate.string();
+      if (dir == dir.root_path()) break;
+    }
+  *why = std::string(kTorchScript) + " is neither in the working directory nor in a directory above " +
+         (self.empty() ? std::string("this binary") : self.string()) + "; --torch-script names it";
+  return "";
+}
+
+// The CPU engine's step against bare GEMMs of its shapes (src/bench/bench_cpu_step.hpp), then PyTorch's;
+// GOAL is the step's ratio to the best GEMM that counts as met.
 // `note`, when not empty, is printed once every input has been checked (a refusal is one line).
 int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const std::string& note) {
   std::vector<bench::CpuStepConfig> configs;
   const std::vector<cuda::StepModel> models = parse_models(a.models.empty() ? std::string(kCpuStepModels) : a.models);
   if (!a.json.empty()) check_output_path(a.json, "--json");
   if (!a.html.empty()) check_output_path(a.html, "--html");
+  bench::TorchCpuOptions torch;
+  torch.python = a.python;
+  if (a.no_torch) {
+    torch.skipped = "PyTorch baseline skipped (--no-torch)";
+  } else {
+    std::string why;
+    torch.script = find_torch_script(a.torch_script, &why);
+    torch.run = !torch.script.empty();
+    if (!torch.run) torch.skipped = "PyTorch baseline skipped: " + why;
+  }
   for (const cuda::StepModel& m : models) {
     bench::CpuStepConfig c;
     c.model = ModelConfig{m.dims, Activation::relu, Loss::mse};
@@ -201,13 +240,21 @@ int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const
     c.goal = m.goal;
     if (warmup_given) c.warmup = a.warmup;
     if (repeats_given) c.repeats = a.repeats;
+    c.torch = torch;
     configs.push_back(c);
   }
   cpu::engine_isa();  // DPCHECK_CPU_ISA and DPCHECK_CPU_THREADS, before anything runs
   cpu::engine_threads();
   if (!note.empty()) std::cout << note << "\n";
   std::vector<bench::CpuStepResult> results;
-  for (const bench::CpuStepConfig& c : configs) results.push_back(bench::bench_cpu_step(c));
+  for (bench::CpuStepConfig& c : configs) {
+    // No Python or no torch for one model is none for the next: say it once more without retrying.
+    if (!results.empty() && results.back().torch.status == bench::TorchCpuStep::Status::skipped) {
+      c.torch.run = false;
+      c.torch.skipped = results.back().torch.note;
+    }
+    results.push_back(bench::bench_cpu_step(c));
+  }
   bench::print_cpu_step_table(std::cout, results);
   if (!a.json.empty()) write_file_atomic(a.json, bench::cpu_step_json(results).dump(2) + "\n");
   if (!a.html.empty())
@@ -246,8 +293,13 @@ int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
   o.warmup = warmup_given ? a.warmup : 10;
   o.repeats = repeats_given ? a.repeats : 50;
   o.python = a.python;
-  o.torch_script = a.torch_script;
   o.torch = !a.no_torch;
+  if (o.torch) {
+    // Not found: the plain name, so that the table's note says what Python could not open.
+    std::string why;
+    o.torch_script = find_torch_script(a.torch_script, &why);
+    if (o.torch_script.empty()) o.torch_script = std::string(kTorchScript);
+  }
   if (!a.json.empty()) check_output_path(a.json, "--json");
   if (!a.html.empty()) check_output_path(a.html, "--html");
   const std::vector<cuda::StepBenchRow> rows = require_cuda().bench_step(o);
@@ -385,15 +437,16 @@ BenchCommand add_bench_allreduce(CLI::App& bench) {
 
 BenchCommand add_bench_step(CLI::App& bench) {
   // The engines the step runs on, by where their buffers live: the GPU's against PyTorch, the host's
-  // against bare GEMMs.
+  // against bare GEMMs and PyTorch.
   const std::string host(engine_for_memory(MemorySpace::host).name), gpu(engine_for_memory(MemorySpace::device).name);
   CLI::App* step = bench.add_subcommand(
       "step", "The trainer's step (forward, MSE, backward, SGD): the CUDA engine's against PyTorch's on the same GPU, or "
-              "the CPU engine's against bare GEMMs of the step's shapes on each code path, in the same run");
+              "the CPU engine's against bare GEMMs of the step's shapes on each code path and PyTorch's on as many "
+              "threads, in the same run");
   auto sargs = std::make_shared<StepArgs>();
   sargs->target.engine.clear();
   sargs->target.add_to(*step, target_option::engine);
-  sargs->target.reword("--engine", gpu + " (against PyTorch) or " + host + " (against bare GEMMs); default: " + gpu +
+  sargs->target.reword("--engine", gpu + " (against PyTorch) or " + host + " (against bare GEMMs and PyTorch); default: " + gpu +
                                        " where a GPU is, else " + host);
   step->add_option("--models", sargs->models,
                    "Models as DIMS@BATCH[:GOAL], ';'-separated; GOAL is the step time over PyTorch's (" + gpu +
@@ -404,9 +457,11 @@ BenchCommand add_bench_step(CLI::App& bench) {
   CLI::Option* step_repeats =
       step->add_option("--repeats", sargs->repeats,
                        "Timed steps (and GEMM rounds); the median is reported; default 50 (" + gpu + "), 7 (" + host + ")");
-  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline (" + gpu + ")")->capture_default_str();
-  step->add_option("--torch-script", sargs->torch_script, "The PyTorch baseline script (" + gpu + ")")->capture_default_str();
-  step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline (" + gpu + ")");
+  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline (both engines)")->capture_default_str();
+  step->add_option("--torch-script", sargs->torch_script,
+                   "The PyTorch baseline script; default: " + std::string(kTorchScript) +
+                       " in the working directory, else in a directory above this binary");
+  step->add_flag("--no-torch", sargs->no_torch, "Skip the PyTorch baseline");
   step->add_option("--json", sargs->json, "Also write the table as JSON to this file");
   step->add_option("--html", sargs->html, "Also write the table as one self-contained HTML page to this file");
 
