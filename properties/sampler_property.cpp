@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "properties/common.hpp"
+#include "src/train/shares.hpp"
 
 namespace dpcheck {
 
@@ -134,30 +135,18 @@ SamplerOutcome check_sampler(const SamplerScenario& s, const Target& target) {
 
       if (std::any_of(views.begin(), views.end(), [&](std::int64_t v) { return v != views[0]; }))
         fail(at + "ranks disagree on the total, padding or dropped counts");
-      std::vector<std::int64_t> count(static_cast<std::size_t>(d), 0);
-      std::int64_t total = 0;
-      for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t r = 0; r < n; ++r)
         if (sizes[r] != sampler->share_size(static_cast<int>(r)))
           fail(at + "rank " + std::to_string(r) + " holds " + std::to_string(sizes[r]) + " examples but share_size says " +
                std::to_string(sampler->share_size(static_cast<int>(r))));
-        for (std::int64_t k = 0; k < sizes[r]; ++k) {
-          const std::int64_t i = all[r * static_cast<std::size_t>(widest) + static_cast<std::size_t>(k)];
-          if (i < 0 || i >= d) {
-            fail(at + "rank " + std::to_string(r) + " holds example " + std::to_string(i) + ", outside [0, " +
-                 std::to_string(d) + ")");
-            continue;
-          }
-          ++count[static_cast<std::size_t>(i)];
-          ++total;
-        }
-      }
-      const std::int64_t lo = *std::min_element(sizes.begin(), sizes.end());
-      std::int64_t repeats = 0, missing = 0, first_repeat = -1, first_missing = -1;
-      for (std::int64_t i = 0; i < d; ++i) {
-        const std::int64_t k = count[static_cast<std::size_t>(i)];
-        if (k > 1) { repeats += k - 1; if (first_repeat < 0) first_repeat = i; }
-        if (k == 0) { ++missing; if (first_missing < 0) first_missing = i; }
-      }
+      // The counts dpcheck.torch holds a real job's shares to (src/train/shares.hpp).
+      const ShareCount counted = count_shares({d, all, static_cast<std::size_t>(widest), sizes});
+      if (counted.outside_rank >= 0)
+        fail(at + "rank " + std::to_string(counted.outside_rank) + " holds example " +
+             std::to_string(counted.outside_example) + ", outside [0, " + std::to_string(d) + ")");
+      const std::int64_t total = counted.total, lo = counted.smallest, repeats = counted.repeats,
+                         missing = counted.missing, first_repeat = counted.first_repeat,
+                         first_missing = counted.first_missing;
       const auto nn = static_cast<std::int64_t>(n);
       switch (c.policy) {
         case Policy::pad:

@@ -22,6 +22,34 @@ std::uint64_t ulp_distance(float a, float b) {
   return static_cast<std::uint64_t>(d < 0 ? -d : d);
 }
 
+std::uint64_t ulp_distance_bits(std::uint64_t a, std::uint64_t b, int width) {
+  if (width == 64) return ulp_distance(std::bit_cast<double>(a), std::bit_cast<double>(b));
+  // Narrower formats: the sign bit at width - 1, the rest the magnitude, as for float and double.
+  const std::uint64_t sign = std::uint64_t{1} << (width - 1), mask = (sign << 1) - 1;
+  const auto ordered = [&](std::uint64_t v) -> std::int64_t {
+    v &= mask;
+    const auto magnitude = static_cast<std::int64_t>(v & (sign - 1));
+    return (v & sign) != 0 ? -magnitude : magnitude;
+  };
+  const std::int64_t d = ordered(a) - ordered(b);
+  return static_cast<std::uint64_t>(d < 0 ? -d : d);
+}
+
+ElementVote vote_element(std::span<const std::uint64_t> bits,
+                         const std::function<std::uint64_t(std::uint64_t, std::uint64_t)>& distance) {
+  ElementVote v;
+  std::map<std::uint64_t, int> votes;
+  for (std::uint64_t b : bits) ++votes[b];
+  for (std::size_t r = 0; r < bits.size(); ++r)
+    if (votes[bits[r]] > votes[bits[v.majority_rank]]) v.majority_rank = r;
+  for (std::size_t r = 0; r < bits.size(); ++r)
+    if (bits[r] != bits[v.majority_rank]) {
+      v.minority.push_back(static_cast<int>(r));
+      v.max_distance = std::max(v.max_distance, distance(bits[r], bits[v.majority_rank]));
+    }
+  return v;
+}
+
 std::string float_text(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", v);
@@ -187,18 +215,11 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
   memory.copy_to_host(first < n ? engine.params() + first : optimizer.state() + (first - n), &mine, 1);
   report.values = host.allgather_value<float>(mine);
 
-  const auto bits = [&](std::size_t r) { return std::bit_cast<std::uint32_t>(report.values[r]); };
-  std::map<std::uint32_t, int> votes;
-  for (std::size_t r = 0; r < report.values.size(); ++r) ++votes[bits(r)];
-  // The majority value; on a tie, the value of the lowest rank among the tied.
-  std::uint32_t majority = bits(0);
-  for (std::size_t r = 0; r < report.values.size(); ++r)
-    if (votes[bits(r)] > votes[majority]) majority = bits(r);
-  for (std::size_t r = 0; r < report.values.size(); ++r)
-    if (bits(r) != majority) {
-      report.minority.push_back(static_cast<int>(r));
-      report.max_ulp = std::max(report.max_ulp, ulp_distance(report.values[r], std::bit_cast<float>(majority)));
-    }
+  std::vector<std::uint64_t> bits;
+  for (float v : report.values) bits.push_back(std::bit_cast<std::uint32_t>(v));
+  ElementVote vote = vote_element(bits, [](std::uint64_t a, std::uint64_t b) { return ulp_distance_bits(a, b, 32); });
+  report.minority = std::move(vote.minority);
+  report.max_ulp = vote.max_distance;
   return report;
 }
 

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,21 @@ ReplicaReport check_replicas(Communicator& comm, Engine& engine, Optimizer& opti
 std::uint64_t ulp_distance(float a, float b);
 // The same for doubles: up to 2^64 - 2 (from the largest negative to the largest positive double).
 std::uint64_t ulp_distance(double a, double b);
+
+// The distance in units in the last place between two values of a sign-magnitude floating-point format
+// `width` bits wide (16: fp16 or bf16, 32, 64), given as their bit patterns; 0 for +0 and -0.
+std::uint64_t ulp_distance_bits(std::uint64_t a, std::uint64_t b, int width);
+
+// The ranks' values of one element, as bit patterns: the most common one (on a tie, the lowest rank's
+// among the tied), the ranks that hold another, and their largest distance from it (`distance` of two
+// patterns: ULPs for a float, the difference for an integer).
+struct ElementVote {
+  std::size_t majority_rank = 0;
+  std::vector<int> minority;
+  std::uint64_t max_distance = 0;
+};
+ElementVote vote_element(std::span<const std::uint64_t> bits,
+                         const std::function<std::uint64_t(std::uint64_t, std::uint64_t)>& distance);
 
 // Text for a float with all the digits that identify it: "-0.401440024", "nan", "inf".
 std::string float_text(double v);
