@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dependency rule between dpcheck's folders, checked on every #include:
-#   src/cli -> {conform, properties, divergence} -> {reference, core};  kernels -> core
+#   src/cli -> {conform, properties, divergence, python} -> {reference, core};  kernels -> core
 # where the core is src/ without src/cli/. So: the core includes nothing from src/cli/, conform/,
 # properties/, divergence/, reference/ or kernels/; reference/ (the oracle) nothing from kernels/ or
 # above it; kernels/ nothing from reference/, the checks or src/cli/; the checks (conform/, properties/
@@ -35,7 +35,7 @@ check() {
   done
 }
 
-checks=(conform/ properties/ divergence/)
+checks=(conform/ properties/ divergence/ python/)
 check 'src/:!src/cli/' src/cli/ "${checks[@]}" reference/ kernels/
 check 'reference/' kernels/ "${checks[@]}" src/cli/
 check 'kernels/' reference/ "${checks[@]}" src/cli/
@@ -51,7 +51,7 @@ fi
 # No include loop between modules, where a module is a header with the source files of the same stem
 # (src/train/writer.hpp, src/train/writer.cpp): a loop means neither side can be understood, built or tested without
 # the other. tsort names the modules of each loop.
-mapfile -t sources < <(find src conform properties divergence reference kernels include -type f \( -name '*.c' -o -name '*.cpp' -o -name '*.cu' \
+mapfile -t sources < <(find src conform properties divergence python reference kernels include -type f \( -name '*.c' -o -name '*.cpp' -o -name '*.cu' \
                          -o -name '*.h' -o -name '*.hpp' -o -name '*.cuh' -o -name '*.inc' \) | sort)
 edges=$(grep -HoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]+"' "${sources[@]}" |
         sed -E 's|^([^:]+):.*"([^"]+)"$|\1 \2|' |

@@ -11,6 +11,7 @@ packages=(
   libtinyxml2-dev  # tests only: the HTML reports are parsed as XML
   libgloo-dev libopenblas-dev libblis-dev libdnnl-dev  # the adapters of real libraries (examples/)
   python3  # ci/validate-libraries.sh reads conform's JSON reports
+  python3-torch python3-numpy pybind11-dev python3-dev  # dpcheck.torch (python/): PyTorch 1.13 with gloo, and its C++ core's binding
   clang libclang-rt-14-dev llvm-14  # the fuzz preset: clang, libFuzzer's runtime, llvm-symbolizer
   lld  # the sanitizer presets link with it: their programs are 150 MB each, which GNU ld takes 2.5 times as long over
 )
