@@ -1,6 +1,7 @@
 """Starts N ranks of a training script on this machine, as torchrun does.
 
     python3 -m dpcheck.launch --nproc 3 train.py [ARGS...]
+    python3 -m dpcheck.launch --nproc 3 -m package.module [ARGS...]
 
 Each rank is a process of the same Python running the script, with RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, so that
@@ -40,12 +41,13 @@ def main(argv=None) -> int:
                         help="seconds the other ranks get to end after one fails (default 30)")
     parser.add_argument("--timeout", type=float, default=0.0, help="stop every rank after this many seconds (0: never)")
     parser.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
-    parser.add_argument("script", help="the training script")
+    parser.add_argument("-m", "--module", action="store_true", help="the script is a module to run, as python3 -m")
+    parser.add_argument("script", help="the training script (with -m, a module's name)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = parser.parse_args(argv)
     if a.nproc < 1:
         parser.error(f"--nproc {a.nproc}: give at least 1")
-    if not os.path.isfile(a.script):
+    if not a.module and not os.path.isfile(a.script):
         parser.error(f"{a.script}: no such file")
     port = a.port or free_port()
     procs = []
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     for rank in range(a.nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(a.nproc),
                    LOCAL_WORLD_SIZE=str(a.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        p = subprocess.Popen([sys.executable, a.script, *a.args], env=env,
+        p = subprocess.Popen([sys.executable, *(["-m"] if a.module else []), a.script, *a.args], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append(p)
         prefix = "" if a.no_prefix else f"[{rank}] "

@@ -377,7 +377,10 @@ class Monitor:
     def _replica_header(self) -> Dict[str, Any]:
         tensors = self._tensors()
         hashes, combined = _core.hash_all([_as_array(t) for _, _, t in tensors])
-        params_hash = _core.hash_all([_as_array(p) for _, p in self.inner.named_parameters()])[1]
+        # The parameters' combined hash as hash_all makes it (the pre-forward hook's), from their own hashes
+        # above rather than a second pass over them.
+        param_hashes = [h for (section, _, _), h in zip(tensors, hashes) if section == "parameters"]
+        params_hash = _core.hash(np.asarray(param_hashes + [len(param_hashes)], dtype=np.uint64))
         pre = self._pre
         outside = 0
         if pre is not None and self._last_params_hash is not None and pre["params_hash"] != self._last_params_hash:

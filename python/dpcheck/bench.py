@@ -1,0 +1,159 @@
+"""What dpcheck.torch costs a real job, measured in one run.
+
+    python3 -m dpcheck.bench [--nproc 2] [--dims 1024,2560,2560,1024] [--batch 256] [--steps 8]
+
+Starts --nproc ranks of a DDP job over gloo (one thread each) training an MLP (ReLU, MSE, SGD with
+momentum; the default has 11.8 million parameters), and times its steps in alternating blocks without
+and with a Monitor (the replica check after every step; no gradient check), so that both see the same
+machine. Prints the median step of each, the monitor's own time per step (its forward hook and
+monitor.step, timed inside), both as ratios to the plain step, and the rate of dpcheck's XXH3 hashing
+on one core over a 256 MiB buffer. Nothing is judged here: it prints figures, and exits 0.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def hashing_rate(mib: int = 256, repeats: int = 5) -> float:
+    """GB/s of _core.hash over a buffer already touched (first touch is slow in some VMs)."""
+    from dpcheck import _core
+
+    buf = np.ones(mib * 1024 * 1024 // 4, dtype=np.float32)
+    _core.hash(buf)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _core.hash(buf)
+        times.append(time.perf_counter() - t0)
+    return buf.nbytes / statistics.median(times) / 1e9
+
+
+def worker(a: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dpcheck.torch import Monitor
+
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dims = [int(d) for d in a.dims.split(",")]
+    torch.manual_seed(0)
+    layers = []
+    for i in range(len(dims) - 1):
+        layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
+        if i + 2 < len(dims):
+            layers.append(torch.nn.ReLU())
+    net = torch.nn.Sequential(*layers)
+    params = sum(p.numel() for p in net.parameters())
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(a.batch, dims[0], generator=g)
+    y = torch.randn(a.batch, dims[-1], generator=g)
+
+    monitor_time = [0.0]
+
+    def step(monitor):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        if monitor is not None:
+            t0 = time.perf_counter()
+            monitor.step()
+            monitor_time[0] += time.perf_counter() - t0
+
+    for _ in range(2):  # warm-up: first touches, gloo's buffers, the optimizer's state
+        step(None)
+    plain, checked, inside = [], [], []
+    for _ in range(a.blocks):
+        for _ in range(a.steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            step(None)
+            plain.append(time.perf_counter() - t0)
+        monitor = Monitor(model, opt, out=open(os.devnull, "w"))
+        # The hook's share is timed by wrapping it.
+        hook = monitor._pre_forward
+
+        def timed_hook(module, inputs, hook=hook):
+            t0 = time.perf_counter()
+            hook(module, inputs)
+            monitor_time[0] += time.perf_counter() - t0
+
+        monitor._hook.remove()
+        monitor._hook = monitor.inner.register_forward_pre_hook(timed_hook)
+        for _ in range(a.steps):
+            dist.barrier()
+            monitor_time[0] = 0.0
+            t0 = time.perf_counter()
+            step(monitor)
+            checked.append(time.perf_counter() - t0)
+            inside.append(monitor_time[0])
+        monitor._hook.remove()
+    if rank == 0:
+        p, c, m = statistics.median(plain), statistics.median(checked), statistics.median(inside)
+        state_bytes = 4 * params * 3  # parameters, gradients, momentum
+        rate = hashing_rate()
+        row = {"dims": dims, "parameters": params, "batch_per_rank": a.batch, "ranks": world, "threads": a.threads,
+               "torch": torch.__version__, "step_ms": p * 1e3, "checked_step_ms": c * 1e3, "monitor_ms": m * 1e3,
+               "checked_over_plain": c / p, "monitor_over_step": m / p, "hash_gb_per_s": rate,
+               "hashed_mb_per_step": state_bytes / 1e6}
+        print(f"# dpcheck.torch's cost: MLP {a.dims} ({params / 1e6:.1f} M parameters), batch {a.batch} a rank, "
+              f"{world} ranks of DDP over gloo, {a.threads} thread each, PyTorch {torch.__version__}; medians of "
+              f"{len(plain)} steps each, in {a.blocks} alternating blocks")
+        print(f"{'what':<40} {'ms':>10} {'of the step':>12}")
+        print(f"{'step (forward, MSE, backward, SGD)':<40} {p * 1e3:10.2f} {1.0:12.3f}")
+        print(f"{'step with the Monitor':<40} {c * 1e3:10.2f} {c / p:12.3f}")
+        print(f"{'the Monitor alone (hook + step)':<40} {m * 1e3:10.2f} {m / p:12.3f}")
+        print(f"XXH3 hashing on one core: {rate:.1f} GB/s; {state_bytes / 1e6:.0f} MB of parameters, gradients and "
+              f"momentum hashed after each step, and the parameters again before its forward pass")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(row, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m dpcheck.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--dims", default="1024,2560,2560,1024", help="layer widths (default 1024,2560,2560,1024)")
+    p.add_argument("--batch", type=int, default=256, help="examples a rank a step (default 256)")
+    p.add_argument("--steps", type=int, default=4, help="steps a block (default 4)")
+    p.add_argument("--blocks", type=int, default=3, help="blocks of each kind, alternating (default 3)")
+    p.add_argument("--threads", type=int, default=1, help="PyTorch threads a rank (default 1)")
+    p.add_argument("--json", default="", help="also write the figures to this JSON file")
+    p.add_argument("--hash-only", action="store_true", help="print the hashing rate alone and exit")
+    a = p.parse_args(argv)
+    for name in ("nproc", "batch", "steps", "blocks", "threads"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} {getattr(a, name)}: give at least 1")
+    try:
+        dims = [int(d) for d in a.dims.split(",")]
+        if len(dims) < 2 or min(dims) < 1:
+            raise ValueError
+    except ValueError:
+        p.error(f"--dims {a.dims}: give at least two positive widths, e.g. 1024,2560,1024")
+    if a.hash_only:
+        print(f"XXH3 hashing on one core: {hashing_rate():.1f} GB/s")
+        return 0
+    if "RANK" in os.environ:
+        worker(a)
+        return 0
+    from dpcheck import launch
+
+    return launch.main(["--nproc", str(a.nproc), "--no-prefix", "-m", "dpcheck.bench",
+                        *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
