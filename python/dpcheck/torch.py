@@ -28,6 +28,7 @@ A failed check raises CheckFailed on every rank at once (the verdict is collecti
 waiting in a collective) and rank 0 prints the report. docs/torch.md is the manual.
 """
 
+import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -186,7 +187,7 @@ class Monitor:
                  sampler: Any = None, loader: Any = None, dataset_size: Optional[int] = None,
                  loss: Any = None, gradient_every: int = 0, gradient_steps: Sequence[int] = (),
                  strict_shares: bool = False, shuffled: Optional[bool] = None, group: Any = None,
-                 out: Any = None, raise_on_failure: bool = True):
+                 out: Any = None, raise_on_failure: bool = True, trace: Optional[str] = None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: a torch.nn.Module, not {type(model).__name__}")
         if gradient_every < 0:
@@ -219,6 +220,24 @@ class Monitor:
         self._pre: Optional[Dict[str, Any]] = None
         self._last_params_hash: Optional[int] = None
         self._micro: List[Tuple[np.ndarray, np.ndarray]] = []
+        # The trace (dpcheck's format, divergence/trace.hpp): rank 0 alone writes it, to a new file.
+        self.trace_path = trace
+        self._trace_file = None
+        self._batch_digest: Optional[Tuple[int, int]] = None
+        if trace is not None:
+            # Rank 0 makes the file and says to every rank whether it could, so that all refuse alike and
+            # none is left waiting in a collective.
+            refusal = ""
+            if self.rank == 0:
+                try:
+                    self._trace_file = open(trace, "x")
+                except FileExistsError:
+                    refusal = f"trace {trace}: the file exists (a trace is never overwritten)"
+                except OSError as e:
+                    refusal = f"trace {trace}: {e.strerror}"
+            refusal = self._broadcast_object(refusal)
+            if refusal:
+                raise ValueError(refusal)
         self._hook = self.inner.register_forward_pre_hook(self._pre_forward)
         # The sampler's epochs: recorded passes waiting to be judged, and the last judged one.
         if loader is not None:
@@ -250,14 +269,18 @@ class Monitor:
         self._pending_epochs.append(np.asarray(list(indices), dtype=np.int64))
 
     def micro_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """One micro-batch this rank trained on in this step (for the gradient check)."""
+        """One micro-batch this rank trained on in this step (for the gradient check and the trace)."""
+        if self.trace_path is not None:
+            count, digest = self._batch_digest or (0, 0)
+            self._batch_digest = (count + int(x.shape[0]), _core.hash(_as_array(x), digest))
         if self._gradient_due():
             self._micro.append((_as_array(x.float()).reshape(x.shape[0], -1).copy(), _as_array(y).copy()))
 
-    def step(self, x: Optional[torch.Tensor] = None, y: Optional[torch.Tensor] = None) -> None:
+    def step(self, x: Optional[torch.Tensor] = None, y: Optional[torch.Tensor] = None,
+             loss: Optional[Any] = None) -> None:
         """After the optimizer's step: checks the replicas, any epoch the sampler finished, and, at the
         chosen steps, the gradient. x and y: this step's batch on this rank (or give each micro-batch to
-        micro_batch() before)."""
+        micro_batch() before). loss: this rank's loss of the step, for the trace."""
         if x is not None:
             if y is None:
                 raise ValueError("give the batch's targets with its inputs: step(x, y)")
@@ -281,7 +304,10 @@ class Monitor:
             f = self._judge_gradient()
             if f is not None:
                 failures.append(f)
+        if self.trace_path is not None:
+            self._trace_step(header, loss)
         self._micro = []
+        self._batch_digest = None
         self._pre = None
         self._last_params_hash = header["params_hash"]
         self.step_index += 1
@@ -301,6 +327,9 @@ class Monitor:
             if f is not None:
                 failures.append(f)
         self._hook.remove()
+        if self._trace_file is not None:
+            self._trace_file.close()
+            self._trace_file = None
         if self.rank == 0:
             print(self.summary(), file=self.out, flush=True)
         self._fail_all(failures)
@@ -570,6 +599,67 @@ class Monitor:
             name = self.family["names"][k]
             text = text.replace(f"layers.{k}.weight", f"{name}.weight").replace(f"layers.{k}.bias", f"{name}.bias")
         return text
+
+    # ---- the trace -----------------------------------------------------------------------------------------
+
+    def _trace_step(self, header: Dict[str, Any], loss: Any) -> None:
+        """One line of dpcheck's trace format for this step: every rank's part gathered to rank 0, which
+        writes it (after the header, at the first step). A part holds the batch (its example count, and the
+        XXH3 of its inputs where dpcheck's own traces digest example indices), the gradient the optimizer
+        used, the parameters and each optimizer state block, per tensor. Before the all-reduce is not
+        seen: the local gradient is left empty ("not reached" to dpcheck diff)."""
+        names = [n for n, _ in self.inner.named_parameters()]
+        params = dict(self.inner.named_parameters())
+
+        def summary(t: Optional[torch.Tensor]) -> Dict[str, Any]:
+            a = np.zeros(0, dtype=np.float32) if t is None else _as_array(t.detach().to(torch.float32))
+            return _core.summarize(np.ascontiguousarray(a.reshape(-1)))
+
+        blocks: Dict[str, Dict[str, torch.Tensor]] = {}
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    for k, v in self.optimizer.state.get(p, {}).items():
+                        if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                            blocks.setdefault(k, {})[self._param_of.get(id(p), "")] = v
+        state_names = sorted(blocks)
+        count, digest = self._batch_digest or (0, 0)
+        loss_value = None
+        if loss is not None:
+            loss_value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        part = {"rank": self.rank, "indices": {"count": count, "digest": f"{digest & ((1 << 64) - 1):016x}"},
+                "local_grad": [], "reduced_grad": [summary(params[n].grad) for n in names],
+                "params": [summary(params[n]) for n in names],
+                "state": [[summary(blocks[k].get(n)) for n in names] for k in state_names],
+                "loss": loss_value, "examples": count, "state_names": state_names}
+        parts = self._gather_object_to_zero(part)
+        if self.rank != 0:
+            return
+        if self._trace_file.tell() == 0:
+            family = self.family or {}
+            head = {"dpcheck_trace": 1, "dpcheck_version": _core.version,
+                    "config": {"source": "dpcheck.torch", "model": type(self.inner).__name__,
+                               "dims": family.get("dims"), "activation": family.get("activation"),
+                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+                               "data_digest": "the inputs of each rank's batch"},
+                    "target": {"engine": "torch " + torch.__version__,
+                               "comm": dist.get_backend(self.group) if self.distributed else "none"},
+                    "world_size": self.world, "digest": "xxh3", "tensors": names, "state": state_names}
+            self._trace_file.write(json.dumps(head) + "\n")
+        losses = [(p["loss"], p["examples"]) for p in parts]
+        line_loss = None
+        if all(l is not None for l, _ in losses):
+            total = sum(n for _, n in losses)
+            line_loss = sum(l * n for l, n in losses) / total if total else sum(l for l, _ in losses) / len(losses)
+        ranks = []
+        for p in parts:
+            blocks_of = dict(zip(p["state_names"], p["state"]))
+            ranks.append({"rank": p["rank"], "indices": p["indices"], "local_grad": [],
+                          "reduced_grad": p["reduced_grad"], "params": p["params"],
+                          "state": [blocks_of.get(k, [summary(None)] * len(names)) for k in state_names]})
+        self._trace_file.write(json.dumps({"step": self.step_index, "loss": line_loss, "ranks": ranks,
+                                           "collectives": []}) + "\n")
+        self._trace_file.flush()
 
     # ---- collectives -------------------------------------------------------------------------------------
 

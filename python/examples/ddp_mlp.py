@@ -1,0 +1,54 @@
+"""An example DDP job with every dpcheck.torch check on: an MLP trained with SGD over gloo on a fixed
+global batch split among the ranks, so that runs on different numbers of ranks train on the same
+examples and differ only by rounding. Run it with the launcher:
+
+    PYTHONPATH=build/python python3 -m dpcheck.launch --nproc 4 python/examples/ddp_mlp.py --trace run4.jsonl
+"""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dpcheck.torch import CheckFailed, Monitor
+
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+p.add_argument("--dims", default="16,32,32,4", help="layer widths (default 16,32,32,4)")
+p.add_argument("--global-batch", type=int, default=24, help="examples a step over all ranks (default 24)")
+p.add_argument("--steps", type=int, default=6, help="optimizer steps (default 6)")
+p.add_argument("--gradient-every", type=int, default=2, help="check the gradient every K steps (default 2)")
+p.add_argument("--trace", default=None, help="write dpcheck's trace to this new file")
+args = p.parse_args()
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="env://")
+rank, world = dist.get_rank(), dist.get_world_size()
+dims = [int(d) for d in args.dims.split(",")]
+torch.manual_seed(0)
+layers = []
+for i in range(len(dims) - 1):
+    layers += [torch.nn.Linear(dims[i], dims[i + 1])] + ([torch.nn.ReLU()] if i + 2 < len(dims) else [])
+model = DDP(torch.nn.Sequential(*layers))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(args.steps, args.global_batch, dims[0], generator=g)
+y = torch.randn(args.steps, args.global_batch, dims[-1], generator=g)
+monitor = Monitor(model, opt, loss="mse", gradient_every=args.gradient_every, trace=args.trace)
+status = 0
+try:
+    for step in range(args.steps):
+        xs, ys = x[step, rank::world], y[step, rank::world]
+        opt.zero_grad()
+        out = model(xs)
+        # The global batch's mean: this rank's sum times N (DDP averages over the ranks) over B outputs.
+        loss = F.mse_loss(out, ys, reduction="sum") * world / (args.global_batch * dims[-1])
+        loss.backward()
+        opt.step()
+        monitor.step(xs, ys, loss=loss / world * args.global_batch / len(xs))
+    monitor.close()
+except CheckFailed:
+    status = 1
+dist.destroy_process_group()
+raise SystemExit(status)
