@@ -20,6 +20,8 @@ namespace {
 // "1/12" for a weight near the reciprocal of a whole number, else the number itself.
 std::string weight_text(double w) {
   char buf[48];
+  if (w > 0 && std::abs(1 / w - 1) < 1e-6)
+    return "1";
   if (w > 0 && std::abs(1 / w - std::round(1 / w)) < 1e-6 * (1 / w))
     std::snprintf(buf, sizeof buf, "1/%.0f", std::round(1 / w));
   else
@@ -135,7 +137,19 @@ GradientJudgement judge_gradient(const GradientInput& in) {
                 float_text(j.reference).c_str(), j.bound);
   std::string text = head;
   const std::string whole_weight = weight_text(1.0 / static_cast<double>(j.batch));
-  if (j.weights_differ && j.fit_residual < 1e-3)
+  // One weight for every example, not 1 / B: the gradient scaled as a whole.
+  double lo = INFINITY, hi = -INFINITY;
+  for (const PartWeight& w : j.weights)
+    if (w.examples > 0) {
+      lo = std::min(lo, w.weight);
+      hi = std::max(hi, w.weight);
+    }
+  const bool uniform = hi - lo <= 1e-6 * std::abs(hi);
+  if (j.weights_differ && j.fit_residual < 1e-3 && uniform)
+    text += "; every example weighs " + weight_text(hi) + " where the whole batch's mean weighs each " + whole_weight +
+            ": the gradient is scaled as a whole (a loss summed rather than averaged, a scale left on it, or "
+            "gradient clipping before the check)";
+  else if (j.weights_differ && j.fit_residual < 1e-3)
     text += "; the examples' weights differ: " + weights_text(j) + ", where the whole batch's mean weighs each " +
             whole_weight;
   else if (!j.passed) {

@@ -122,6 +122,12 @@ class Gradient(unittest.TestCase):
         self.assertTrue(v["weights_differ"])
         self.assertIn("rank 0 (3 examples) 1/6; rank 1 (2 examples) 1/4", v["message"])
 
+    def test_a_gradient_scaled_as_a_whole_says_so(self):
+        v = self.judge([1.0] * 5)  # summed, not averaged
+        self.assertFalse(v["passed"])
+        self.assertIn("every example weighs 1 where the whole batch's mean weighs each 1/5: the gradient is "
+                      "scaled as a whole", v["message"])
+
     def test_one_example_dropped_fails(self):
         v = self.judge([0.25] * 4 + [0.0])
         self.assertFalse(v["passed"])
