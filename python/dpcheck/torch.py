@@ -367,7 +367,7 @@ class Monitor:
             for layer in self.family["linears"]:
                 flat.append(layer.weight.detach().reshape(-1))
                 flat.append(layer.bias.detach().reshape(-1))
-            self._pre["flat_params"] = torch.cat(flat).to(torch.float32).numpy().copy()
+            self._pre["flat_params"] = torch.cat(flat).to(torch.float32).cpu().numpy().copy()
 
     def _tensors(self) -> List[Tuple[str, str, torch.Tensor]]:
         """(section, name, tensor) for everything compared after the step, in the order reported."""
@@ -568,14 +568,15 @@ class Monitor:
         grads = []
         for layer in self.family["linears"]:
             for p in (layer.weight, layer.bias):
-                grads.append(p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel()))
-        gradient = torch.cat(grads).to(torch.float32).numpy()
+                grads.append(p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device))
+        gradient = torch.cat(grads).to(torch.float32).cpu().numpy()
         batches = self._gather_object_to_zero([(self.rank, x, y) for x, y in self._micro])
         verdict = None
         if self.rank == 0:
             parts = [part for rank_parts in batches for part in rank_parts]
             try:
-                verdict = _core.judge_gradient(self.family["dims"], self.family["activation"], self.loss,
+                verdict = _core.judge_gradient(self.family["dims"], self.family["activation"],
+                                               self.loss.replace("_", "-"),
                                                pre["flat_params"], parts, gradient, self.world)
                 verdict["message"] = self._torch_names(verdict["message"])
                 verdict["element"] = self._torch_names(verdict["element"])

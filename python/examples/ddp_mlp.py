@@ -6,6 +6,8 @@ examples and differ only by rounding. Run it with the launcher:
 """
 
 import argparse
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -51,4 +53,6 @@ try:
 except CheckFailed:
     status = 1
 dist.destroy_process_group()
-raise SystemExit(status)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)  # past the interpreter's teardown, where gloo's threads sometimes abort

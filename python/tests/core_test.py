@@ -168,6 +168,17 @@ class Gradient(unittest.TestCase):
         self.assertIn("2 gradient checks", out.text)
         self.assertEqual(m.failures, [])
 
+    def test_monitor_judges_cross_entropy(self):
+        out = _Lines()
+        labels = torch.tensor([0, 1, 1, 0, 1])
+        m = dtorch.Monitor(self.model, None, loss=torch.nn.CrossEntropyLoss(), gradient_every=1, out=out)
+        self.model.zero_grad()
+        torch.nn.functional.cross_entropy(self.model(self.x), labels).backward()
+        m.step(self.x, labels)
+        m.close()
+        self.assertIn("1 gradient checks", out.text)
+        self.assertNotIn("not judged", out.text)
+
     def test_bad_arguments(self):
         with self.assertRaises(ValueError):
             dtorch.Monitor(self.model, gradient_every=-1)
