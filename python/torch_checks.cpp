@@ -82,13 +82,12 @@ void fit_weights(const GradientInput& in, GradientJudgement& j) {
 
 std::string weights_text(const GradientJudgement& j) {
   std::string s;
+  // Micro-batches are named where some rank gave more than one part.
+  const bool several = std::any_of(j.weights.begin(), j.weights.end(), [](const PartWeight& w) { return w.micro_batch > 0; });
   for (const PartWeight& w : j.weights) {
     if (w.examples == 0) continue;
     s += (s.empty() ? "" : "; ") + std::string("rank ") + std::to_string(w.rank);
-    if (j.weights.size() > static_cast<std::size_t>(std::max_element(j.weights.begin(), j.weights.end(), [](auto& a, auto& b) {
-                                                      return a.rank < b.rank;
-                                                    })->rank + 1))
-      s += " micro-batch " + std::to_string(w.micro_batch);
+    if (several) s += " micro-batch " + std::to_string(w.micro_batch);
     s += " (" + std::to_string(w.examples) + (w.examples == 1 ? " example) " : " examples) ") + weight_text(w.weight);
   }
   return s;

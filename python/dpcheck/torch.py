@@ -553,10 +553,8 @@ class Monitor:
         pre = self._pre
         if pre is None or "flat_params" not in pre:
             reason = "the model's forward pass did not run in this step (no parameters seen at its start)"
-            verdict = None
         elif not self._micro:
             reason = "no batch recorded on this rank (call monitor.step(x, y) or monitor.micro_batch(x, y))"
-            verdict = None
         else:
             reason = ""
         problems = self._all_gather_object(reason)
