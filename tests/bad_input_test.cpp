@@ -102,10 +102,55 @@ void write_params(const fs::path& dir, const ModelConfig& model, const std::vect
     write_npy(dir / (s.name + ".npy"), s.shape, std::span<const float>(params).subspan(s.offset, s.size()));
 }
 
+// A record of dpcheck.torch (python/torch_record.hpp) as the Monitor writes one: model 4,3,1 on 2 ranks
+// with SGD, step 0 alone; `change` damages it before it is written.
+struct RecordFixture {
+  int version = 1;
+  std::vector<int> dims{4, 3, 1};
+  std::int64_t examples_in_parts = 8;  // the x.npy below holds 8
+  bool nan_params = false;
+  bool failure = false;
+};
+
+void write_record(const fs::path& dir, const RecordFixture& f) {
+  const ModelConfig model{f.dims, Activation::relu, Loss::mse};
+  fs::create_directories(dir / "step-00000000");
+  nlohmann::json head{{"dpcheck_torch_record", f.version}, {"dpcheck_version", "0"}, {"torch", "1.13.1"}, {"backend", "gloo"},
+                      {"world_size", 2},
+                      {"model", {{"dims", f.dims}, {"activation", "relu"}, {"loss", "mse"}, {"names", {"0", "2"}}}},
+                      {"optimizer", {{"name", "SGD"}, {"kind", "sgd"}, {"lr", 0.1}}}, {"command_line", {"job.py"}}};
+  if (f.failure) head["failure"] = {{"kind", "gradient"}, {"step", 0}, {"message", "dpcheck.torch: FAILED gradient"}};
+  std::ofstream(dir / "record.json") << head.dump(1) << "\n";
+  const fs::path s = dir / "step-00000000";
+  nlohmann::json step{{"step", 0}, {"lr", 0.1}, {"optimizer_steps", 0},
+                      {"parts", {{{"rank", 0}, {"examples", 4}}, {{"rank", 1}, {"examples", f.examples_in_parts - 4}}}}};
+  std::ofstream(s / "step.json") << step.dump(1) << "\n";
+  std::vector<float> params = init_params(model, 0);
+  const std::int64_t n[] = {static_cast<std::int64_t>(params.size())}, none[] = {0};
+  write_npy(s / "grad.npy", n, std::span<const float>(params));
+  write_npy(s / "params_after.npy", n, std::span<const float>(params));
+  if (f.nan_params) params[1] = std::numeric_limits<float>::quiet_NaN();
+  write_npy(s / "params.npy", n, std::span<const float>(params));
+  write_npy(s / "state.npy", none, std::span<const float>());
+  write_npy(s / "state_after.npy", none, std::span<const float>());
+  const std::int64_t x_shape[] = {8, f.dims.front()}, y_shape[] = {8, f.dims.back()};
+  write_npy(s / "x.npy", x_shape, std::span<const float>(std::vector<float>(8 * f.dims.front(), 0.5f)));
+  write_npy(s / "y.npy", y_shape, std::span<const float>(std::vector<float>(8 * f.dims.back(), 0.25f)));
+}
+
 class BadInput : public testing::Test {
  protected:
   void SetUp() override {
     const fs::path d = dir_.path();
+    // Records of a PyTorch job (dpcheck.torch): a good one, a bundle, and damaged ones.
+    write_record(d / "rec", {});
+    write_record(d / "rec_bundle", {.failure = true});
+    write_record(d / "rec_v2", {.version = 2});
+    write_record(d / "rec_parts", {.examples_in_parts = 7});
+    write_record(d / "rec_nan", {.nan_params = true});
+    write_record(d / "rec_wide", {.dims = {5, 3, 1}});
+    fs::create_directories(d / "rec_empty");
+    fs::copy_file(d / "rec" / "record.json", d / "rec_empty" / "record.json");
     ASSERT_EQ(::mkfifo((d / "fifo").c_str(), 0600), 0) << std::strerror(errno);
     std::ofstream(d / "kept.json") << "an earlier report\n";
     fs::create_symlink(d / "kept.json", d / "link.json");
@@ -481,6 +526,21 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"drift {d}/init {d}/init", 2, {"no checkpoint in", "init"}},
       {"drift {d}/init {d}/init --from -1", 2, {"--from", "at least 0"}},
       {"drift {d}/init", 2, {"b"}},
+      // Records of a PyTorch job (dpcheck.torch's Monitor(record=DIR) and bundle_dir=DIR).
+      {"replay {d}/rec", 2, {"rec is a record of every step", "--step"}},
+      {"replay {d}/rec --step 5", 2, {"holds no step 5", "it holds 0"}},
+      {"replay {d}/rec --step 0 --x {d}/x.npy", 2, {"--x does not apply", "a record of a PyTorch job"}},
+      {"replay {d}/rec --step 0 --mutant allreduce-sum-not-mean", 2, {"--mutant does not apply"}},
+      {"replay {d}/rec_bundle --step 1", 2, {"--step", "a bundle of step 0 alone"}},
+      {"replay {d}/rec_v2 --step 0", 2, {"record.json", "another version of dpcheck.torch"}},
+      {"replay {d}/rec_parts --step 0", 2, {"x.npy holds 8 examples", "parts hold 7"}},
+      {"replay {d}/rec_nan --step 0", 2, {"params.npy", "element [1] is nan"}},
+      {"replay {d}/rec_empty", 2, {"rec_empty", "holds no step"}},
+      {"drift {d}/rec {d}/init", 2, {"init is not a record of dpcheck.torch", "--checkpoint-dir"}},
+      {"drift {d}/rec {d}/rec_bundle", 2, {"rec_bundle is a bundle of one failed step"}},
+      {"drift {d}/rec {d}/rec --engine cpu", 2, {"--engine does not apply to records"}},
+      {"drift {d}/rec {d}/rec --from 3", 2, {"no step from 3"}},
+      {"drift {d}/rec {d}/rec_wide", 2, {"record different models", "4,3,1", "5,3,1"}},
       {"bench trace --model 4,0", 2, {"--model"}},
       {"bench trace --batch 100000000000", 2, {"--batch"}},
       {"bench trace --json /dev/full", 2, {"--json", "character device"}},

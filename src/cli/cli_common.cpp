@@ -489,6 +489,8 @@ std::string ratio_text(double ratio, const char* infinite) {
   return buf;
 }
 
+std::string counted(long long n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
 void check_train_size(const TrainConfig& t, int world, const Target& target, bool reference) {
   RunSize needs;
   needs.model = t.model;

@@ -57,6 +57,9 @@ int resolve_world(Target& target, int requested_world_size, bool world_size_give
 // An error ratio in three digits, or `infinite` for an infinite one (a NaN met, bits that differ).
 std::string ratio_text(double ratio, const char* infinite);
 
+// "1 rank", "3 ranks": a count with its noun, plural past one.
+std::string counted(long long n, const char* noun);
+
 // The checks every option of every subcommand gets, after parsing and before the command runs, so
 // that no command can forget one: an empty value ('') is refused (it would otherwise stand for the
 // default, or for no file at all); a whole number is decimal and within its type (CLI11 reads "0x10"

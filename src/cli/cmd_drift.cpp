@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "divergence/divergence.hpp"
+#include "python/torch_record.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
@@ -58,8 +59,60 @@ Target trace_target(const std::string& path, const char* option, const Target& o
   }
 }
 
-int run_drift(DriftOptions& o) {
+// Two records of real PyTorch jobs (dpcheck.torch's Monitor(record=DIR)): each recorded step held to the
+// bound from its own parameters, and each step starting where the one before it ended.
+int drift_torch(DriftOptions& o, const CLI::App& sub) {
+  for (const char* option : {"--x", "--y", "--trace-a", "--trace-b", "--engine", "--comm", "--kernels"})
+    if (sub.count(option) > 0)
+      throw UsageError(std::string(option) + " does not apply to records of PyTorch jobs: their steps are judged as recorded");
+  for (const std::string* p : {&o.a, &o.b})
+    if (!torchjob::is_record(*p))
+      throw UsageError(*p + " is not a record of dpcheck.torch (Monitor(record=DIR)), and the other run is: drift compares "
+                       "two records, or two --checkpoint-dir directories");
+  const torchjob::Record records[2] = {torchjob::read_record(o.a), torchjob::read_record(o.b)};
+  for (const torchjob::Record& r : records)
+    if (r.header.failure) throw UsageError(r.dir.string() + " is a bundle of one failed step: drift reads a record of every step");
+  // Everything is read and judged before the first line, so that bad input ends with one line.
+  const torchjob::RecordDrift r = torchjob::record_drift(records, o.from);
+  if (r.steps.empty())
+    throw UsageError("no step from " + std::to_string(o.from) + " that both " + o.a + " and " + o.b + " recorded");
+  std::printf("dpcheck drift: A %s (PyTorch %s, %s, %s, %s), B %s (PyTorch %s, %s, %s, %s)\n", o.a.c_str(),
+              records[0].header.torch_version.c_str(), records[0].header.backend.c_str(),
+              counted(records[0].header.world_size, "rank").c_str(), records[0].header.optimizer_name.c_str(), o.b.c_str(),
+              records[1].header.torch_version.c_str(), records[1].header.backend.c_str(),
+              counted(records[1].header.world_size, "rank").c_str(), records[1].header.optimizer_name.c_str());
+  for (int k = 0; k < 2; ++k)
+    if (!records[k].header.optimizer)
+      std::printf("%s's updates are not judged: %s\n", k == 0 ? "A" : "B", records[k].header.optimizer_not_judged.c_str());
+  std::printf("\n%5s  %-10s %-10s %-11s %-11s %s\n", "step", "A ratio", "B ratio", "A next", "B next", "A-B apart after (ulp)");
+  for (const torchjob::RecordDriftStep& s : r.steps)
+    std::printf("%5lld  %-10s %-10s %-11s %-11s %llu\n", static_cast<long long>(s.step), ratio_text(s.ratio[0], "inf").c_str(),
+                ratio_text(s.ratio[1], "inf").c_str(), s.between[0].empty() ? "continues" : "CHANGED",
+                s.between[1].empty() ? "continues" : "CHANGED", static_cast<unsigned long long>(s.apart_ulp));
+  for (int k = 0; k < 2; ++k)
+    if (r.only[k] > 0)
+      std::printf("%s also recorded %s that %s did not (compared: the %s both recorded)\n", k == 0 ? "A" : "B",
+                  counted(r.only[k], "step").c_str(), k == 0 ? "B" : "A", counted(static_cast<long long>(r.steps.size()), "step").c_str());
+  if (r.bug_run >= 0 && r.bug_between_steps) {
+    std::printf("\nbug in %s, outside the optimizer's step: %s; something in the job between two steps changed what the "
+                "next one starts from\n", r.bug_run == 0 ? "A" : "B", r.bug_where.c_str());
+    return exit_check_failed;
+  }
+  if (r.bug_run >= 0) {
+    const std::string& path = r.bug_run == 0 ? o.a : o.b;
+    std::printf("\nbug: step %lld of %s: %s; replay it with: dpcheck replay %s --step %lld\n", static_cast<long long>(r.bug_step),
+                r.bug_run == 0 ? "A" : "B", r.bug_where.c_str(), shell_word(path).c_str(), static_cast<long long>(r.bug_step));
+    return exit_check_failed;
+  }
+  std::printf("\nrounding, amplified by training: every recorded step of both runs stays within the bound from its own "
+              "parameters, and each starts where the one before it ended; the runs end %llu ulp apart\n",
+              static_cast<unsigned long long>(r.steps.back().apart_ulp));
+  return exit_ok;
+}
+
+int run_drift(DriftOptions& o, const CLI::App& sub) {
   if (o.from < 0) throw UsageError("--from must be at least 0");
+  if (torchjob::is_record(o.a) || torchjob::is_record(o.b)) return drift_torch(o, sub);
   const CheckpointRun runs[2] = {read_checkpoint_run(o.a), read_checkpoint_run(o.b)};
   if (runs[0].config.model.dims != runs[1].config.model.dims)
     throw UsageError(o.a + " and " + o.b + " hold different models (" + dims_string(runs[0].config.model.dims) + " and " +
@@ -132,8 +185,8 @@ Runner add_drift(CLI::App& app) {
   auto o = std::make_shared<DriftOptions>();
   CLI::App* sub = app.add_subcommand(
       "drift", "Rounding or bug? Two runs that drift apart, from their checkpoints (train --checkpoint-every 1)");
-  sub->add_option("a", o->a, "The first run's --checkpoint-dir")->required();
-  sub->add_option("b", o->b, "The second run's --checkpoint-dir")->required();
+  sub->add_option("a", o->a, "The first run's --checkpoint-dir, or a record of a PyTorch job (dpcheck.torch's Monitor(record=DIR))")->required();
+  sub->add_option("b", o->b, "The second run's, of the same kind")->required();
   sub->add_option("--trace-a", o->trace[0], "A's trace (train --trace): its header says the target A trained on");
   sub->add_option("--trace-b", o->trace[1], "B's trace: the target B trained on");
   namespace f = target_option;
@@ -143,7 +196,7 @@ Runner add_drift(CLI::App& app) {
   sub->add_option("--x", o->x, "Inputs .npy, when the runs trained on --x/--y");
   sub->add_option("--y", o->y, "Targets .npy, with --x");
   sub->add_option("--from", o->from, "The first step to look at (default 0)");
-  return [o] { return run_drift(*o); };
+  return [o, sub] { return run_drift(*o, *sub); };
 }
 
 }  // namespace dpcheck::cli

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "divergence/divergence.hpp"
+#include "python/torch_record.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
@@ -171,7 +172,135 @@ void print_replay(const ReplaySetup& s, const ReplayResult& r, bool from_start) 
   if (s.recorded) print_verdict(s, r, from_start);
 }
 
+// ---- a step of a real PyTorch job (a dpcheck.torch bundle or record) ------------------------------------
+
+// The recorded step as dpcheck's own trainer takes it: the global batch as the data set, one step an
+// epoch, no shuffle, from the recorded parameters and optimizer state.
+ReplayInput trainer_input(const torchjob::Record& rec, const torchjob::RecordedStep& st, const Dataset& data) {
+  const torchjob::RecordHeader& h = rec.header;
+  ReplayInput in;
+  TrainConfig& c = in.config;
+  c.model = h.model;
+  c.batch = data.size();
+  c.dataset_size = data.size();
+  c.steps = static_cast<int>(st.step + 1);
+  c.optimizer = *h.optimizer;
+  c.optimizer.lr = st.lr;
+  c.shuffle = false;
+  in.world_size = h.world_size;
+  in.checks.finite = true;
+  in.checks.gradient_every = 1;
+  in.step = st.step;
+  in.data = &data;
+  Checkpoint& b = in.before;
+  b.step = st.step;
+  b.epoch = st.step;
+  b.params = st.params;
+  b.optimizer_state = st.state;
+  b.optimizer_steps = st.optimizer_steps;
+  b.state_names = h.optimizer->kind == OptimizerKind::adam       ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
+                  : h.optimizer->kind == OptimizerKind::momentum ? std::vector<std::string>{"momentum_buffer"}
+                                                                  : std::vector<std::string>{};
+  b.config = c.to_json(in.world_size);
+  return in;
+}
+
+int replay_torch(ReplayOptions& o) {
+  for (const char* option : {"--x", "--y", "--world-size", "--mutant", "--kernels", "--precision", "--tf32"})
+    if (o.given(option))
+      throw UsageError(std::string(option) + " does not apply to " + o.path + ", a record of a PyTorch job: its step is judged as "
+                       "recorded, and run again on dpcheck's trainer with the recorded data and world size");
+  if (process_world()) throw UsageError("replay of a PyTorch job's step runs its ranks as threads: start it without a launcher");
+  const torchjob::Record rec = torchjob::read_record(o.path);
+  const torchjob::RecordHeader& h = rec.header;
+  std::int64_t step = 0;
+  if (h.failure) {
+    if (o.given("--step") && o.step != (*h.failure)["step"].get<std::int64_t>())
+      throw UsageError("--step: " + o.path + " is a bundle of step " + (*h.failure)["step"].dump() + " alone");
+    step = (*h.failure)["step"].get<std::int64_t>();
+  } else {
+    if (!o.given("--step")) throw UsageError(o.path + " is a record of every step: give --step");
+    if (o.step < 0) throw UsageError("--step must be at least 0");
+    step = o.step;
+  }
+  const torchjob::RecordedStep st = torchjob::read_recorded_step(rec, step);
+  // dpcheck's trainer on the same step, on the options' target (by default the cpu engine).
+  Target t;
+  if (o.target.given("--engine")) t.engine = o.target.engine, t.comm = default_comm(t.engine);
+  else t.engine = "cpu", t.comm = default_comm("cpu");
+  if (o.target.given("--comm")) t.comm = o.target.comm;
+  if (o.target.given("--timeout")) t.timeout = o.target.timeout.value();
+  t.world_size = h.world_size;
+  validate_target(t);
+
+  std::printf("dpcheck replay: %s, step %lld of a PyTorch job (torch %s, %s, %s, %s)\n", o.path.c_str(),
+              static_cast<long long>(step), h.torch_version.c_str(), h.backend.c_str(), counted(h.world_size, "rank").c_str(),
+              h.optimizer_name.c_str());
+  std::int64_t examples = 0;
+  for (const torchjob::GradientPart& p : st.parts) examples += p.batch.size;
+  std::printf("model %s, %s, %s; global batch of %s in %s\n", dims_string(h.model.dims).c_str(),
+              std::string(activation_name(h.model.activation)).c_str(), std::string(loss_name(h.model.loss)).c_str(),
+              counted(examples, "example").c_str(), counted(static_cast<long long>(st.parts.size()), "part").c_str());
+  if (!st.failure_kind.empty()) {
+    std::printf("the job's %s check failed at this step: %s\n", st.failure_kind.c_str(), st.failure_line().c_str());
+    const std::size_t rest = st.failure_message.find('\n');
+    if (rest != std::string::npos) std::printf("%s\n", st.failure_message.substr(rest + 1).c_str());
+  }
+
+  const torchjob::StepJudgement j = torchjob::judge_recorded_step(rec, st);
+  std::printf("\nthe recorded step, against the float64 reference from its own parameters:\n");
+  std::printf("%-12s %-12s %s\n", "phase", "error ratio", "worst element");
+  for (const torchjob::RecordedPhase& p : j.phases)
+    std::printf("%-12s %-12s %s\n", p.phase.c_str(), p.judged ? ratio_text(p.ratio, "inf").c_str() : "-",
+                p.judged ? p.element.c_str() : p.message.c_str());
+  for (const torchjob::RecordedPhase& p : j.phases)
+    // Each phase out of the bound in words, unless the job's own report above already said it.
+    if (p.judged && !(p.ratio <= 1.0) && h.torch_names(st.failure_message).find(p.message) == std::string::npos)
+      std::printf("%s: %s\n", p.phase.c_str(), p.message.c_str());
+  std::printf("%s\n", j.first_out_of_bound.empty() ? "every phase judged stays within the bound"
+                                                   : ("first phase out of the bound: " + j.first_out_of_bound).c_str());
+
+  std::optional<ReplayResult> mine;
+  if (!h.optimizer) {
+    std::printf("\ndpcheck's trainer: not run (the optimizer is %s)\n", h.optimizer_not_judged.c_str());
+  } else {
+    const ArrayDataset data(concat(std::vector<Batch>([&] {
+      std::vector<Batch> b;
+      for (const torchjob::GradientPart& p : st.parts) b.push_back(p.batch);
+      return b;
+    }())));
+    const ReplayInput in = trainer_input(rec, st, data);
+    check_train_size(in.config, h.world_size, t, true);
+    std::printf("\ndpcheck's trainer on the same parameters, optimizer state and batch (%s, %s):\n", t.describe().c_str(),
+                counted(h.world_size, "rank").c_str());
+    std::fflush(stdout);
+    mine = replay_step(t, in);
+    std::printf("%-16s %5s  %-12s %s\n", "phase", "rank", "error ratio", "worst element");
+    for (const PhaseRatio& p : mine->phases)
+      std::printf("%-16s %5d  %-12s %s\n", p.phase.c_str(), p.rank, ratio_text(p.ratio, "differs").c_str(),
+                  h.torch_names(p.element).c_str());
+    std::printf("%s\n", mine->failure ? ("dpcheck's trainer fails: " + h.torch_names(mine->failure->message)).c_str()
+                                      : "dpcheck's trainer passes every check on this step");
+  }
+  const bool recorded_fails = !j.first_out_of_bound.empty();
+  const bool mine_fails = mine && mine->failure;
+  std::printf("\n");
+  if (recorded_fails && mine && !mine_fails)
+    std::printf("the recorded step leaves the bound where dpcheck's trainer, from the same parameters, state and examples, "
+                "does not: the failure is the job's (its loss, its all-reduce or its optimizer), not the model's or the data's\n");
+  else if (recorded_fails)
+    std::printf("the recorded step leaves the bound (%s)\n", j.first_out_of_bound.c_str());
+  else if (!st.failure_kind.empty())
+    std::printf("the recorded step on rank 0 stays within the bound: the job's %s check failed on what the ranks did "
+                "differently, which rank 0's record cannot show; the job's report above located it\n",
+                st.failure_kind.c_str());
+  else
+    std::printf("the recorded step stays within the bound of the float64 reference\n");
+  return recorded_fails || mine_fails || !st.failure_kind.empty() ? exit_check_failed : exit_ok;
+}
+
 int run_replay(ReplayOptions& o) {
+  if (torchjob::is_record(o.path)) return replay_torch(o);
   ReplaySetup s;
   // Under a launcher every rank reads the bundle, its data and its plugin for itself: one that cannot
   // stops every rank at once, and rank 0 says which and why.
@@ -221,7 +350,8 @@ Runner add_replay(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "replay", "Run a failing training step again from its repro bundle (or a checkpoint and --step) and attribute it");
   o->sub = sub;
-  sub->add_option("bundle", o->path, "A repro bundle left by train, or a --checkpoint-dir directory (then give --step)")
+  sub->add_option("bundle", o->path, "A repro bundle left by train or by dpcheck.torch (Monitor(bundle_dir=DIR)), or a --checkpoint-dir "
+                  "directory or a record of a PyTorch job (Monitor(record=DIR)); for these two give --step")
       ->required();
   sub->add_option("--step", o->step, "With a checkpoint directory: the step to replay (from the newest checkpoint at or before it)");
   namespace f = target_option;
