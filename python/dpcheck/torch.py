@@ -29,6 +29,7 @@ waiting in a collective) and rank 0 prints the report. docs/torch.md is the manu
 """
 
 import json
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -38,7 +39,7 @@ import torch.distributed as dist
 
 from dpcheck import _core
 
-__all__ = ["Monitor", "CheckFailed", "model_family", "hash_tensor", "NOT_JUDGED"]
+__all__ = ["Monitor", "CheckFailed", "model_family", "optimizer_spec", "hash_tensor", "NOT_JUDGED"]
 
 NOT_JUDGED = "not judged"
 
@@ -149,6 +150,43 @@ def _loss_name(loss: Any) -> Tuple[Optional[str], str]:
     return None, f"loss {type(loss).__name__}: the reference takes mse or cross-entropy"
 
 
+def optimizer_spec(optimizer: Any) -> Dict[str, Any]:
+    """The optimizer as dpcheck's reference knows it, for records and bundles: {"name", "kind" ("sgd",
+    "momentum" or "adam"), "lr", "momentum" | "beta1", "beta2", "eps"}, or {"name", "kind": None,
+    "not_judged": the reason}."""
+    name = type(optimizer).__name__ if optimizer is not None else "no optimizer"
+
+    def no(reason: str) -> Dict[str, Any]:
+        return {"name": name, "kind": None, "not_judged": reason}
+
+    if optimizer is None:
+        return no("no optimizer was given to the Monitor")
+    if len(optimizer.param_groups) != 1:
+        return no(f"{name} has {len(optimizer.param_groups)} param groups; the reference takes one")
+    g = optimizer.param_groups[0]
+    if g.get("maximize", False):
+        return no(f"{name}(maximize=True)")
+    if g.get("weight_decay", 0) != 0:
+        return no(f"{name} with weight decay; the reference has none")
+    if type(optimizer) is torch.optim.SGD:
+        if g.get("nesterov", False) or g.get("dampening", 0) != 0:
+            return no("SGD with Nesterov momentum or dampening; the reference has plain momentum")
+        if g.get("momentum", 0) == 0:
+            return {"name": name, "kind": "sgd", "lr": float(g["lr"])}
+        return {"name": name, "kind": "momentum", "lr": float(g["lr"]), "momentum": float(g["momentum"])}
+    if type(optimizer) is torch.optim.Adam:
+        if g.get("amsgrad", False):
+            return no("Adam(amsgrad=True)")
+        b1, b2 = g["betas"]
+        return {"name": name, "kind": "adam", "lr": float(g["lr"]), "beta1": float(b1), "beta2": float(b2),
+                "eps": float(g["eps"])}
+    return no(f"torch.optim.{name}: the reference has SGD, SGD with momentum and Adam")
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 # ---- the monitor -------------------------------------------------------------------------------------
 
 def _record_sampler(sampler: Any, monitor: "Monitor") -> None:
@@ -180,14 +218,19 @@ class Monitor:
     strict_shares: padding and dropped examples fail. shuffled: whether the sampler shuffles (default:
     its `shuffle` attribute, else judged from the order). group: the process group (default: the world).
     out: where rank 0 prints (default sys.stderr). raise_on_failure: False keeps going and collects the
-    failures in `failures`.
+    failures in `failures`. trace: a new file for dpcheck's trace. record: a new directory where rank 0
+    records every step (parameters, optimizer state, the global batch, the gradient used, the state after)
+    for `dpcheck drift`; bundle_dir: an existing directory where rank 0 leaves a repro bundle of a step
+    that fails a check, for `dpcheck replay`. Both need a model the gradient check covers, and the batch
+    of every step (step(x, y) or micro_batch).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
                  sampler: Any = None, loader: Any = None, dataset_size: Optional[int] = None,
                  loss: Any = None, gradient_every: int = 0, gradient_steps: Sequence[int] = (),
                  strict_shares: bool = False, shuffled: Optional[bool] = None, group: Any = None,
-                 out: Any = None, raise_on_failure: bool = True, trace: Optional[str] = None):
+                 out: Any = None, raise_on_failure: bool = True, trace: Optional[str] = None,
+                 record: Optional[str] = None, bundle_dir: Optional[str] = None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: a torch.nn.Module, not {type(model).__name__}")
         if gradient_every < 0:
@@ -204,6 +247,7 @@ class Monitor:
         self.out = out if out is not None else sys.stderr
         self.raise_on_failure = raise_on_failure
         self.failures: List[CheckFailed] = []
+        self._hyper_labels: Dict[str, Tuple[str, List[str]]] = {}
         self.step_index = 0
         self.checked_steps = 0
         self.gradient_every = gradient_every
@@ -238,6 +282,15 @@ class Monitor:
             refusal = self._broadcast_object(refusal)
             if refusal:
                 raise ValueError(refusal)
+        # Records and bundles (python/torch_record.hpp): rank 0 writes them, and keeps its state from before
+        # each step for them.
+        self.record_path = record
+        self.bundle_dir = bundle_dir
+        self.bundles: List[str] = []
+        self._keep = record is not None or bundle_dir is not None
+        self._gathered: Optional[List[Any]] = None
+        if self._keep:
+            self._open_records()
         self._hook = self.inner.register_forward_pre_hook(self._pre_forward)
         # The sampler's epochs: recorded passes waiting to be judged, and the last judged one.
         if loader is not None:
@@ -273,7 +326,7 @@ class Monitor:
         if self.trace_path is not None:
             count, digest = self._batch_digest or (0, 0)
             self._batch_digest = (count + int(x.shape[0]), _core.hash(_as_array(x), digest))
-        if self._gradient_due():
+        if self._gradient_due() or self._keep:
             self._micro.append((_as_array(x.float()).reshape(x.shape[0], -1).copy(), _as_array(y).copy()))
 
     def step(self, x: Optional[torch.Tensor] = None, y: Optional[torch.Tensor] = None,
@@ -306,6 +359,11 @@ class Monitor:
                 failures.append(f)
         if self.trace_path is not None:
             self._trace_step(header, loss)
+        if self.record_path is not None:
+            self._write_step(self.record_path, failures[0] if failures else None)
+        if failures and self.bundle_dir is not None:
+            self._write_bundle(failures[0])
+        self._gathered = None
         self._micro = []
         self._batch_digest = None
         self._pre = None
@@ -335,18 +393,18 @@ class Monitor:
         self._fail_all(failures)
 
     def summary(self) -> str:
-        parts = [f"dpcheck.torch: {self.checked_steps} steps on {self.world} ranks: replicas bitwise identical "
-                 f"after every step" if not any(f.kind == "replicas" for f in self.failures)
-                 else f"dpcheck.torch: {self.checked_steps} steps on {self.world} ranks: replicas differed"]
+        head = f"dpcheck.torch: {_counted(self.checked_steps, 'step')} on {_counted(self.world, 'rank')}: "
+        parts = [head + ("replicas bitwise identical after every step"
+                         if not any(f.kind == "replicas" for f in self.failures) else "replicas differed")]
         if self.sampler is not None or self.epochs_judged:
-            parts.append(f"{self.epochs_judged} epochs of shares judged")
+            parts.append(f"{_counted(self.epochs_judged, 'epoch')} of shares judged")
         if self.gradient_ratios:
-            parts.append(f"{len(self.gradient_ratios)} gradient checks, largest error ratio "
+            parts.append(f"{_counted(len(self.gradient_ratios), 'gradient check')}, largest error ratio "
                          f"{max(self.gradient_ratios):.3g}")
         elif self.family is None and (self.gradient_every or self.gradient_steps):
             parts.append(f"gradient {NOT_JUDGED}: {self.family_reason}")
         if self.failures:
-            parts.append(f"{len(self.failures)} failed checks")
+            parts.append(_counted(len(self.failures), "failed check"))
         return "; ".join(parts)
 
     # ---- replicas ------------------------------------------------------------------------------------
@@ -362,12 +420,15 @@ class Monitor:
         self._pre = {"params_hash": params_hash, "param_hashes": param_hashes,
                      "buffers": [(n, _dtype_name(b), list(b.shape), a) for (n, b), a in zip(buffers, buffer_arrays)],
                      "buffer_hashes": buffer_hashes, "buffers_hash": buffers_hash}
-        if self._gradient_due() and self.family is not None:
+        if (self._gradient_due() or (self._keep and self.rank == 0)) and self.family is not None:
             flat = []
             for layer in self.family["linears"]:
                 flat.append(layer.weight.detach().reshape(-1))
                 flat.append(layer.bias.detach().reshape(-1))
             self._pre["flat_params"] = torch.cat(flat).to(torch.float32).cpu().numpy().copy()
+            if self._keep and self.rank == 0:
+                self._pre["flat_state"], self._pre["optimizer_steps"] = self._flat_state()
+                self._pre["lr"] = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
 
     def _tensors(self) -> List[Tuple[str, str, torch.Tensor]]:
         """(section, name, tensor) for everything compared after the step, in the order reported."""
@@ -380,16 +441,20 @@ class Monitor:
             for g, group in enumerate(self.optimizer.param_groups):
                 hyper = []
                 keys = []
+                labels = []  # each element's key, so that a difference is named "lr", not by its position
                 for k in sorted(k for k in group if k != "params"):
                     v = group[k]
                     if isinstance(v, (bool, int, float)):
                         keys.append(k)
                         hyper.append(float(v))
+                        labels.append(k)
                     elif isinstance(v, (tuple, list)) and all(isinstance(e, (int, float)) for e in v):
                         keys.append(k)
                         hyper.extend(float(e) for e in v)
-                out.append(("hyperparameters", f"param_groups[{g}] ({', '.join(keys)})",
-                            torch.tensor(hyper, dtype=torch.float64)))
+                        labels.extend(f"{k}[{i}]" for i in range(len(v)))
+                name = f"param_groups[{g}] ({', '.join(keys)})"
+                self._hyper_labels[name] = (f"param_groups[{g}]", labels)
+                out.append(("hyperparameters", name, torch.tensor(hyper, dtype=torch.float64)))
                 for p in group["params"]:
                     state = self.optimizer.state.get(p, {})
                     pname = self._param_of.get(id(p), f"param_groups[{g}] parameter")
@@ -508,7 +573,12 @@ class Monitor:
             section, name, dtype, shape, arrays = located
             diff = _core.locate(dtype, arrays, shape)
             if diff["differs"]:
-                lines.append(f"  first difference: {section} {name}{diff['index']} ({diff['differing']} of "
+                element = f"{name}{diff['index']}"
+                if section == "hyperparameters" and name in self._hyper_labels:
+                    group, labels = self._hyper_labels[name]
+                    at = int(diff["index"].strip("[]"))
+                    element = f"{group}[\"{labels[at]}\"]" if 0 <= at < len(labels) else element
+                lines.append(f"  first difference: {section} {element} ({diff['differing']} of "
                              f"{int(np.prod(shape)) if shape else 1} elements differ)")
                 for r, text in enumerate(diff["texts"]):
                     lines.append(f"  rank {r}: {text}" + ("  <- minority" if r in diff["minority"] else ""))
@@ -568,7 +638,7 @@ class Monitor:
             for p in (layer.weight, layer.bias):
                 grads.append(p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device))
         gradient = torch.cat(grads).to(torch.float32).cpu().numpy()
-        batches = self._gather_object_to_zero([(self.rank, x, y) for x, y in self._micro])
+        batches = self._gathered_batches()
         verdict = None
         if self.rank == 0:
             parts = [part for rank_parts in batches for part in rank_parts]
@@ -659,6 +729,143 @@ class Monitor:
         self._trace_file.write(json.dumps({"step": self.step_index, "loss": line_loss, "ranks": ranks,
                                            "collectives": []}) + "\n")
         self._trace_file.flush()
+
+    # ---- records and bundles (python/torch_record.hpp) ----------------------------------------------------
+
+    def _open_records(self) -> None:
+        """Refuses, on every rank alike, what cannot be recorded; makes the record's directory (rank 0)."""
+        refusal = ""
+        what = "record" if self.record_path is not None else "bundle_dir"
+        if self.family is None:
+            refusal = (f"{what}: a record needs a model the gradient check covers, and a loss: {self.family_reason}")
+        elif self.rank == 0:
+            try:
+                if self.bundle_dir is not None and not os.path.isdir(self.bundle_dir):
+                    refusal = f"bundle_dir {self.bundle_dir}: not a directory"
+                if self.record_path is not None and not refusal:
+                    os.mkdir(self.record_path)
+                    self._write_json(os.path.join(self.record_path, "record.json"), self._record_header(None))
+            except FileExistsError:
+                refusal = f"record {self.record_path}: it exists (a record is never written over)"
+            except OSError as e:
+                refusal = f"record {self.record_path}: {e.strerror}"
+        refusal = self._broadcast_object(refusal)
+        if refusal:
+            raise ValueError(refusal)
+
+    def _record_header(self, failure: Optional[CheckFailed]) -> Dict[str, Any]:
+        head = {"dpcheck_torch_record": 1, "dpcheck_version": _core.version, "torch": torch.__version__,
+                "backend": dist.get_backend(self.group) if self.distributed else "none", "world_size": self.world,
+                "model": {"dims": self.family["dims"], "activation": self.family["activation"],
+                          "loss": self.loss.replace("_", "-"), "names": self.family["names"]},
+                "optimizer": optimizer_spec(self.optimizer), "command_line": list(sys.argv)}
+        if failure is not None:
+            head["failure"] = {"kind": failure.kind, "step": failure.step, "message": failure.report}
+        return head
+
+    @staticmethod
+    def _write_json(path: str, obj: Any) -> None:
+        with open(path, "x") as f:
+            f.write(json.dumps(obj, indent=1) + "\n")
+
+    def _flat_state(self) -> Tuple[np.ndarray, int]:
+        """The optimizer's state in dpcheck's layout (block after block, each the Linear layers' weights and
+        biases in order), and its step count, for the optimizers the reference knows."""
+        spec = optimizer_spec(self.optimizer)
+        kind = spec["kind"]
+        blocks = {"momentum": ["momentum_buffer"], "adam": ["exp_avg", "exp_avg_sq"]}.get(kind, [])
+        params = [p for layer in self.family["linears"] for p in (layer.weight, layer.bias)]
+        out = []
+        steps = 0
+        for name in blocks:
+            for p in params:
+                v = self.optimizer.state.get(p, {}).get(name)
+                out.append(torch.zeros(p.numel()) if v is None else v.detach().reshape(-1).to(torch.float32).cpu())
+        if kind == "adam":
+            v = self.optimizer.state.get(params[0], {}).get("step")
+            steps = int(float(v)) if v is not None else 0
+        elif kind == "momentum":
+            # The reference starts the buffer from the gradient when no step came before.
+            steps = max(1, self.step_index) if self.optimizer.state.get(params[0], {}).get("momentum_buffer") is not None else 0
+        flat = torch.cat(out).numpy().copy() if out else np.zeros(0, dtype=np.float32)
+        return flat, steps
+
+    def _gathered_batches(self) -> List[Any]:
+        """Every rank's micro-batches of this step on rank 0 (once a step: the gradient check, the record and
+        the bundle share them)."""
+        if self._gathered is None:
+            self._gathered = self._gather_object_to_zero([(self.rank, x, y) for x, y in self._micro])
+        return self._gathered
+
+    def _write_step(self, parent: str, failure: Optional[CheckFailed]) -> Optional[str]:
+        """This step into parent/step-NNNNNNNN (rank 0), built under a temporary name and renamed into
+        place. Every rank calls it (the batches are gathered); returns why the step is not written, or None."""
+        pre = self._pre
+        missing = "" if self._micro else "no batch on this rank (give monitor.step(x, y) or micro_batch)"
+        problems = self._all_gather_object(missing)
+        problem = next((f"rank {r}: {p}" for r, p in enumerate(problems) if p), "")
+        batches = self._gathered_batches() if not problem else []
+        if self.rank != 0:
+            return problem or None
+        if not problem and (pre is None or "flat_params" not in pre):
+            problem = "the model's forward pass did not run in this step"
+        if problem:
+            print(f"dpcheck.torch: step {self.step_index} not recorded: {problem}", file=self.out, flush=True)
+            return problem
+        parts = [part for rank_parts in batches for part in rank_parts]
+        name = f"step-{self.step_index:08d}"
+        tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
+        os.mkdir(tmp)
+        xs = np.concatenate([x.reshape(x.shape[0], -1).astype(np.float32) for _, x, _ in parts])
+        if self.loss == "mse":
+            ys = np.concatenate([y.reshape(y.shape[0], -1).astype(np.float32) for _, _, y in parts])
+        else:
+            ys = np.concatenate([y.reshape(-1).astype(np.int64) for _, _, y in parts])
+        grads = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+                 for layer in self.family["linears"] for p in (layer.weight, layer.bias)]
+        after = [p.detach().reshape(-1) for layer in self.family["linears"] for p in (layer.weight, layer.bias)]
+        state_after, _ = self._flat_state()
+        arrays = {"params": pre["flat_params"], "state": pre["flat_state"], "x": xs, "y": ys,
+                  "grad": torch.cat(grads).to(torch.float32).cpu().numpy(),
+                  "params_after": torch.cat(after).to(torch.float32).cpu().numpy(), "state_after": state_after}
+        for key, a in arrays.items():
+            np.save(os.path.join(tmp, key + ".npy"), np.ascontiguousarray(a))
+        step = {"step": self.step_index, "lr": pre["lr"], "optimizer_steps": pre["optimizer_steps"],
+                "parts": [{"rank": r, "examples": int(x.shape[0])} for r, x, _ in parts]}
+        if failure is not None:
+            step["failure"] = {"kind": failure.kind, "message": failure.report}
+        self._write_json(os.path.join(tmp, "step.json"), step)
+        os.rename(tmp, os.path.join(parent, name))
+        return None
+
+    def _write_bundle(self, failure: CheckFailed) -> None:
+        """A repro bundle of this failed step in bundle_dir (rank 0): the record of this one step, with the
+        failure in its record.json. Never replaces one: -2, -3, ... are added."""
+        base = os.path.join(self.bundle_dir, f"dpcheck-bundle-step-{self.step_index:08d}")
+        path, k = base, 2
+        while os.path.lexists(path):
+            path, k = f"{base}-{k}", k + 1
+        tmp = os.path.join(self.bundle_dir, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        made = ""
+        try:
+            if self.rank == 0:
+                os.mkdir(tmp)
+                self._write_json(os.path.join(tmp, "record.json"), self._record_header(failure))
+            problem = self._write_step(tmp, failure)
+            if self.rank == 0:
+                if problem:
+                    made = f"no repro bundle: step {self.step_index} {problem}"
+                else:
+                    os.rename(tmp, path)
+                    made = path
+        except OSError as e:
+            made = f"no repro bundle ({path}: {e.strerror})"
+        if self.rank == 0:
+            if made == path:
+                self.bundles.append(path)
+                print(f"dpcheck.torch: repro bundle {path}; replay it with: dpcheck replay {path}", file=self.out, flush=True)
+            else:
+                print(f"dpcheck.torch: {made}", file=self.out, flush=True)
 
     # ---- collectives -------------------------------------------------------------------------------------
 

@@ -1,6 +1,10 @@
 """dpcheck._core and dpcheck.torch in one process: the share judge, the element locator, the gradient
 judge's weights and its "not judged" answers, each shown to fail where it must and pass where it must."""
 
+import json
+import os
+import shutil
+import tempfile
 import unittest
 
 import numpy as np
@@ -176,7 +180,7 @@ class Gradient(unittest.TestCase):
         torch.nn.functional.cross_entropy(self.model(self.x), labels).backward()
         m.step(self.x, labels)
         m.close()
-        self.assertIn("1 gradient checks", out.text)
+        self.assertIn("1 gradient check,", out.text)
         self.assertNotIn("not judged", out.text)
 
     def test_bad_arguments(self):
@@ -188,6 +192,115 @@ class Gradient(unittest.TestCase):
             _core.judge_gradient([3, 4, 2], "tanh", "mse", self.params, [], self.gradient([0.2] * 5), 2)
         with self.assertRaises(ValueError):
             _core.judge_gradient([3, 4, 2], "gelu", "mse", self.params, [], self.gradient([0.2] * 5), 2)
+
+
+class Records(unittest.TestCase):
+    """optimizer_spec (what a record says of the optimizer), and the Monitor's record= and bundle_dir=
+    in one process: what a step leaves on disk, and what is refused before anything is written."""
+
+    def setUp(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        self.x = torch.randn(5, 3)
+        self.y = torch.randn(5, 2)
+        self.tmp = tempfile.mkdtemp()
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def test_optimizer_spec(self):
+        p = list(self.model.parameters())
+        self.assertEqual(dtorch.optimizer_spec(torch.optim.SGD(p, lr=0.5)), {"name": "SGD", "kind": "sgd", "lr": 0.5})
+        self.assertEqual(dtorch.optimizer_spec(torch.optim.SGD(p, lr=0.5, momentum=0.9))["kind"], "momentum")
+        adam = dtorch.optimizer_spec(torch.optim.Adam(p, lr=1e-3, betas=(0.8, 0.99), eps=1e-6))
+        self.assertEqual((adam["kind"], adam["beta1"], adam["beta2"], adam["eps"]), ("adam", 0.8, 0.99, 1e-6))
+        refused = [
+            (torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True), "Nesterov"),
+            (torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1), "dampening"),
+            (torch.optim.SGD(p, lr=0.1, weight_decay=1e-4), "weight decay"),
+            (torch.optim.Adam(p, lr=0.1, amsgrad=True), "amsgrad"),
+            (torch.optim.AdamW(p, lr=0.1), "weight decay"),
+            (torch.optim.RMSprop(p, lr=0.1), "RMSprop"),
+            (torch.optim.SGD([{"params": p[:2]}, {"params": p[2:]}], lr=0.1), "2 param groups"),
+            (None, "no optimizer"),
+        ]
+        for opt, reason in refused:
+            spec = dtorch.optimizer_spec(opt)
+            self.assertIsNone(spec["kind"], reason)
+            self.assertIn(reason, spec["not_judged"])
+
+    def train(self, monitor, opt, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(self.model(self.x), self.y).backward()
+            opt.step()
+            monitor.step(self.x, self.y)
+        monitor.close()
+
+    def test_a_record_holds_every_step_and_its_continuity(self):
+        opt = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        rec = os.path.join(self.tmp, "rec")
+        self.train(dtorch.Monitor(self.model, opt, loss="mse", record=rec, out=_Lines()), opt, 3)
+        self.assertEqual(sorted(os.listdir(rec)), ["record.json", "step-00000000", "step-00000001", "step-00000002"])
+        head = _json(os.path.join(rec, "record.json"))
+        self.assertEqual((head["world_size"], head["model"]["dims"], head["model"]["names"]), (1, [3, 4, 2], ["0", "2"]))
+        self.assertEqual(head["optimizer"]["kind"], "adam")
+        self.assertNotIn("failure", head)
+        s1 = os.path.join(rec, "step-00000001")
+        step = _json(os.path.join(s1, "step.json"))
+        self.assertEqual((step["optimizer_steps"], step["parts"]), (1, [{"rank": 0, "examples": 5}]))
+        n = 3 * 4 + 4 + 4 * 2 + 2
+        for name, shape in (("params", (n,)), ("grad", (n,)), ("params_after", (n,)), ("state", (2 * n,)),
+                            ("x", (5, 3)), ("y", (5, 2))):
+            self.assertEqual(np.load(os.path.join(s1, name + ".npy")).shape, shape, name)
+        # Each step starts where the one before it ended, state included.
+        s0 = os.path.join(rec, "step-00000000")
+        np.testing.assert_array_equal(np.load(os.path.join(s0, "params_after.npy")), np.load(os.path.join(s1, "params.npy")))
+        np.testing.assert_array_equal(np.load(os.path.join(s0, "state_after.npy")), np.load(os.path.join(s1, "state.npy")))
+        self.assertFalse(np.array_equal(np.load(os.path.join(s1, "params.npy")), np.load(os.path.join(s1, "params_after.npy"))))
+
+    def test_a_failed_step_leaves_one_bundle_with_its_failure(self):
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        m = dtorch.Monitor(self.model, opt, loss="mse", gradient_every=1, bundle_dir=self.tmp, out=_Lines())
+        opt.zero_grad()
+        (torch.nn.functional.mse_loss(self.model(self.x), self.y) * 3).backward()  # a loss scaled by mistake
+        opt.step()
+        with self.assertRaises(dtorch.CheckFailed):
+            m.step(self.x, self.y)
+        self.assertEqual(os.listdir(self.tmp), ["dpcheck-bundle-step-00000000"])
+        head = _json(os.path.join(self.tmp, "dpcheck-bundle-step-00000000", "record.json"))
+        self.assertEqual((head["failure"]["kind"], head["failure"]["step"]), ("gradient", 0))
+        step = _json(os.path.join(self.tmp, "dpcheck-bundle-step-00000000", "step-00000000", "step.json"))
+        self.assertEqual(step["failure"]["kind"], "gradient")
+
+    def test_refusals_leave_nothing(self):
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        os.mkdir(os.path.join(self.tmp, "old"))
+        open(os.path.join(self.tmp, "afile"), "w").close()
+        cases = [
+            (dict(record=os.path.join(self.tmp, "old")), "it exists"),
+            (dict(record=os.path.join(self.tmp, "no", "rec")), "No such file"),
+            (dict(bundle_dir=os.path.join(self.tmp, "missing")), "not a directory"),
+            (dict(bundle_dir=os.path.join(self.tmp, "afile")), "not a directory"),
+            (dict(record=os.path.join(self.tmp, "r"), loss=None), "no loss named"),
+        ]
+        for kwargs, reason in cases:
+            args = dict(loss="mse", out=_Lines())
+            args.update(kwargs)
+            with self.assertRaises(ValueError) as e:
+                dtorch.Monitor(self.model, opt, **args)
+            self.assertIn(reason, str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            bn = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+            dtorch.Monitor(bn, opt, loss="mse", record=os.path.join(self.tmp, "r"), out=_Lines())
+        self.assertIn("BatchNorm1d", str(e.exception))
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["afile", "old"])
+        self.assertEqual(os.listdir(os.path.join(self.tmp, "old")), [])
+
+
+def _json(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 class _Lines:

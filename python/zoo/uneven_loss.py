@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import zoo_common as zoo
 from dpcheck.torch import Monitor
 
-args = zoo.parse(__doc__, examples=(int, 10, "the global batch (default 10)"))
+args = zoo.parse(__doc__, bundles=True, examples=(int, 10, "the global batch (default 10)"))
 rank, world = zoo.join()
 
 
@@ -18,7 +18,7 @@ def main():
     model = DDP(zoo.mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = zoo.data(args.examples)[:]
-    monitor = Monitor(model, opt, loss=torch.nn.MSELoss(), gradient_every=1)
+    monitor = Monitor(model, opt, loss=torch.nn.MSELoss(), gradient_every=1, bundle_dir=args.bundle_dir)
     for step in range(args.steps):
         xs, ys = x[rank::world], y[rank::world]  # uneven when the batch is not a multiple of the ranks
         opt.zero_grad()

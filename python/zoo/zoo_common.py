@@ -9,10 +9,14 @@ import torch
 import torch.distributed as dist
 
 
-def parse(description: str, **extra) -> argparse.Namespace:
+def parse(description: str, bundles: bool = False, **extra) -> argparse.Namespace:
+    """The zoo's command line; with bundles, also --bundle-dir (for scripts whose model is in the family
+    dpcheck's gradient check covers)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--correct", action="store_true", help="run the fixed version of the script")
     p.add_argument("--steps", type=int, default=4, help="optimizer steps (default 4)")
+    if bundles:
+        p.add_argument("--bundle-dir", default=None, help="write a repro bundle here when a check fails")
     for name, (kind, default, text) in extra.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=text)
     return p.parse_args()
