@@ -271,17 +271,15 @@ class Monitor:
         if trace is not None:
             # Rank 0 makes the file and says to every rank whether it could, so that all refuse alike and
             # none is left waiting in a collective.
-            refusal = ""
-            if self.rank == 0:
+            def make_trace() -> str:
                 try:
                     self._trace_file = open(trace, "x")
                 except FileExistsError:
-                    refusal = f"trace {trace}: the file exists (a trace is never overwritten)"
+                    return f"trace {trace}: the file exists (a trace is never overwritten)"
                 except OSError as e:
-                    refusal = f"trace {trace}: {e.strerror}"
-            refusal = self._broadcast_object(refusal)
-            if refusal:
-                raise ValueError(refusal)
+                    return f"trace {trace}: {e.strerror}"
+                return ""
+            self._refuse_alike(make_trace() if self.rank == 0 else "")
         # Records and bundles (python/torch_record.hpp): rank 0 writes them, and keeps its state from before
         # each step for them.
         self.record_path = record
@@ -734,21 +732,29 @@ class Monitor:
 
     def _open_records(self) -> None:
         """Refuses, on every rank alike, what cannot be recorded; makes the record's directory (rank 0)."""
-        refusal = ""
         what = "record" if self.record_path is not None else "bundle_dir"
         if self.family is None:
-            refusal = (f"{what}: a record needs a model the gradient check covers, and a loss: {self.family_reason}")
-        elif self.rank == 0:
+            raise ValueError(f"{what}: a record needs a model the gradient check covers, and a loss: "
+                             f"{self.family_reason}")
+
+        def make_record() -> str:
+            if self.bundle_dir is not None and not os.path.isdir(self.bundle_dir):
+                return f"bundle_dir {self.bundle_dir}: not a directory"
+            if self.record_path is None:
+                return ""
             try:
-                if self.bundle_dir is not None and not os.path.isdir(self.bundle_dir):
-                    refusal = f"bundle_dir {self.bundle_dir}: not a directory"
-                if self.record_path is not None and not refusal:
-                    os.mkdir(self.record_path)
-                    self._write_json(os.path.join(self.record_path, "record.json"), self._record_header(None))
+                os.mkdir(self.record_path)
+                self._write_json(os.path.join(self.record_path, "record.json"), self._record_header(None))
             except FileExistsError:
-                refusal = f"record {self.record_path}: it exists (a record is never written over)"
+                return f"record {self.record_path}: it exists (a record is never written over)"
             except OSError as e:
-                refusal = f"record {self.record_path}: {e.strerror}"
+                return f"record {self.record_path}: {e.strerror}"
+            return ""
+        self._refuse_alike(make_record() if self.rank == 0 else "")
+
+    def _refuse_alike(self, refusal: str) -> None:
+        """Rank 0's refusal (or "") raised as a ValueError on every rank, so that all refuse alike and none
+        is left waiting in a collective."""
         refusal = self._broadcast_object(refusal)
         if refusal:
             raise ValueError(refusal)
