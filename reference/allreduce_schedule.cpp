@@ -19,6 +19,21 @@ constexpr ScheduleRow kSchedules[] = {
     {AllreduceSchedule::halving_doubling, "halving-doubling",
      "recursive halving and doubling (Rabenseifner), as MPICH and Gloo reduce"},
     {AllreduceSchedule::hierarchical, "hierarchical", "a ring within groups of consecutive ranks, then across the groups"},
+    {AllreduceSchedule::linear, "linear",
+     "rank N-1's buffer plus rank N-2's, ... plus rank 0's, each addition rounded (Open MPI's basic_linear)"},
+};
+
+// Open MPI 4.1.x, ompi/mca/coll/base/coll_base_allreduce.c: the ring's "count less than size - use
+// recursive doubling" (recursive doubling pairs ranks as halving-doubling does, the odd rank of each
+// extra pair first adding the even one), and Rabenseifner's "count < nprocs_pof2" to basic_linear.
+// Segmented ring forced with no segment size runs as the ring (COLL_BASE_COMPUTED_SEGCOUNT leaves one
+// segment, and a count below size * segcount goes to the ring).
+constexpr LibrarySchedule kLibrarySchedules[] = {
+    {"open-mpi-ring", AllreduceSchedule::ring, SwitchRule::count_below_world, AllreduceSchedule::halving_doubling,
+     "Open MPI's ring (and segmented ring): ring; below N elements, recursive doubling (halving-doubling's bits)"},
+    {"open-mpi-rabenseifner", AllreduceSchedule::halving_doubling, SwitchRule::count_below_pof2,
+     AllreduceSchedule::linear,
+     "Open MPI's Rabenseifner: halving-doubling; below the largest power of two up to N elements, basic_linear"},
 };
 
 // a + b as a kernel of the format adds: in float32, rounded to the format.
@@ -84,14 +99,47 @@ std::size_t chunk_of(std::size_t i, std::size_t n, std::size_t parts) {
 }
 
 std::span<const ScheduleRow> allreduce_schedules() { return kSchedules; }
+std::span<const LibrarySchedule> library_schedules() { return kLibrarySchedules; }
+
+namespace {
+
+std::string every_schedule_name() {
+  std::string names;
+  for (const ScheduleRow& row : kSchedules) names += (names.empty() ? "" : ", ") + std::string(row.name);
+  for (const LibrarySchedule& row : kLibrarySchedules) names += ", " + std::string(row.name);
+  return names;
+}
+
+std::size_t largest_power_of_two_up_to(std::size_t n) {
+  std::size_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+}  // namespace
 
 const ScheduleRow& find_schedule(std::string_view name) {
-  std::string names;
-  for (const ScheduleRow& row : kSchedules) {
+  for (const ScheduleRow& row : kSchedules)
     if (row.name == name) return row;
-    names += (names.empty() ? "" : ", ") + std::string(row.name);
-  }
-  throw UsageError("--schedule " + std::string(name) + ": no such schedule (choose " + names + ")");
+  throw UsageError("--schedule " + std::string(name) + ": no such schedule (choose " + every_schedule_name() + ")");
+}
+
+ScheduleOptions schedule_at(const ScheduleOptions& options, int world, std::size_t count) {
+  ScheduleOptions o = options;
+  o.library = nullptr;
+  if (!options.library) return o;
+  const auto n = static_cast<std::size_t>(std::max(world, 1));
+  const bool below = (options.library->rule == SwitchRule::count_below_world && count < n) ||
+                     (options.library->rule == SwitchRule::count_below_pof2 && count < largest_power_of_two_up_to(n));
+  if (below) o.schedule = options.library->below;
+  return o;
+}
+
+std::string switch_text(const ScheduleOptions& options, int world) {
+  if (!options.library || options.library->rule == SwitchRule::none) return "";
+  const auto n = static_cast<std::size_t>(std::max(world, 1));
+  const std::size_t below = options.library->rule == SwitchRule::count_below_world ? n : largest_power_of_two_up_to(n);
+  return "below " + std::to_string(below) + (below == 1 ? " element" : " elements");
 }
 
 std::string_view schedule_name(AllreduceSchedule s) {
@@ -102,7 +150,16 @@ std::string_view schedule_name(AllreduceSchedule s) {
 
 ScheduleOptions parse_schedule(std::string_view text) {
   ScheduleOptions o;
+  for (const LibrarySchedule& row : kLibrarySchedules)
+    if (row.name == text) {
+      o.schedule = row.schedule;
+      o.library = &row;
+      return o;
+    }
   const std::size_t colon = text.find(':');
+  for (const LibrarySchedule& row : kLibrarySchedules)
+    if (row.name == text.substr(0, colon))
+      throw UsageError("--schedule " + std::string(text) + ": only hierarchical takes a group size (hierarchical:G)");
   o.schedule = find_schedule(text.substr(0, colon)).schedule;
   if (colon == std::string_view::npos) return o;
   const std::string group(text.substr(colon + 1));
@@ -117,6 +174,7 @@ ScheduleOptions parse_schedule(std::string_view text) {
 }
 
 std::string schedule_text(const ScheduleOptions& o) {
+  if (o.library) return std::string(o.library->name);
   std::string text(schedule_name(o.schedule));
   if (o.schedule == AllreduceSchedule::hierarchical) text += ":" + std::to_string(o.group_size);
   return text;
@@ -124,6 +182,16 @@ std::string schedule_text(const ScheduleOptions& o) {
 
 ScheduleDepth schedule_depth(const ScheduleOptions& o, int world) {
   if (world < 1) throw Error("schedule_depth: no ranks");
+  if (o.library) {
+    ScheduleOptions own = o, below = o;
+    own.library = below.library = nullptr;
+    below.schedule = o.library->below;
+    const ScheduleDepth a = schedule_depth(own, world), b = schedule_depth(below, world);
+    const auto nu = [](const ScheduleDepth& d, Precision f) {
+      return static_cast<double>(d.format) * precision_unit_roundoff(f) + static_cast<double>(d.float32) * 0x1p-24;
+    };
+    return nu(a, o.format) >= nu(b, o.format) ? a : b;
+  }
   const bool fp32 = o.format == Precision::fp32;
   ScheduleDepth d;
   switch (o.schedule) {
@@ -131,7 +199,8 @@ ScheduleDepth schedule_depth(const ScheduleOptions& o, int world) {
       d.format = fp32 ? 0 : 1;
       d.float32 = world - 1;
       break;
-    case AllreduceSchedule::ring: d.format = world - 1; break;
+    case AllreduceSchedule::ring:
+    case AllreduceSchedule::linear: d.format = world - 1; break;
     case AllreduceSchedule::tree: {
       // A rank's partial sum: its own value, then each child's partial sum added and rounded in turn.
       const DoubleTree tree = double_binary_tree(world);
@@ -214,6 +283,7 @@ std::vector<float> emulate_allreduce(const ScheduleOptions& o, std::span<const s
   const std::size_t n = inputs[0].size();
   for (const std::vector<float>& in : inputs)
     if (in.size() != n) throw Error("emulate_allreduce: the ranks' buffers differ in length");
+  if (o.library) return emulate_allreduce(schedule_at(o, static_cast<int>(world), n), inputs);
   std::vector<float> out(n);
   std::vector<float> x(world);  // one element of every rank
   const auto gather = [&](std::size_t i) {
@@ -261,8 +331,12 @@ std::vector<float> emulate_allreduce(const ScheduleOptions& o, std::span<const s
       for (std::size_t i = 0; i < n; ++i) {
         for (std::size_t k = 0; k < p; ++k)
           v[k] = k < rem ? add(inputs[2 * k + 1][i], inputs[2 * k][i], o.format) : inputs[k + rem][i];
-        for (std::size_t mask = 1; mask < p; mask *= 2)
-          for (std::size_t k = 0; k < p; k += 2 * mask) v[k] = add(v[k], v[k + mask], o.format);
+        if (o.halving_from_lowest_bit)
+          for (std::size_t mask = 1; mask < p; mask *= 2)
+            for (std::size_t k = 0; k < p; k += 2 * mask) v[k] = add(v[k], v[k + mask], o.format);
+        else
+          for (std::size_t mask = p / 2; mask >= 1; mask /= 2)
+            for (std::size_t k = 0; k < mask; ++k) v[k] = add(v[k], v[k + mask], o.format);
         out[i] = finish(v[0], o, world);
       }
       return out;
@@ -282,6 +356,13 @@ std::vector<float> emulate_allreduce(const ScheduleOptions& o, std::span<const s
       }
       return out;
     }
+    case AllreduceSchedule::linear:
+      for (std::size_t i = 0; i < n; ++i) {
+        float acc = inputs[world - 1][i];
+        for (std::size_t r = world - 1; r-- > 0;) acc = add(acc, inputs[r][i], o.format);
+        out[i] = finish(acc, o, world);
+      }
+      return out;
   }
   return out;
 }

@@ -25,6 +25,15 @@
 //                     1, and so on.
 //   hierarchical      the ranks in groups of group_size consecutive ranks (the last may be smaller): a
 //                     ring within each group, then a ring across the groups' sums.
+//   linear            ((x(N-1) + x(N-2)) + ...) + x0, each addition rounded to the format: a linear reduce
+//                     to rank 0 that starts from the last rank (Open MPI's basic_linear, whose reduce
+//                     receives from rank N - 1 first and folds each lower rank into what it holds).
+//
+// A library's algorithm may hand some calls to another algorithm: Open MPI's ring takes a call of fewer
+// elements than ranks to recursive doubling, its Rabenseifner one of fewer elements than the largest
+// power of two up to N to basic_linear (ompi/mca/coll/base/coll_base_allreduce.c, 4.1.x). The library
+// schedules (library_schedules()) model those switches: a schedule, the count below which the call goes
+// elsewhere, and the schedule it goes to.
 //
 // For avg the sum is divided by N in float32 and rounded to the format.
 #pragma once
@@ -40,7 +49,7 @@
 
 namespace dpcheck::reference {
 
-enum class AllreduceSchedule { rank_order, ring, tree, halving_doubling, hierarchical };
+enum class AllreduceSchedule { rank_order, ring, tree, halving_doubling, hierarchical, linear };
 
 struct ScheduleRow {
   AllreduceSchedule schedule;
@@ -53,15 +62,41 @@ std::span<const ScheduleRow> allreduce_schedules();
 const ScheduleRow& find_schedule(std::string_view name);
 std::string_view schedule_name(AllreduceSchedule s);
 
+// Where a library hands a call to another algorithm: never, below N elements, or below the largest
+// power of two up to N.
+enum class SwitchRule { none, count_below_world, count_below_pof2 };
+
+struct LibrarySchedule {
+  std::string_view name;       // as --schedule takes it: "open-mpi-ring"
+  AllreduceSchedule schedule;  // what the algorithm follows
+  SwitchRule rule;
+  AllreduceSchedule below;     // what the calls the rule takes away follow
+  std::string_view help;       // the switch, and where the library's source makes it
+};
+// The library schedules, each a library's algorithm with its switch.
+std::span<const LibrarySchedule> library_schedules();
+
 struct ScheduleOptions {
   AllreduceSchedule schedule = AllreduceSchedule::rank_order;
   Precision format = Precision::fp32;  // the buffers' format
   bool average = false;                // avg instead of sum
   int group_size = 8;                  // hierarchical: ranks per group
   std::size_t slice_elements = 0;      // ring: elements per slice (0: the whole buffer is one)
+  const LibrarySchedule* library = nullptr;  // a library's algorithm: `schedule` is its own, with its switch
+  // halving-doubling's pairs differ in bit 0 of their new ranks first, as MPICH's and Gloo's do. Off only
+  // in the mutant that pairs the highest bit first (the same depth and bound, other bits), which the
+  // schedule property's comparison with the messages catches.
+  bool halving_from_lowest_bit = true;
 };
 
-// --schedule's text: a schedule's name, or "hierarchical:G" for groups of G ranks (8 without).
+// The schedule that a call of `count` elements on `world` ranks follows: options itself, or, where a
+// library's switch takes the call, the schedule it goes to (with the same format and op).
+ScheduleOptions schedule_at(const ScheduleOptions& options, int world, std::size_t count);
+// "below 4 elements" for a library schedule's switch on `world` ranks; "" where it has none.
+std::string switch_text(const ScheduleOptions& options, int world);
+
+// --schedule's text: a schedule's name, a library schedule's, or "hierarchical:G" for groups of G ranks
+// (8 without).
 // UsageError naming --schedule otherwise.
 ScheduleOptions parse_schedule(std::string_view text);
 // The text that parse_schedule reads back: "ring", "hierarchical:4".
@@ -85,7 +120,8 @@ std::vector<float> emulate_allreduce(const ScheduleOptions& options, std::span<c
 //   tree              twice the trees' height at most: a rank adds its children one at a time
 //   halving-doubling  log2 p, plus 1 where N is not a power of two p
 //   hierarchical      (G - 1) + (groups - 1)
-// and avg adds one of each (one only, in float32).
+//   linear            format N - 1
+// and avg adds one of each (one only, in float32). A library schedule: the deeper of its two.
 struct ScheduleDepth {
   std::int64_t format = 0;
   std::int64_t float32 = 0;

@@ -1,8 +1,6 @@
-// The schedules' emulations (reference/allreduce_schedule.hpp) against implementations written the
-// straightforward way: N rank buffers and the messages of each algorithm, step by step, as a backend
-// would send them (the ring's reduce-scatter and all-gather, NCCL's tree from its own child formulas,
-// MPICH's recursive halving with its counts and displacements). Both must give the same bits for any
-// input, format, world size and length; and dpcheck's local backend gives the rank-order schedule's.
+// The schedules' emulations (reference/allreduce_schedule.hpp) against the algorithms written message
+// by message (reference/schedule_messages.hpp): both must give the same bits for any input, format,
+// world size and length; and dpcheck's local backend gives the rank-order schedule's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "reference/allreduce_schedule.hpp"
+#include "reference/schedule_messages.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
 
@@ -25,8 +24,6 @@ namespace dpcheck::reference {
 namespace {
 
 using Buffers = std::vector<std::vector<float>>;
-
-float add_in(float a, float b, Precision f) { return round_to_precision(a + b, f); }
 
 // Values of the format over many magnitudes and both signs, so that the order of the additions shows
 // in the last bits.
@@ -38,187 +35,6 @@ Buffers draw(int world, std::size_t n, Precision f, std::uint64_t seed) {
   for (auto& b : in)
     for (float& v : b) v = round_to_precision((sign(rng) ? -1.0f : 1.0f) * std::ldexp(mantissa(rng), exponent(rng)), f);
   return in;
-}
-
-std::size_t chunk_begin(std::size_t n, std::size_t parts, std::size_t c) {
-  return n / parts * c + std::min(c, n % parts);
-}
-
-// The ring all-reduce as the comm_ring example runs it: in step s of the reduce-scatter, rank r passes
-// chunk r - s to rank r + 1, which adds it to its own; then the finished chunks go around.
-void ring_in_place(Buffers& buf, Precision f, bool average, std::size_t slice_elements) {
-  const std::size_t n = buf.size(), len_all = buf[0].size();
-  const std::size_t slice = slice_elements == 0 ? std::max<std::size_t>(len_all, 1) : slice_elements;
-  for (std::size_t base = 0; base < len_all; base += slice) {
-    const std::size_t len = std::min(slice, len_all - base);
-    const auto chunk = [&](std::size_t c) { return std::pair{base + chunk_begin(len, n, c), base + chunk_begin(len, n, c + 1)}; };
-    for (std::size_t s = 0; s + 1 < n; ++s) {
-      Buffers sent(n);
-      for (std::size_t r = 0; r < n; ++r) {
-        const auto [b, e] = chunk((r + n - s % n) % n);
-        sent[r].assign(buf[r].begin() + static_cast<std::ptrdiff_t>(b), buf[r].begin() + static_cast<std::ptrdiff_t>(e));
-      }
-      for (std::size_t r = 0; r < n; ++r) {
-        const std::size_t to = (r + 1) % n;
-        const auto [b, e] = chunk((r + n - s % n) % n);
-        for (std::size_t i = b; i < e; ++i) buf[to][i] = add_in(buf[to][i], sent[r][i - b], f);
-      }
-    }
-    if (average)
-      for (std::size_t r = 0; r < n; ++r) {
-        const auto [b, e] = chunk((r + 1) % n);
-        for (std::size_t i = b; i < e; ++i) buf[r][i] = round_to_precision(buf[r][i] / static_cast<float>(n), f);
-      }
-    for (std::size_t s = 0; s + 1 < n; ++s) {
-      Buffers next = buf;
-      for (std::size_t r = 0; r < n; ++r) {
-        const auto [b, e] = chunk((r + 1 + n - s % n) % n);
-        for (std::size_t i = b; i < e; ++i) next[(r + 1) % n][i] = buf[r][i];
-      }
-      buf = std::move(next);
-    }
-  }
-}
-
-// NCCL's binary tree as its ncclGetBtree writes it: a rank's children from its lowest set bit.
-void btree_children(int world, int rank, int& d0, int& d1) {
-  int bit = 1;
-  while (bit < world && (bit & rank) == 0) bit <<= 1;
-  if (rank == 0) {
-    d0 = -1;
-    d1 = world > 1 ? bit >> 1 : -1;
-    return;
-  }
-  int low = bit >> 1;
-  d0 = low == 0 ? -1 : rank - low;
-  d1 = low == 0 ? -1 : rank + low;
-  while (d1 >= world) {  // the nearest child in range, halving the distance
-    low >>= 1;
-    d1 = low == 0 ? -1 : rank + low;
-  }
-}
-
-// Tree k's children of `rank`: tree 0 as above, tree 1 its mirror (N even) or shift (N odd).
-void dtree_children(int world, int tree, int rank, int& a, int& b) {
-  if (tree == 0) return btree_children(world, rank, a, b);
-  if (world % 2 == 1) {
-    btree_children(world, (rank - 1 + world) % world, a, b);
-    a = a < 0 ? -1 : (a + 1) % world;
-    b = b < 0 ? -1 : (b + 1) % world;
-  } else {
-    btree_children(world, world - 1 - rank, a, b);
-    a = a < 0 ? -1 : world - 1 - a;
-    b = b < 0 ? -1 : world - 1 - b;
-  }
-}
-
-// The partial sum a rank sends up: its own value plus its children's, the lower-ranked child first.
-float tree_up(const Buffers& in, int tree, int rank, std::size_t i, Precision f) {
-  const int world = static_cast<int>(in.size());
-  int a = -1, b = -1;
-  dtree_children(world, tree, rank, a, b);
-  if (a > b) std::swap(a, b);
-  float acc = in[rank][i];
-  for (const int child : {a, b})
-    if (child >= 0) acc = add_in(acc, tree_up(in, tree, child, i, f), f);
-  return acc;
-}
-
-std::vector<float> tree_allreduce(const Buffers& in, Precision f, bool average) {
-  const int world = static_cast<int>(in.size());
-  const std::size_t n = in[0].size(), half = (n + 1) / 2;
-  const int roots[2] = {0, world % 2 == 1 ? (world > 1 ? 1 : 0) : world - 1};
-  std::vector<float> out(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const int t = i < half ? 0 : 1;
-    const float s = tree_up(in, t, roots[t], i, f);
-    out[i] = average ? round_to_precision(s / static_cast<float>(world), f) : s;
-  }
-  return out;
-}
-
-// MPICH's all-reduce for long messages: pairs fold a non-power-of-two world first, then a
-// reduce-scatter by recursive halving over blocks with their counts and displacements, and an
-// all-gather by recursive doubling.
-void halving_doubling_in_place(Buffers& buf, Precision f, bool average) {
-  const int world = static_cast<int>(buf.size());
-  const std::size_t n = buf[0].size();
-  int pof2 = 1;
-  while (pof2 * 2 <= world) pof2 *= 2;
-  const int rem = world - pof2;
-  for (int r = 0; r < 2 * rem; r += 2)
-    for (std::size_t i = 0; i < n; ++i) buf[r + 1][i] = add_in(buf[r + 1][i], buf[r][i], f);
-  const auto real = [&](int newrank) { return newrank < rem ? newrank * 2 + 1 : newrank + rem; };
-  std::vector<std::size_t> cnts(pof2), disps(pof2);
-  for (int k = 0; k < pof2; ++k) cnts[k] = n / pof2 + (static_cast<std::size_t>(k) < n % pof2 ? 1 : 0);
-  for (int k = 1; k < pof2; ++k) disps[k] = disps[k - 1] + cnts[k - 1];
-  std::vector<int> send_idx(pof2, 0), recv_idx(pof2, 0), last_idx(pof2, pof2);
-  for (int mask = 1; mask < pof2; mask <<= 1) {
-    const Buffers before = buf;
-    for (int nr = 0; nr < pof2; ++nr) {
-      const int partner = nr ^ mask;
-      if (nr < partner) send_idx[nr] = recv_idx[nr] + pof2 / (mask * 2);
-      else recv_idx[nr] = send_idx[nr] + pof2 / (mask * 2);
-      // The half it keeps: blocks [recv_idx, send_idx) for the lower of the pair, [recv_idx, last_idx)
-      // for the upper.
-      const int keep_to = nr < partner ? send_idx[nr] : last_idx[nr];
-      for (int blk = recv_idx[nr]; blk < keep_to; ++blk)
-        for (std::size_t i = disps[blk]; i < disps[blk] + cnts[blk]; ++i)
-          buf[real(nr)][i] = add_in(before[real(nr)][i], before[real(partner)][i], f);
-    }
-    for (int nr = 0; nr < pof2; ++nr) {
-      send_idx[nr] = recv_idx[nr];
-      if (mask * 2 < pof2) last_idx[nr] = recv_idx[nr] + pof2 / (mask * 2);
-    }
-  }
-  // Each new rank now holds the whole sum of one block, recv_idx (all of them in a world of one); the
-  // all-gather by recursive doubling copies them.
-  std::vector<float> result = buf[real(0)];
-  if (pof2 > 1)
-    for (int nr = 0; nr < pof2; ++nr) {
-      const int blk = recv_idx[nr];
-      for (std::size_t i = disps[blk]; i < disps[blk] + cnts[blk]; ++i) result[i] = buf[real(nr)][i];
-    }
-  for (float& v : result) v = average ? round_to_precision(v / static_cast<float>(world), f) : v;
-  for (auto& b : buf) b = result;
-}
-
-std::vector<float> hierarchical_allreduce(const Buffers& in, Precision f, bool average, int group) {
-  const std::size_t world = in.size(), g = static_cast<std::size_t>(group);
-  Buffers sums;
-  for (std::size_t first = 0; first < world; first += g) {
-    Buffers members(in.begin() + static_cast<std::ptrdiff_t>(first),
-                    in.begin() + static_cast<std::ptrdiff_t>(std::min(world, first + g)));
-    ring_in_place(members, f, false, 0);
-    sums.push_back(members[0]);
-  }
-  ring_in_place(sums, f, false, 0);
-  std::vector<float> out = sums[0];
-  if (average)
-    for (float& v : out) v = round_to_precision(v / static_cast<float>(world), f);
-  return out;
-}
-
-std::vector<float> straightforward(const ScheduleOptions& o, Buffers in) {
-  switch (o.schedule) {
-    case AllreduceSchedule::rank_order: {
-      std::vector<float> out(in[0].size());
-      for (std::size_t i = 0; i < out.size(); ++i) {
-        float acc = 0;
-        for (std::size_t r = 0; r < in.size(); ++r) acc = r == 0 ? in[r][i] : acc + in[r][i];
-        out[i] = round_to_precision(o.average ? acc / static_cast<float>(in.size()) : acc, o.format);
-      }
-      return out;
-    }
-    case AllreduceSchedule::ring:
-      ring_in_place(in, o.format, o.average, o.slice_elements);
-      for (const auto& b : in) EXPECT_EQ(b, in[0]) << "the ring's ranks end with different bits";
-      return in[0];
-    case AllreduceSchedule::tree: return tree_allreduce(in, o.format, o.average);
-    case AllreduceSchedule::halving_doubling: halving_doubling_in_place(in, o.format, o.average); return in[0];
-    case AllreduceSchedule::hierarchical: return hierarchical_allreduce(in, o.format, o.average, o.group_size);
-  }
-  return {};
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -244,13 +60,13 @@ TEST(AllreduceSchedule, EveryEmulationGivesTheBitsOfTheAlgorithmStepByStep) {
             o.group_size = 1 + static_cast<int>(seed % 5);
             o.slice_elements = seed % 3 == 0 ? 0 : std::size_t(world) * (1 + seed % 4);
             const Buffers in = draw(world, n, f, seed++);
-            const std::vector<float> got = emulate_allreduce(o, in), want = straightforward(o, in);
+            const std::vector<float> got = emulate_allreduce(o, in), want = allreduce_by_messages(o, in);
             ASSERT_TRUE(same_bits(got, want)) << row.name << " " << precision_name(f) << " on " << world << " ranks, "
                                               << n << " elements" << (average ? ", avg" : "") << ", group "
                                               << o.group_size << ", slice " << o.slice_elements;
             ++compared;
           }
-  EXPECT_EQ(compared, 5 * 3 * 16 * 5 * 2);
+  EXPECT_EQ(compared, 6 * 3 * 16 * 5 * 2);
 }
 
 // The comparison above can fail: the schedules round differently, so each one's bits differ from every
@@ -269,6 +85,39 @@ TEST(AllreduceSchedule, TheSchedulesGiveDifferentBits) {
     for (std::size_t b = a + 1; b < results.size(); ++b)
       EXPECT_FALSE(same_bits(results[a], results[b]))
           << allreduce_schedules()[a].name << " and " << allreduce_schedules()[b].name << " agree on every element";
+}
+
+// A library schedule follows its own schedule from its switch's count up and the one it hands calls to
+// below it: Open MPI's ring below N elements, its Rabenseifner below the largest power of two up to N.
+TEST(AllreduceSchedule, LibrarySchedulesSwitchWhereTheLibraryDoes) {
+  struct Want {
+    const char* name;
+    int world;
+    std::size_t first_own;  // the smallest count at which the library's own schedule runs
+    AllreduceSchedule own, below;
+  };
+  for (const Want& w : {Want{"open-mpi-ring", 4, 4, AllreduceSchedule::ring, AllreduceSchedule::halving_doubling},
+                        Want{"open-mpi-ring", 7, 7, AllreduceSchedule::ring, AllreduceSchedule::halving_doubling},
+                        Want{"open-mpi-rabenseifner", 8, 8, AllreduceSchedule::halving_doubling, AllreduceSchedule::linear},
+                        Want{"open-mpi-rabenseifner", 7, 4, AllreduceSchedule::halving_doubling, AllreduceSchedule::linear}})
+    for (std::size_t count = 1; count < 20; ++count) {
+      ScheduleOptions o = parse_schedule(w.name);
+      ASSERT_NE(o.library, nullptr) << w.name;
+      EXPECT_EQ(schedule_text(o), w.name);
+      o.format = Precision::bf16;
+      const Buffers in = draw(w.world, count, o.format, 40 + count);
+      ScheduleOptions plain;
+      plain.format = o.format;
+      plain.schedule = count < w.first_own ? w.below : w.own;
+      EXPECT_TRUE(same_bits(emulate_allreduce(o, in), emulate_allreduce(plain, in)))
+          << w.name << " on " << w.world << " ranks, " << count << " elements";
+      EXPECT_EQ(schedule_at(o, w.world, count).schedule, plain.schedule) << w.name << " " << count;
+      EXPECT_EQ(switch_text(o, w.world), "below " + std::to_string(w.first_own) + " elements");
+    }
+  // Its depth is the deeper of the two: Rabenseifner's linear below p is N - 1 deep.
+  EXPECT_EQ(schedule_depth(parse_schedule("open-mpi-rabenseifner"), 8).format, 7);
+  EXPECT_EQ(schedule_depth(parse_schedule("open-mpi-ring"), 8).format, 7);
+  EXPECT_THROW(parse_schedule("open-mpi-ring:4"), UsageError);
 }
 
 // NCCL's own pictures of the double binary tree (src/graph/trees.cc): 12 ranks mirrored, 13 shifted.
@@ -312,7 +161,7 @@ TEST(AllreduceSchedule, TheLocalBackendReducesInRankOrder) {
 // formulas: each child's partial sum is added, and rounded, in turn.
 std::int64_t tree_depth(int world, int tree, int rank) {
   int a = -1, b = -1;
-  dtree_children(world, tree, rank, a, b);
+  nccl_tree_children(world, tree, rank, a, b);
   if (a > b) std::swap(a, b);
   std::int64_t acc = 0;
   for (const int child : {a, b})
@@ -456,7 +305,8 @@ TEST(AllreduceSchedule, NamesAreOneEachAndAnUnknownOneIsRefused) {
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "--schedule butterfly: no such schedule (choose rank-order, ring, tree, halving-doubling, hierarchical)");
+              "--schedule butterfly: no such schedule (choose rank-order, ring, tree, halving-doubling, hierarchical, linear, "
+              "open-mpi-ring, open-mpi-rabenseifner)");
   }
 }
 
