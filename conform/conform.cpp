@@ -16,6 +16,7 @@ std::string_view conform_verdict_name(ConformVerdict v) {
     case ConformVerdict::info: return "info";
     case ConformVerdict::skip: return "skip";
     case ConformVerdict::unsupported: return "unsupported";
+    case ConformVerdict::switches: return "switches";
   }
   return "?";
 }

@@ -18,8 +18,13 @@ namespace dpcheck {
 
 // unsupported: the plugin declares that it does not take what the check asks (a dtype, an op; see
 // include/dpcheck/plugin.h, "Capabilities"), so the check is neither passed nor failed.
-enum class ConformVerdict { pass, fail, info, skip, unsupported };
-std::string_view conform_verdict_name(ConformVerdict v);  // "pass", "FAIL", "info", "skip", "unsupported"
+// switches: the schedule given with --schedule is followed bit for bit at some counts, and at the
+// others the library hands the call to another schedule whose bits it gives exactly (a switch by size,
+// as Open MPI's ring makes below N elements). The claim was the user's, not the library's, so this is
+// not a failure; the row says where the prediction stops and what the library does there.
+enum class ConformVerdict { pass, fail, info, skip, unsupported, switches };
+// "pass", "FAIL", "info", "skip", "unsupported", "switches"
+std::string_view conform_verdict_name(ConformVerdict v);
 
 struct ConformRow {
   std::string section;  // "collectives", "robustness", "fingerprint", "kernels", "properties"
@@ -50,6 +55,10 @@ struct ConformOptions {
   // --schedule: the all-reduce schedule the communicator claims (reference/allreduce_schedule.hpp's
   // parse_schedule text); its bits are checked against the schedule's emulation. Empty: not checked.
   std::string schedule;
+  // --allreduce-only: the all-reduce's checks alone (is_allreduce_check), for a library whose variables
+  // choose its all-reduce's algorithm and nothing else (MPICH's, Open MPI's), so that each algorithm's row
+  // does not run the broadcasts, all-gathers and barriers that are the same under every one.
+  bool allreduce_only = false;
   // World sizes besides the main one that the collective checks also run on (ranks as threads), with
   // counts up to 2^20 elements: a tree or ring that only works for some N meets the others.
   std::vector<int> extra_world_sizes;
@@ -60,6 +69,9 @@ struct ConformOptions {
   // The command line that replays a case: "dpcheck conform --kernels ./libk.so" (the launcher prefix
   // and --world-size included), to which " --check '<name>' --case '<minimal>'" is appended.
   std::string replay_prefix;
+  // A mutant of conform's own checks (properties/mutants.hpp), which the property that judges them
+  // (conform_rows_catch_broken_communicators) hands on; "" for none.
+  std::string mutant;
   // Called as each row is decided, so that a long run shows progress and a crash leaves the rows so far.
   std::function<void(const ConformRow&)> on_row;
   // Called as a property of verify runs its cases, with the row's check ("property <name>"), the cases
@@ -102,6 +114,9 @@ std::string run_conform_comm_check(Communicator& comm, const std::string& name, 
 // UsageError unless `check` (when given) names a check of conform_comm or a property of verify
 // ("property <name>"), and `case_text` (when given) is a case of that check. Run before any output.
 void check_conform_comm_selection(const std::string& check, const std::string& case_text);
+// Whether a check of conform_comm_checks() judges the all-reduce: its exact sums in every dtype and op,
+// the buffer reused, the same bits and run to run, the schedule, and the fingerprint.
+bool is_allreduce_check(const std::string& name);
 // The count of elements --case gives ("count=5 offset=1" -> 5), for sizing the run before any buffer
 // is allocated; 0 when there is no case. Call after check_conform_comm_selection.
 std::size_t conform_case_count(const std::string& check, const std::string& case_text);

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -28,6 +30,7 @@
 #include "conform/conform.hpp"
 #include "conform/conform_comm_backends.hpp"
 #include "properties/common.hpp"
+#include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "reference/allreduce_schedule.hpp"
 #include "src/error.hpp"
@@ -331,6 +334,13 @@ template <class T, class Want> std::string compare(const T* buf, std::size_t cou
 
 using CaseFn = std::function<std::string(Communicator&, const CommCase&)>;
 
+// A check's verdict on its cases taken together: a failure at case `at`, or a switch, with its words.
+struct CheckConclusion {
+  bool failed = false;
+  std::size_t at = 0;
+  std::string what;
+};
+
 struct CommCheck {
   std::string section, name, promise;
   std::vector<CommCase> cases;
@@ -341,6 +351,9 @@ struct CommCheck {
   // all-reduces of `op` where set. The barrier asks for neither.
   std::optional<DType> dtype;
   std::optional<ReduceOp> op;
+  // Where every case passed: a last word on the whole run, from what its cases saw on the recording
+  // rank (the schedule check's switches): nullopt keeps the pass.
+  std::function<std::optional<CheckConclusion>()> conclude;
 };
 
 // The minimal case of a row whose world failed before its first case ran (the plugin's init, say).
@@ -428,10 +441,18 @@ std::string run_checks_on_world(const Target& target, int n, const std::vector<c
               in_flight = k;
             }
           });
-          if (recording && failed)
+          if (recording && failed) {
             done(c, check_row(target, n, check, o, true, failed->at, failed->what, seconds_since(started)));
-          else if (recording)
-            done(c, check_row(target, n, check, o, false, std::nullopt, "", seconds_since(started)));
+          } else if (recording) {
+            const std::optional<CheckConclusion> last = check.conclude ? check.conclude() : std::nullopt;
+            ConformRow row = check_row(target, n, check, o, last && last->failed, last ? std::optional(last->at) : std::nullopt,
+                                       last ? last->what : "", seconds_since(started));
+            if (last && !last->failed) {
+              row.verdict = ConformVerdict::switches;
+              row.detail = "N = " + std::to_string(n) + ", " + last->what;
+            }
+            done(c, row);
+          }
         }
         if (recording) {
           std::lock_guard lock(mutex);
@@ -645,40 +666,66 @@ template <class T> std::string first_rank_difference(Communicator& comm, const T
   return "rank " + std::to_string(r) + "'s result hashes differently from rank 0's";
 }
 
+// Rank `stream`'s random input at element i: over 2^-20..2^20 in float32 and float64; in bfloat16 and
+// float16 over 2^-8..2^7, where a sum of a few thousand ranks stays inside float16's range and every
+// value inside its normal one, so that the order of the additions shows in the last bits.
+template <class T> T random_input(std::uint64_t key, std::uint64_t stream, std::size_t i) {
+  const double unit = random_unit(key, stream, 2 * i) * 2 - 1;
+  const std::uint64_t bits = random_u64(key, stream, 2 * i + 1);
+  if constexpr (is_16bit_v<T>) return narrow16<T>(static_cast<float>(std::ldexp(unit, static_cast<int>(bits % 16) - 8)));
+  else return static_cast<T>(std::ldexp(unit, static_cast<int>(bits % 41) - 20));
+}
+
 // Random inputs over many binades: a correct backend's ranks hold the same bits, and a second call
-// on the same inputs gives them again.
-template <class T> CommCheck identical_bits_check(ReduceOp op, bool twice, std::uint64_t seed, const std::vector<CommCase>& cases) {
+// on the same inputs gives them again. The cases' counts rise, so the first that fails is the minimal
+// one, in the 16-bit formats as in float32 and float64.
+// The largest count at which run-to-run calls the all-reduce N more times rather than once more.
+constexpr std::size_t kRunToRunAllRotations = 1024;
+
+template <class T>
+CommCheck identical_bits_check(ReduceOp op, bool twice, std::uint64_t seed, const std::vector<CommCase>& cases,
+                               bool same_inputs) {
   CommCheck c;
   c.section = "determinism";
   c.name = std::string(twice ? "run-to-run " : "same bits on every rank ") + std::string(dtype_name(dtype_of<T>())) +
            " " + std::string(reduce_op_name(op));
   c.dtype = dtype_of<T>();
   c.op = op;
-  c.promise = twice ? "the same inputs give the same bits on a second run"
+  c.promise = twice ? "the same inputs give the same bits on every later run (N more up to 1024 elements, one above)"
                     : "every rank holds the same bits (random inputs, whose sum depends on the order)";
   c.cases = cases;
-  c.covered = covered_text(cases, sizeof(T)) + ", random inputs over 2^-20..2^20";
-  c.make = [op, twice, seed] {
+  c.covered = covered_text(cases, sizeof(T)) + (is_16bit_v<T> ? ", random inputs over 2^-8..2^7" : ", random inputs over 2^-20..2^20");
+  c.make = [op, twice, seed, same_inputs] {
     auto arena = std::make_shared<Arena<T>>();
-    return CaseFn([arena, op, twice, seed](Communicator& comm, const CommCase& k) {
+    return CaseFn([arena, op, twice, seed, same_inputs](Communicator& comm, const CommCase& k) {
       T* buf = arena->prepare(k, k.count);
       const auto fill = [&] {
         const std::uint64_t key = mix_key(seed, k.count);
-        const auto stream = static_cast<std::uint64_t>(comm.rank());
-        for (std::size_t i = 0; i < k.count; ++i)
-          buf[i] = static_cast<T>(std::ldexp(random_unit(key, stream, 2 * i) * 2 - 1,
-                                             static_cast<int>(random_u64(key, stream, 2 * i + 1) % 41) - 20));
+        // Each rank its own values (the same on every rank would sum alike in any order).
+        const auto stream = same_inputs ? std::uint64_t{0} : static_cast<std::uint64_t>(comm.rank());
+        for (std::size_t i = 0; i < k.count; ++i) buf[i] = random_input<T>(key, stream, i);
       };
       fill();
       comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
       arena->fetch(comm);
       const std::uint64_t first = hash_bytes(buf, k.count * sizeof(T));
       if (twice) {
-        std::vector<T> kept(buf, buf + k.count);
-        fill();
-        comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
-        arena->fetch(comm);
-        return compare(buf, k.count, [&](std::size_t i) { return kept[i]; }, "second run's");
+        // Up to 1024 elements, N more calls: an order that turns with each call (by one rank, as a ring
+        // that starts where the last call ended) meets every rotation in any N + 1 calls, so the case fails
+        // alike in the whole run and replayed alone. (Such an order shows at the small counts, which come
+        // first; above them one more call.)
+        const std::vector<T> kept(buf, buf + k.count);
+        const int more = k.count <= kRunToRunAllRotations ? comm.size() : 1;
+        for (int again = 1; again <= more; ++again) {
+          fill();
+          comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
+          arena->fetch(comm);
+          const std::string run = again == 1 ? "second run's" : "run " + std::to_string(again + 1) + "'s";
+          if (std::string bad = compare(buf, k.count, [&](std::size_t i) { return kept[i]; }, run.c_str());
+              !bad.empty())
+            return bad;
+        }
+        return arena->guards(k, k.count);
       }
       const std::vector<std::uint64_t> hashes = comm.host().allgather_value(first);
       for (std::size_t r = 0; r < hashes.size(); ++r)
@@ -719,8 +766,116 @@ std::vector<std::vector<float>> schedule_inputs(std::uint64_t key, int n, std::s
   return in;
 }
 
-// The backend's bits against the schedule's emulation (reference/allreduce_schedule.hpp): the first
-// element that differs, with both values.
+// Every schedule dpcheck emulates in `format` (sum or avg), hierarchical with every group size from 2 to
+// N - 1, or to `most_group` (the fingerprint's candidates, and where a switch may go, with groups to 8:
+// rank 0 emulates each on every case).
+std::vector<reference::ScheduleOptions> emulated_schedules(int n, Precision format, bool average,
+                                                           int most_group = std::numeric_limits<int>::max()) {
+  std::vector<reference::ScheduleOptions> out;
+  for (const reference::ScheduleRow& row : reference::allreduce_schedules()) {
+    reference::ScheduleOptions o;
+    o.schedule = row.schedule;
+    o.format = format;
+    o.average = average;
+    if (row.schedule != reference::AllreduceSchedule::hierarchical) {
+      out.push_back(o);
+      continue;
+    }
+    for (int g = 2; g < n && g <= most_group; ++g) {
+      o.group_size = g;
+      out.push_back(o);
+    }
+  }
+  return out;
+}
+
+// "2 to 3", "7", "2, 5 and 9": counts for a report.
+std::string counts_text(std::vector<std::size_t> counts) {
+  std::sort(counts.begin(), counts.end());
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+  if (counts.size() == 1) return std::to_string(counts[0]);
+  if (counts.back() - counts.front() + 1 == counts.size())
+    return std::to_string(counts.front()) + " to " + std::to_string(counts.back());
+  std::string text;
+  for (std::size_t k = 0; k < counts.size(); ++k)
+    text += (k == 0 ? "" : k + 1 == counts.size() ? " and " : ", ") + std::to_string(counts[k]);
+  return text;
+}
+
+// What one case of a schedule check saw: whether the claimed schedule's bits came back, and which
+// other emulated schedules' bits equal what came back.
+struct ScheduleSeen {
+  std::size_t count = 0;
+  bool claimed = false;
+  std::set<std::string> others;
+  std::string difference;  // where the claimed schedule's bits were left: "element 1 is ..., the ring schedule gives ..."
+};
+
+// The cases rank 0 saw, for the check's conclusion (rank 0 alone classifies them: every rank holds the
+// same bits by then, and the other ranks go on to the next case instead of emulating every schedule).
+struct ScheduleLog {
+  std::mutex mutex;
+  std::map<int, std::shared_ptr<std::vector<ScheduleSeen>>> by_rank;
+};
+
+// The run's cases taken together. A call that left the claimed schedule but gave another's bits
+// exactly is a switch when the claimed schedule was followed, where it is told apart from that other
+// one, at every count on one side of those calls (a switch by size); anything else fails.
+std::optional<CheckConclusion> conclude_schedule(const std::vector<ScheduleSeen>& seen, const std::string& claimed) {
+  std::vector<std::size_t> left;  // the cases that left the claimed schedule
+  for (std::size_t k = 0; k < seen.size(); ++k)
+    if (!seen[k].claimed) left.push_back(k);
+  if (left.empty()) return std::nullopt;
+  std::set<std::string> targets = seen[left[0]].others;
+  for (std::size_t k : left) {
+    std::set<std::string> both;
+    std::set_intersection(targets.begin(), targets.end(), seen[k].others.begin(), seen[k].others.end(),
+                          std::inserter(both, both.begin()));
+    targets = both;
+  }
+  std::vector<std::size_t> left_counts;
+  for (std::size_t k : left) left_counts.push_back(seen[k].count);
+  const std::size_t first = left[0];
+  const std::string prefix = "rank 0: " + seen[first].difference + "; ";
+  if (targets.empty())
+    return CheckConclusion{true, first,
+                           prefix + "the calls that leave it (counts " + counts_text(left_counts) +
+                               ") give no one other schedule's bits, so this is no switch of algorithm"};
+  // Each target on its own: the claim must hold, where it is told apart from that target, at every
+  // count on one side of the calls that left it.
+  bool none_told_apart = true;
+  for (const std::string& target : targets) {
+    std::vector<std::size_t> kept;  // counts where the claim held and the target gives other bits
+    for (const ScheduleSeen& c : seen)
+      if (c.claimed && !c.others.contains(target)) kept.push_back(c.count);
+    if (kept.empty()) continue;
+    none_told_apart = false;
+    const auto [low, high] = std::minmax_element(kept.begin(), kept.end());
+    const bool below = std::all_of(left_counts.begin(), left_counts.end(), [&](std::size_t c) { return c < *low; });
+    const bool above = std::all_of(left_counts.begin(), left_counts.end(), [&](std::size_t c) { return c > *high; });
+    if (!below && !above) continue;
+    return CheckConclusion{false, 0,
+                           "the library does not follow " + claimed + " at count" + (left_counts.size() == 1 ? " " : "s ") +
+                               counts_text(left_counts) + ": it switches to " + target +
+                               " there (its bits at every element); " + claimed +
+                               "'s own bits, told apart from those, at every count drawn " +
+                               (below ? "from " + std::to_string(*low) + " up" : "up to " + std::to_string(*high))};
+  }
+  std::string names;  // "halving-doubling", or "halving-doubling or hierarchical:2"
+  for (const std::string& t : targets) names += (names.empty() ? "" : " or ") + t;
+  if (none_told_apart)
+    return CheckConclusion{true, first,
+                           prefix + "the all-reduce gives the bits of the " + names + " schedule at every count drawn, and " +
+                               claimed + "'s only where they agree: it follows " + names + ", not " + claimed};
+  return CheckConclusion{true, first,
+                         prefix + "it gives " + names + "'s bits at counts " + counts_text(left_counts) + " and " + claimed +
+                             "'s at counts on both sides of them, which is no switch by size"};
+}
+
+// The backend's bits against the schedule's emulation (reference/allreduce_schedule.hpp): every rank
+// must hold the same bits, and they must be the schedule's, or, where the library switches algorithm
+// by size, another emulated schedule's exactly (conclude_schedule). A call that gives no emulated
+// schedule's bits fails at once, naming the first element that differs, with both values.
 template <class T> CommCheck schedule_check(ReduceOp op, reference::ScheduleOptions schedule, std::uint64_t seed, int n,
                                            const std::vector<CommCase>& cases) {
   schedule.format = format_of<T>();
@@ -736,23 +891,53 @@ template <class T> CommCheck schedule_check(ReduceOp op, reference::ScheduleOpti
   c.cases = cases;
   c.covered = covered_text(cases, sizeof(T)) + ", random inputs over 2^-6..2^7, bit for bit against the " + name +
               " schedule's emulation";
-  c.make = [op, schedule, seed, n, name] {
+  auto log = std::make_shared<ScheduleLog>();
+  c.make = [op, schedule, seed, n, name, log] {
     auto arena = std::make_shared<Arena<T>>();
-    return CaseFn([arena, op, schedule, seed, n, name](Communicator& comm, const CommCase& k) -> std::string {
+    auto mine = std::make_shared<std::vector<ScheduleSeen>>();
+    return CaseFn([arena, mine, log, op, schedule, seed, n, name](Communicator& comm, const CommCase& k) -> std::string {
+      if (mine->empty()) {
+        std::lock_guard lock(log->mutex);
+        log->by_rank[comm.rank()] = mine;
+      }
       T* buf = arena->prepare(k, k.count);
       const std::vector<std::vector<float>> in = schedule_inputs(mix_key(seed ^ 0x5c4edu, k.count), n, k.count, schedule.format);
       for (std::size_t i = 0; i < k.count; ++i) buf[i] = of_float<T>(in[static_cast<std::size_t>(comm.rank())][i]);
       comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
       arena->fetch(comm);
+      const std::vector<std::uint64_t> hashes = comm.host().allgather_value(hash_bytes(buf, k.count * sizeof(T)));
+      for (std::size_t r = 0; r < hashes.size(); ++r)
+        if (hashes[r] != hashes[0]) return first_rank_difference(comm, buf, k.count, r);
+      if (comm.rank() != 0) return arena->guards(k, k.count);
+      const auto same = [&](const std::vector<float>& want) {
+        for (std::size_t i = 0; i < k.count; ++i) {
+          const T w = of_float<T>(want[i]);
+          if (std::memcmp(&buf[i], &w, sizeof(T)) != 0) return i;
+        }
+        return k.count;
+      };
+      ScheduleSeen seen;
+      seen.count = k.count;
       const std::vector<float> want = reference::emulate_allreduce(schedule, in);
-      for (std::size_t i = 0; i < k.count; ++i) {
-        const T w = of_float<T>(want[i]);
-        if (std::memcmp(&buf[i], &w, sizeof(T)) != 0)
-          return "element " + std::to_string(i) + " is " + value_text(buf[i]) + ", the " + name + " schedule gives " +
-                 value_text(w) + distance_text(buf[i], w);
+      const std::size_t differs = same(want);
+      seen.claimed = differs == k.count;
+      for (const reference::ScheduleOptions& other : emulated_schedules(n, schedule.format, schedule.average, 8))
+        if (same(reference::emulate_allreduce(other, in)) == k.count) seen.others.insert(reference::schedule_text(other));
+      seen.others.erase(name);
+      if (!seen.claimed) {
+        const T w = of_float<T>(want[differs]);
+        seen.difference = "element " + std::to_string(differs) + " is " + value_text(buf[differs]) + ", the " + name +
+                          " schedule gives " + value_text(w) + distance_text(buf[differs], w);
+        if (seen.others.empty()) return seen.difference + " (nor are the bits those of another schedule dpcheck emulates)";
       }
+      mine->push_back(std::move(seen));
       return arena->guards(k, k.count);
     });
+  };
+  c.conclude = [log, name]() -> std::optional<CheckConclusion> {
+    std::lock_guard lock(log->mutex);
+    if (log->by_rank.empty()) return std::nullopt;
+    return conclude_schedule(*log->by_rank.begin()->second, name);
   };
   return c;
 }
@@ -765,21 +950,8 @@ std::string schedule_fingerprint(Communicator& comm, int n, std::uint64_t seed) 
   const std::vector<std::vector<float>> in = schedule_inputs(mix_key(seed ^ 0xf1a9u, count), n, count, Precision::fp32);
   std::vector<float> buf = in[static_cast<std::size_t>(comm.rank())];
   on_buffer(comm, buf, [&](float* placed) { comm.allreduce(placed, buf.size(), DType::f32, ReduceOp::sum); });
-  std::vector<reference::ScheduleOptions> candidates;
-  for (const reference::ScheduleRow& row : reference::allreduce_schedules()) {
-    reference::ScheduleOptions o;
-    o.schedule = row.schedule;
-    if (row.schedule != reference::AllreduceSchedule::hierarchical) {
-      candidates.push_back(o);
-      continue;
-    }
-    for (int g = 2; g < n; ++g) {
-      o.group_size = g;
-      candidates.push_back(o);
-    }
-  }
   std::string fits, tried;
-  for (const reference::ScheduleOptions& o : candidates) {
+  for (const reference::ScheduleOptions& o : emulated_schedules(n, Precision::fp32, false)) {
     const std::string text = reference::schedule_text(o);
     tried += (tried.empty() ? "" : ", ") + text;
     if (std::memcmp(reference::emulate_allreduce(o, in).data(), buf.data(), count * sizeof(float)) == 0)
@@ -1105,7 +1277,7 @@ std::vector<std::string> conform_comm_checks() {
   for (const char* d : dtypes) names.push_back(std::string("allgather ") + d);
   names.push_back("barrier");
   names.push_back("calls in a row");
-  for (const char* d : {"float32", "float64"})
+  for (const char* d : {"float32", "float64", "bfloat16", "float16"})
     for (const char* op : {"sum", "avg"}) {
       names.push_back(std::string("same bits on every rank ") + d + " " + op);
       names.push_back(std::string("run-to-run ") + d + " " + op);
@@ -1116,6 +1288,11 @@ std::vector<std::string> conform_comm_checks() {
   names.push_back("a rank that never arrives");
   names.push_back("summation order and width");
   return names;
+}
+
+bool is_allreduce_check(const std::string& name) {
+  return name.starts_with("allreduce ") || name.starts_with("same bits on every rank ") || name.starts_with("run-to-run ") ||
+         name.starts_with("schedule ") || name == "summation order and width";
 }
 
 void check_conform_comm_selection(const std::string& check, const std::string& case_text) {
@@ -1202,12 +1379,15 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
     if (cap >= 1021) few.push_back({1021, 3, -1});
     return calls_in_a_row_check(n, few);
   }
+  const bool same_inputs = mutant_conform_same_inputs(o.mutant);
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg})
     for (bool twice : {false, true}) {
       const std::string prefix = twice ? "run-to-run " : "same bits on every rank ";
       const std::string suffix = " " + std::string(reduce_op_name(op));
-      if (name == prefix + "float32" + suffix) return identical_bits_check<float>(op, twice, o.seed, cases(4, small, false));
-      if (name == prefix + "float64" + suffix) return identical_bits_check<double>(op, twice, o.seed, cases(8, small, false));
+      if (name == prefix + "float32" + suffix) return identical_bits_check<float>(op, twice, o.seed, cases(4, small, false), same_inputs);
+      if (name == prefix + "float64" + suffix) return identical_bits_check<double>(op, twice, o.seed, cases(8, small, false), same_inputs);
+      if (name == prefix + "bfloat16" + suffix) return identical_bits_check<Bf16>(op, twice, o.seed, cases(2, small, false), same_inputs);
+      if (name == prefix + "float16" + suffix) return identical_bits_check<Fp16>(op, twice, o.seed, cases(2, small, false), same_inputs);
     }
   return std::nullopt;
 }
@@ -1257,8 +1437,15 @@ std::string run_conform_comm_check(Communicator& comm, const std::string& name, 
   const std::optional<CommCheck> check = make_check(name, comm.size(), kAll, o);
   if (!check) throw UsageError("'" + name + "' is not a check of conform_comm_suite()");
   const std::optional<CaseFailure> failed = run_cases(comm, *check, [](std::size_t) {});
-  if (!failed) return "";
-  return "case " + check->cases[failed->at].text() + ", " + failed->what + " (the promise: " + check->promise + ")";
+  if (failed) return "case " + check->cases[failed->at].text() + ", " + failed->what + " (the promise: " + check->promise + ")";
+  if (!check->conclude) return "";
+  // The cases taken together (a schedule followed at some counts only): rank 0 recorded them, and its
+  // word is every rank's. A switch by size is no failure.
+  std::string concluded;
+  if (comm.rank() == 0)
+    if (const std::optional<CheckConclusion> c = check->conclude(); c && c->failed)
+      concluded = "case " + check->cases[c->at].text() + ", " + c->what + " (the promise: " + check->promise + ")";
+  return allgather_strings(comm.host(), concluded)[0];
 }
 
 std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformOptions& o) {
@@ -1268,7 +1455,10 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     if (o.on_row) o.on_row(row);
     rows.push_back(std::move(row));
   };
-  const auto wanted = [&](const std::string& name) { return o.check.empty() || o.check == name; };
+  const auto wanted = [&](const std::string& name) {
+    if (o.allreduce_only && !name.starts_with("property ") && !is_allreduce_check(name)) return false;
+    return o.check.empty() || o.check == name;
+  };
   const dpcheck_comm_plugin_t* plugin = looks_like_plugin_path(target.comm) ? &load_comm_plugin(target.comm) : nullptr;
   // Once the ranks cannot start (the plugin's init fails) or the launcher's world is broken (a plugin
   // left messages behind), the later rows would fail for that same reason: they are not run, and say
@@ -1292,13 +1482,14 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     std::optional<ConformRow> row;     // decided
     double seconds = 0;                // on the other worlds
     std::vector<int> worlds;           // the other worlds it passed on
+    std::string switched;              // the first other world's switch, "N = 8, the library does not ..."
   };
   std::vector<Slot> slots;
   for (const std::string& name : conform_comm_checks()) {
     if (!wanted(name)) continue;
     std::optional<CommCheck> check = make_check(name, n, kAll, o);
     if (!check) continue;
-    Slot slot{name, std::nullopt, std::nullopt, 0, {}};
+    Slot slot{name, std::nullopt, std::nullopt, 0, {}, {}};
     if (const std::string why = plugin ? unsupported_reason(*plugin, target.comm, *check) : ""; !why.empty())
       slot.row = unsupported_row(check->section, name, why);
     else
@@ -1336,6 +1527,7 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
           row.seconds = slot.seconds;
           slot.row = std::move(row);
         } else {
+          if (row.verdict == ConformVerdict::switches && slot.switched.empty()) slot.switched = row.detail;
           slot.worlds.push_back(w);
         }
       });
@@ -1353,7 +1545,11 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     stopped = run_checks_on_world(target, n, pointers, o, [&](std::size_t k, ConformRow row) {
       Slot& slot = slots[slot_of[k]];
       row.seconds += slot.seconds;
-      if (row.verdict == ConformVerdict::pass && !slot.worlds.empty()) {
+      // A switch on another world is the row's word where the main world found none.
+      if (row.verdict == ConformVerdict::pass && !slot.switched.empty()) {
+        row.verdict = ConformVerdict::switches;
+        row.detail = slot.switched + " (the main world, N = " + std::to_string(n) + ", follows the schedule throughout)";
+      } else if (row.verdict == ConformVerdict::pass && !slot.worlds.empty()) {
         std::string others;
         for (int w : slot.worlds) others += (others.empty() ? "" : ", ") + std::to_string(w);
         row.detail = "N = " + std::to_string(n) + ": " + row.detail + "; also N = " + others + " (counts to 2^" +

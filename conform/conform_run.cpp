@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "divergence/backend_record.hpp"
+#include "src/comm/mpi_comm.hpp"
 #include "src/io/process.hpp"
 #include "src/train/replica_check.hpp"
 
@@ -12,12 +14,22 @@ namespace dpcheck {
 
 namespace {
 
+// The variables set in this run that choose the backend's algorithm (a plugin's own list, an MPI
+// backend's collective variables: divergence/backend_record.hpp), as they go in front of a command:
+// "DPCHECK_GLOO_ALGORITHM=ring ", so that a replay line runs the algorithm the row ran.
+std::string algorithm_env(const Target& target) {
+  BackendRecord backend = record_backend(target);
+  for (PluginRecord& p : backend.plugins) std::erase_if(p.env, [](const auto& v) { return !v.second; });
+  return recorded_env_prefix(backend);
+}
+
 // "dpcheck conform --comm ./libmine.so ...": the command line that replays a case, to which a row adds
 // its world size (communicator checks), --check and --case.
 std::string replay_prefix(const Target& target, int world, const ConformRequest& r, std::uint64_t seed) {
   const bool kernels = !target.kernels.empty();
-  std::string prefix = target.process_world ? find_backend(target.comm)->launch_prefix(world) : std::string();
-  prefix += "dpcheck conform";
+  std::string prefix = algorithm_env(target);
+  prefix += target.process_world ? find_backend(target.comm)->launch_prefix(world) : std::string();
+  prefix += dpcheck_program() + " conform";
   if (target.engine != default_engine()) prefix += " --engine " + target.engine;
   prefix += kernels ? " --kernels " + shell_word(target.kernels) : " --comm " + shell_word(target.comm);
   // Communicator checks add the world size they failed on; kernels' properties add none.
@@ -44,6 +56,7 @@ ConformOptions conform_options(const Target& target, int world, const ConformReq
   co.properties = r.properties;
   co.thorough = r.thorough;
   co.schedule = r.schedule;
+  co.allreduce_only = r.allreduce_only;
   // The quick default stops at 16 MiB, --thorough at 64; --max-mib sets it either way.
   co.max_bytes = static_cast<std::size_t>((r.max_mib_given ? r.max_mib : r.thorough ? 64.0 : 16.0) * 1024 * 1024);
   co.max_kernel_size = r.max_size;
@@ -90,7 +103,8 @@ ConformSummary conform_summary(const std::vector<ConformRow>& rows) {
   for (const ConformRow& r : rows) unsupported += r.verdict == ConformVerdict::unsupported;
   std::ostringstream details;
   for (const ConformRow& r : rows)
-    if (r.verdict == ConformVerdict::info) details << "\n" << r.check << ": " << r.detail << "\n";
+    if (r.verdict == ConformVerdict::info || r.verdict == ConformVerdict::switches)
+      details << "\n" << r.check << (r.verdict == ConformVerdict::switches ? " (switches): " : ": ") << r.detail << "\n";
   for (const ConformRow& r : rows) {
     if (r.verdict != ConformVerdict::fail) continue;
     s.passed = false;

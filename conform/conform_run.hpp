@@ -25,6 +25,7 @@ struct ConformRequest {
   bool max_size_given = false;
   bool world_size_given = false;
   std::string schedule;  // --schedule
+  bool allreduce_only = false;  // --allreduce-only
 };
 
 // The options of a run on `target` (its timeout set) with `world` ranks: the seed (rank 0's under a

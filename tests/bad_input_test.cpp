@@ -427,6 +427,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"grad --model 4,1 --batch 4 --world-size 2 --comm {p}/libdpcheck_comm_float32-sum.so", 2, {"does not support avg"}},
       {"verify --cases 1 --comm {p}/libdpcheck_comm_null-entry.so", 2, {"null-entry", "no allreduce (NULL)"}},
       {"verify --cases 1 --comm {p}/libdpcheck_comm_null-table.so", 2, {"null-table", "no table (NULL)"}},
+      {"verify --cases 1 --comm {p}/libdpcheck_comm_bad-env.so", 2,
+       {"bad-env", "dpcheck_plugin_env", "\"BAD_ENV_CHUNK=4096\"", "not a variable's name"}},
       {"verify --cases 1 --comm {r} --engine cuda", 2, {"engine cuda", "is for --engine cpu"}},
       {"train --model 4,1 --steps 1 --comm {p}/libdpcheck_comm_wrong-abi.so", 2, {"plugin ABI 99"}},
       {"grad --model 4,1 --batch 4 --comm {p}/libdpcheck_comm_null-entry.so", 2, {"no allreduce"}},
@@ -462,6 +464,10 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --comm {r} --schedule hierarchical:x", 2, {"--schedule hierarchical:x", "whole number from 1"}},
       {"conform --comm {r} --check 'schedule float32 sum'", 2, {"--check 'schedule float32 sum' needs --schedule"}},
       {"conform --kernels {d}/missing.so --schedule ring", 2, {"--schedule is for a communicator"}},
+      {"conform --comm {r} --schedule open-mpi-ring:4", 2, {"--schedule open-mpi-ring:4", "only hierarchical takes a group size"}},
+      {"conform --kernels {d}/missing.so --allreduce-only", 2, {"--allreduce-only is for a communicator"}},
+      {"conform --comm {r} --allreduce-only --check 'broadcast float32'", 2,
+       {"--allreduce-only with --check 'broadcast float32'", "not one of the all-reduce's"}},
       {"conform --kernels {d}/missing.so", 2, {"--kernels", "missing.so", "no such file"}},
       {"conform --kernels {d}/missing.so --precision fp7", 2, {"unknown --precision 'fp7'"}},
       {"conform --kernels {r}", 2, {"--kernels", "dpcheck_comm_plugin", "--comm"}},
@@ -674,7 +680,7 @@ TEST_F(BadInput, ASymlinkedReportIsWrittenThroughToItsTarget) {
 TEST_F(BadInput, TrainStopsAtTheFirstLossThatIsNotFinite) {
   const fs::path ckpt = dir_.path() / "ckpt";
   const std::string cmd = std::string(DPCHECK_BINARY) + " train --model 4,1 --lr 1e30 --steps 5 --checkpoint-every 1 " +
-                          "--checkpoint-dir " + ckpt.string() + " --keep 10";
+                          "--checkpoint-dir " + ckpt.string() + " --keep 10 --bundle-dir " + dir_.path().string();
   const CommandResult r = run_command(cmd, 60);
   EXPECT_EQ(r.status, 1) << r.output;
   const std::size_t failed = r.output.find("FAILED: ");
@@ -827,6 +833,20 @@ TEST_F(BadInput, ABundleOutsideItsRunIsRefused) {
        {"failure.rank", "1000000"}},
       {edited("far-index", [&](nlohmann::json&, nlohmann::json& i) { i["ranks"][0][0] = 1000000000; }),
        {"indices.json", "1000000000"}},
+      // The backend the run ran on (divergence/backend_record.hpp), damaged.
+      {edited("backend-text", [&](nlohmann::json& m, nlohmann::json&) { m["backend"] = "gloo"; }),
+       {"backend-text/manifest.json", "\"backend\" is \"gloo\", not an object"}},
+      {edited("backend-no-path", [&](nlohmann::json& m, nlohmann::json&) {
+         m["backend"]["plugins"] = {{{"option", "--comm"}}};
+       }), {"backend-no-path/manifest.json", "\"backend.plugins[0].path\" is missing"}},
+      {edited("backend-abi", [&](nlohmann::json& m, nlohmann::json&) {
+         m["backend"]["plugins"] = {{{"option", "--comm"}, {"path", "./libgloo.so"}, {"resolved", "/x/libgloo.so"},
+                                     {"xxh3", "0123456789abcdef"}, {"name", "gloo ring"}, {"version", nullptr},
+                                     {"abi", "3"}}};
+       }), {"backend-abi/manifest.json", "\"backend.plugins[0].abi\" is \"3\""}},
+      {edited("backend-env", [&](nlohmann::json& m, nlohmann::json&) {
+         m["backend"]["mpi_env"] = {{"prefixes", {"OMPI_MCA_coll"}}, {"set", {{"OMPI_MCA_coll; rm x", "1"}}}};
+       }), {"backend-env/manifest.json", "backend.mpi_env.set", "not an environment variable"}},
   };
   for (const auto& row : rows) {
     const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " replay " + row.path, kRowLimitS);

@@ -170,7 +170,8 @@ TEST(ConformComm, PluginsThatDoNotDeclareSixteenBitFloatsAreNotHandedThem) {
       else
         EXPECT_NE(detail.find("it declares dtypes float32, float64, int64;"), std::string::npos) << detail;
     }
-    EXPECT_EQ(unsupported, 12);  // allreduce (4 ops), broadcast and allgather, in each format
+    // allreduce (4 ops), broadcast, allgather, same bits and run-to-run (sum and avg), in each format
+    EXPECT_EQ(unsupported, 20);
     EXPECT_GT(passed, 20);
   }
 }
@@ -380,6 +381,93 @@ TEST(ConformComm, MpisOwnAllreduceIsCheckedWithTheAlgorithmItWasForcedTo) {
   EXPECT_NE(r.output.find("kept every promise"), std::string::npos) << r.output;
 #else
   GTEST_SKIP() << "this build has no MPI";
+#endif
+}
+
+// --allreduce-only runs the all-reduce's checks and the fingerprint, and nothing of the broadcast,
+// all-gather or barrier (a library's variables that choose its all-reduce change nothing else).
+TEST(ConformComm, AllreduceOnlyRunsTheAllreducesChecksAlone) {
+  Scratch s;
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + kRing + kQuick + " --allreduce-only --report " +
+                                          (s.dir / "r.json").string(),
+                                      300);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::map<std::string, int> by_kind;
+  const nlohmann::json report = read_json(s.dir / "r.json");
+  for (const nlohmann::json& row : report["checks"]) {
+    const std::string check = row["check"];
+    ++by_kind[check.substr(0, check.find(' '))];
+  }
+  EXPECT_EQ(by_kind["allreduce"], 21) << r.output;  // 5 dtypes x 4 ops, and the buffer reused
+  EXPECT_EQ(by_kind["same"], 8) << r.output;
+  EXPECT_EQ(by_kind["run-to-run"], 8) << r.output;
+  EXPECT_EQ(by_kind["summation"], 1) << r.output;
+  EXPECT_EQ(by_kind["broadcast"] + by_kind["allgather"] + by_kind["barrier"] + by_kind["calls"], 0) << r.output;
+}
+
+// Open MPI's ring hands a call of fewer elements than ranks to recursive doubling. Claimed as a plain
+// ring, the schedule row says so ("switches", exit 0) instead of failing the library; claimed as
+// open-mpi-ring, which models the switch, every count drawn is exact. A ring claimed of basic_linear,
+// which never follows it, still fails.
+TEST(ConformComm, ALibrarysSwitchByCountIsNamedNotFailed) {
+#if DPCHECK_HAS_MPI
+  const auto forced = [](int algorithm, int n, const std::string& schedule) {
+    return dpcheck::run_command("env OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=" +
+                                    std::to_string(algorithm) + " " + DPCHECK_MPIEXEC +
+                                    " --allow-run-as-root --oversubscribe -np " + std::to_string(n) + " " + kDpcheck +
+                                    " conform --comm mpi-native --no-properties --schedule " + schedule +
+                                    " --check 'schedule float32 sum'",
+                                300);
+  };
+  const auto ring = forced(4, 4, "ring");
+  EXPECT_EQ(ring.status, 0) << ring.output;
+  EXPECT_NE(ring.output.find("switches"), std::string::npos) << ring.output;
+  EXPECT_NE(ring.output.find("the library does not follow ring at count 3: it switches to halving-doubling"),
+            std::string::npos)
+      << ring.output;
+  const auto modelled = forced(4, 4, "open-mpi-ring");
+  EXPECT_EQ(modelled.status, 0) << modelled.output;
+  EXPECT_EQ(modelled.output.find("switches"), std::string::npos) << modelled.output;
+  const auto linear = forced(1, 4, "ring");
+  EXPECT_EQ(linear.status, 1) << linear.output;
+  EXPECT_NE(linear.output.find("FAILED schedule float32 sum"), std::string::npos) << linear.output;
+  EXPECT_NE(linear.output.find("it follows linear, not ring"), std::string::npos) << linear.output;
+#else
+  GTEST_SKIP() << "this build has no MPI";
+#endif
+}
+
+// The same command built against MPICH (dpcheck-mpich) judges MPICH's own all-reduce under its
+// launcher, the algorithm chosen by MPICH's control variables; its replay lines name the launcher, the
+// program and the variables.
+TEST(ConformComm, MpichsOwnAllreduceIsCheckedByTheMpichBuild) {
+#ifdef DPCHECK_MPICH_BINARY
+  const auto r = dpcheck::run_command(std::string("env MPIR_CVAR_DEVICE_COLLECTIVES=none "
+                                                  "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=recursive_doubling "
+                                                  "mpiexec.mpich -n 3 ") +
+                                          DPCHECK_MPICH_BINARY +
+                                          " conform --comm mpi-native --no-properties --schedule halving-doubling "
+                                          "--check 'schedule float32 sum'",
+                                      300);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("communicator mpi-native, MPICH"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kept every promise"), std::string::npos) << r.output;
+  // A ring claimed of it fails, with a replay line for MPICH's launcher and program.
+  const auto bad = dpcheck::run_command(std::string("env MPIR_CVAR_DEVICE_COLLECTIVES=none "
+                                                    "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=recursive_doubling "
+                                                    "mpiexec.mpich -n 3 ") +
+                                            DPCHECK_MPICH_BINARY +
+                                            " conform --comm mpi-native --no-properties --schedule ring "
+                                            "--check 'schedule float32 sum'",
+                                        300);
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  // The variables that chose the algorithm go in front, so that the line replays it.
+  EXPECT_NE(bad.output.find("replay: MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=recursive_doubling "
+                            "MPIR_CVAR_DEVICE_COLLECTIVES=none mpiexec.mpich -n 3 dpcheck-mpich conform --comm mpi-native"),
+            std::string::npos)
+      << bad.output;
+#else
+  GTEST_SKIP() << "this build has no dpcheck-mpich (MPICH's development files were not found)";
 #endif
 }
 

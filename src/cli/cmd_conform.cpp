@@ -37,6 +37,7 @@ struct ConformCliOptions {
   bool list_checks = false;
   bool absent_rank_probe = false;  // hidden: the child half of "a rank that never arrives"
   std::string schedule;            // --schedule
+  bool allreduce_only = false;     // --allreduce-only
   double max_mib = 64;
   int max_size = 1024;
   bool thorough = false;
@@ -145,6 +146,9 @@ int check_conform_request(ConformCliOptions& o) {
     if (kernels) throw UsageError("--schedule is for a communicator (--comm): a kernel plugin has no all-reduce");
     (void)reference::parse_schedule(o.schedule);
   }
+  if (o.allreduce_only && kernels) throw UsageError("--allreduce-only is for a communicator (--comm): a kernel plugin has no all-reduce");
+  if (o.allreduce_only && !o.check.empty() && !o.check.starts_with("property ") && !is_allreduce_check(o.check))
+    throw UsageError("--allreduce-only with --check '" + o.check + "': that check is not one of the all-reduce's");
   if (o.check.starts_with("schedule ") && o.schedule.empty())
     throw UsageError("--check '" + o.check + "' needs --schedule NAME, the schedule the communicator claims");
   const bool world_size_given = o.target_options.given("--world-size");
@@ -191,6 +195,7 @@ ConformRequest conform_request(const ConformCliOptions& o) {
   r.max_size_given = o.max_size_given;
   r.world_size_given = o.target_options.given("--world-size");
   r.schedule = o.schedule;
+  r.allreduce_only = o.allreduce_only;
   return r;
 }
 
@@ -299,10 +304,19 @@ Runner add_conform(CLI::App& app) {
   std::string schedules;
   for (const reference::ScheduleRow& row : reference::allreduce_schedules())
     schedules += (schedules.empty() ? "" : ", ") + std::string(row.name);
+  std::string libraries;
+  for (const reference::LibrarySchedule& row : reference::library_schedules())
+    libraries += (libraries.empty() ? "" : ", ") + std::string(row.name);
   sub->add_option("--schedule", o->schedule,
                   "The all-reduce schedule the communicator claims, one of " + schedules +
-                      " (hierarchical:G for groups of G ranks, 8 without): its all-reduce's bits are checked against "
-                      "the schedule's emulation, bit for bit, in every format and op it takes");
+                      " (hierarchical:G for groups of G ranks, 8 without), or a library's algorithm with the switch it "
+                      "makes by size (" + libraries + "): its all-reduce's bits are checked against the schedule's "
+                      "emulation, bit for bit, in every format and op it takes. Where a library leaves the schedule for "
+                      "another one's exact bits at some sizes, the row says 'switches' and where");
+  sub->add_flag("--allreduce-only", o->allreduce_only,
+                "Only the all-reduce's checks (exact sums in every dtype and op, the buffer reused, same bits, "
+                "run-to-run, --schedule's, the fingerprint): for a library whose variables choose its all-reduce's "
+                "algorithm alone, such as MPI's");
   sub->add_option("--check", o->check, "Run this check alone (see --list-checks)");
   sub->add_option("--case", o->case_text, "With --check: run this case alone, as a failure prints it (\"count=5 offset=1\")");
   sub->add_flag("--no-properties", o->no_properties, "Skip verify's properties (the plugin's own checks only)");
