@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build
   libeigen3-dev libgtest-dev librapidcheck-dev
   libopenmpi-dev openmpi-bin
+  libmpich-dev mpich pkgconf  # dpcheck-mpich: the MPI backend built against MPICH too, for its rows in docs/libraries.md
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   libtinyxml2-dev  # tests only: the HTML reports are parsed as XML
   libgloo-dev libopenblas-dev libblis-dev libdnnl-dev  # the adapters of real libraries (examples/)

@@ -101,6 +101,9 @@ if(DPCHECK_WITH_CUDA)
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
   target_link_libraries(dpcheck_cuda PRIVATE dpcheck_kernels)
+  if(TARGET dpcheck_mpi_stub)
+    set_target_properties(dpcheck_cuda PROPERTIES DPCHECK_MPI_LIBRARY dpcheck_mpi_stub)  # never starts MPI
+  endif()
   target_link_options(dpcheck_cuda PRIVATE -Wl,--exclude-libs,ALL -Wl,-z,defs)
   dpcheck_warnings(dpcheck_cuda)
   set_property(SOURCE src/plugin/cuda_plugin.cpp APPEND PROPERTY

@@ -76,10 +76,10 @@ std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& model, const EngineS
   return require_cuda().make_engine(model, options);
 }
 
-// The launcher the process backends run under: main joins an MPI world when one started it.
-constexpr std::string_view kMpiLauncher = "mpirun -np";
-
 std::deque<Backend> built_in_rows() {
+  // The launcher the process backends run under (main joins an MPI world when one started it): the
+  // one of the MPI this program is built against.
+  const std::string kMpiLauncher = mpi_launcher();
   std::deque<Backend> rows;
 
   Backend local;
@@ -301,7 +301,7 @@ Communicator* world_of_processes(const Backend& b, Communicator* launcher_world)
   if (launcher_world && b.may_run_under_launcher()) return launcher_world;
   if (!launcher_world && b.needs_launcher())
     throw UsageError("--comm " + b.name + " runs one process per rank: start it with a launcher, e.g. " +
-                     b.launch_prefix(4) + "dpcheck ...");
+                     b.launch_prefix(4) + dpcheck_program() + " ...");
   if (launcher_world && launcher_world->size() > 1) {
     const std::vector<std::string_view> instead = comms_of(b.engine, true);
     throw UsageError("started by a launcher with " + std::to_string(launcher_world->size()) +

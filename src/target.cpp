@@ -1,5 +1,6 @@
 #include "src/target.hpp"
 
+#include "src/comm/mpi_comm.hpp"
 #include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
 #include "src/mutant_hooks.hpp"
@@ -30,6 +31,19 @@ std::string Target::describe() const {
 std::string PluginIdentity::text() const {
   return "plugin '" + name + "'" + (version.empty() ? std::string() : " " + version) + ", ABI " + std::to_string(abi) +
          " (" + path + ")";
+}
+
+nlohmann::json PluginIdentity::to_json() const {
+  nlohmann::json j{{"option", option},
+                   {"path", path},
+                   {"name", name},
+                   {"version", version.empty() ? nlohmann::json(nullptr) : nlohmann::json(version)},
+                   {"abi", abi}};
+  if (option == "--comm") {
+    j["dtypes"] = dtypes;
+    j["ops"] = ops;
+  }
+  return j;
 }
 
 std::vector<PluginIdentity> target_plugins(const Target& target) {
@@ -153,7 +167,7 @@ std::string launch_prefix(const Target& target) {
 
 std::string replay_command(const Target& target, const std::string& token) {
   const Backend& backend = backend_of(target);
-  std::string cmd = launch_prefix(target) + "dpcheck verify";
+  std::string cmd = launch_prefix(target) + dpcheck_program() + " verify";
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
   if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
   if (target.tf32) cmd += " --tf32";

@@ -74,6 +74,9 @@ struct PluginIdentity {
   std::vector<std::string> dtypes, ops;  // the same, as lists
   // "plugin 'gloo ring' Gloo 0.5.0, ABI 3 (./libgloo.so)"
   std::string text() const;
+  // {"option", "path", "name", "version" (null: none), "abi"}, and a communicator's "dtypes" and "ops":
+  // the reports' plugins, and a bundle's record of them.
+  nlohmann::json to_json() const;
 };
 
 // The target's plugins: its communicator's (when --comm is a path) and its kernels' (when --kernels is

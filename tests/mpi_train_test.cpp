@@ -48,7 +48,7 @@ TEST_F(MpiTrain, TrainsAcrossProcessesWithEveryCheck) {
 }
 
 TEST_F(MpiTrain, ADesyncStopsEveryProcess) {
-  const CommandResult o = run(mpirun(3) + kTrain + " --steps 4 --mutant optimizer-rank-perturb");
+  const CommandResult o = run(mpirun(3) + kTrain + " --steps 4 --mutant optimizer-rank-perturb --bundle-dir " + dir_.string());
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("replicas differ after step 0"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("rank 2"), std::string::npos) << o.output;
@@ -79,7 +79,7 @@ TEST_F(MpiTrain, ResumeAfterTheProcessesEndedIsBitwiseEqual) {
 }
 
 TEST_F(MpiTrain, AStuckRankEndsTheJobWithinTheTimeoutNamingTheCollectiveAndTheRank) {
-  const CommandResult o = run(mpirun(3) + kTrain + " --steps 6 --timeout 2 --inject-fault stall --fault-rank 1 --fault-step 2", 60);
+  const CommandResult o = run(mpirun(3) + kTrain + " --steps 6 --timeout 2 --inject-fault stall --fault-rank 1 --fault-step 2 --bundle-dir " + dir_.string(), 60);
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_LT(o.seconds, 30.0) << o.output;
   EXPECT_NE(o.output.find("timed out"), std::string::npos) << o.output;
@@ -90,7 +90,7 @@ TEST_F(MpiTrain, AStuckRankEndsTheJobWithinTheTimeoutNamingTheCollectiveAndTheRa
 // By default Open MPI ends the whole job as soon as a process dies, and says which rank. Told not to,
 // the surviving ranks end on their own within the timeout, naming the collective and the dead rank.
 TEST_F(MpiTrain, AKilledRankEndsTheJobNamingTheRank) {
-  const std::string fault = kTrain + " --steps 6 --timeout 3 --inject-fault kill --fault-rank 2 --fault-step 1";
+  const std::string fault = kTrain + " --steps 6 --timeout 3 --inject-fault kill --fault-rank 2 --fault-step 1 --bundle-dir " + dir_.string();
   const CommandResult o = run(mpirun(3) + fault, 60);
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_LT(o.seconds, 30.0) << o.output;
@@ -101,6 +101,32 @@ TEST_F(MpiTrain, AKilledRankEndsTheJobNamingTheRank) {
   EXPECT_LT(own.seconds, 30.0) << own.output;
   EXPECT_NE(own.output.find("allreduce timed out"), std::string::npos) << own.output;
   EXPECT_NE(own.output.find("no message from rank 2"), std::string::npos) << own.output;
+}
+
+// Bad input that one rank meets alone -- here a --comm plugin missing from its working directory, as a
+// file missing on its host is -- is named by that rank within seconds, and the job exits 2, instead of
+// the others waiting out --timeout in their first collective. Bad input every rank meets is said once.
+TEST_F(MpiTrain, BadInputOfOneRankAloneIsNamedByItWithinSeconds) {
+  const fs::path has = dir_ / "has", lacks = dir_ / "lacks";
+  fs::create_directories(has);
+  fs::create_directories(lacks);
+  fs::copy_file(DPCHECK_COMM_PLUGIN, has / "p.so");
+  const std::string args = " train --model 6,9,3 --steps 1 --timeout 60 --comm ./p.so";
+  const std::string launcher = std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe";
+  const CommandResult alone = run(launcher + " -np 1 -wdir " + has.string() + " " + DPCHECK_BINARY + args + " : -np 1 -wdir " +
+                                      lacks.string() + " " + DPCHECK_BINARY + args,
+                                  60);
+  EXPECT_EQ(alone.status, 2) << alone.output;
+  EXPECT_LT(alone.seconds, 30.0) << alone.output;
+  EXPECT_NE(alone.output.find("dpcheck: error: rank 1: --comm ./p.so: no such file"), std::string::npos) << alone.output;
+  EXPECT_EQ(alone.output.find("timed out"), std::string::npos) << alone.output;
+
+  const CommandResult every = run(mpirun(3) + " train --comm mpi --steps 1", 60);
+  EXPECT_EQ(every.status, 2) << every.output;
+  EXPECT_LT(every.seconds, 30.0) << every.output;
+  const std::size_t said = every.output.find("dpcheck: error: --model is required");
+  ASSERT_NE(said, std::string::npos) << every.output;
+  EXPECT_EQ(every.output.find("dpcheck: error:", said + 1), std::string::npos) << every.output;
 }
 
 }  // namespace

@@ -30,18 +30,7 @@ namespace dpcheck::cli {
 
 nlohmann::json plugins_json(const Target& target) {
   nlohmann::json out = nlohmann::json::array();
-  for (const PluginIdentity& p : target_plugins(target)) {
-    nlohmann::json j{{"option", p.option},
-                     {"path", p.path},
-                     {"name", p.name},
-                     {"version", p.version.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.version)},
-                     {"abi", p.abi}};
-    if (p.option == "--comm") {
-      j["dtypes"] = p.dtypes;
-      j["ops"] = p.ops;
-    }
-    out.push_back(std::move(j));
-  }
+  for (const PluginIdentity& p : target_plugins(target)) out.push_back(p.to_json());
   return out;
 }
 
@@ -659,14 +648,19 @@ void agree_on_rank_inputs(const std::function<void()>& local) {
   world->allgather(why.data(), all.data(), size, DType::u8);
   std::vector<std::string> reasons;
   for (std::size_t r = 0; r < sizes.size(); ++r) reasons.emplace_back(all.data() + r * size, sizes[r]);
+  throw UsageError(describe_rank_reasons(reasons));
+}
+
+std::string describe_rank_reasons(const std::vector<std::string>& reasons) {
+  if (reasons.empty()) return {};
   const bool same = std::all_of(reasons.begin(), reasons.end(), [&](const std::string& w) { return w == reasons[0]; });
-  if (same) throw UsageError(reasons[0]);
+  if (same) return reasons[0];
   std::size_t first = 0;
   while (reasons[first].empty()) ++first;
   int failing = 0;
   for (const std::string& w : reasons) failing += w.empty() ? 0 : 1;
-  throw UsageError("rank " + std::to_string(first) + ": " + reasons[first] +
-                   (failing > 1 ? " (and " + std::to_string(failing - 1) + " other ranks failed too)" : ""));
+  return "rank " + std::to_string(first) + ": " + reasons[first] +
+         (failing > 1 ? " (and " + std::to_string(failing - 1) + " other ranks failed too)" : "");
 }
 
 void require_same_command_line(Communicator& world, const std::vector<std::string>& args) {

@@ -289,6 +289,10 @@ void check_on_writing_rank(const std::function<void()>& check);
 // gave the same one. Every rank must call it at the same point. Without a launcher: `local()`.
 void agree_on_rank_inputs(const std::function<void()>& local);
 
+// Each rank's reason ("" for a rank that had none) as one line: the reason alone when every rank gave the
+// same one, else the first rank's, named, with how many others failed too.
+std::string describe_rank_reasons(const std::vector<std::string>& reasons);
+
 // All-gathers every rank's command line (the arguments after the program name) and throws UsageError
 // on every rank when any differs from rank 0's, naming the option and the ranks:
 // "ranks disagree on the command line: --batch is 30 on rank 0 and 32 on rank 2".

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -61,13 +62,18 @@ int parse_and_run(CLI::App& app, const Runners& runners, const std::vector<std::
   } catch (const CLI::ParseError& e) {
     std::ostringstream out, err;
     const int code = app.exit(e, out, err);
-    if (printing) {
-      std::cout << out.str() << std::flush;
-      if (!err.str().empty()) cli::print_error(err.str());
-    }
     const bool finished = dynamic_cast<const CLI::CallForHelp*>(&e) || dynamic_cast<const CLI::CallForAllHelp*>(&e) ||
                           dynamic_cast<const CLI::CallForVersion*>(&e);
-    return finished ? code : cli::exit_usage;
+    // A parse error may be one rank's alone (a file an option names, missing on its host): main says it
+    // as it says every bad input.
+    if (!finished) {
+      std::string what = err.str().empty() ? std::string(e.what()) : err.str();
+      if (what.starts_with("dpcheck: error: ")) what.erase(0, std::string_view("dpcheck: error: ").size());
+      while (!what.empty() && what.back() == '\n') what.pop_back();
+      throw UsageError(what);
+    }
+    if (printing) std::cout << out.str() << std::flush;
+    return code;
   }
   cli::check_parsed_options(app);
   for (const CLI::App* sub : app.get_subcommands())
@@ -91,6 +97,24 @@ int filesystem_fault(const std::filesystem::filesystem_error& e, MpiSession* mpi
   else cli::print_error(message);
   if (mpi) mpi->abort(input ? cli::exit_usage : cli::exit_runtime_error);
   return input ? cli::exit_usage : cli::exit_runtime_error;
+}
+
+// Under a launcher, bad input that every rank met (the command line is the same on every rank, so most
+// is) is said once, by rank 0, and every rank exits 2. Bad input that one rank met alone -- a file or a
+// plugin missing on its host -- is said by that rank, naming itself, and ends the job at once: the others
+// wait in a collective that it will never join, and would otherwise blame a missing message after
+// --timeout.
+int end_with_bad_input(MpiSession& mpi, const std::string& reason) {
+  // Ranks that meet the same bad input arrive within milliseconds of each other (they agreed on the
+  // command line a moment before, or met it in the same collective step).
+  constexpr double kArrivalSeconds = 5;
+  const std::optional<std::vector<std::string>> reasons = mpi.gather_bad_input(reason, kArrivalSeconds);
+  if (!reasons) {
+    cli::print_error("rank " + std::to_string(mpi.world().rank()) + ": " + reason);
+    mpi.abort(cli::exit_usage);
+  }
+  if (mpi.world().rank() == 0) cli::print_error(cli::describe_rank_reasons(*reasons));
+  return cli::exit_usage;
 }
 
 }  // namespace
@@ -137,8 +161,8 @@ int main(int argc, char** argv) {
     if (mpi) cli::require_same_command_line(mpi->world(), args);
     return parse_and_run(app, runners, args, argc, argv, printing);
   } catch (const UsageError& e) {
-    // Every rank meets the same bad input; one of them says so.
-    if (printing) cli::print_error(e.what());
+    if (mpi && mpi->world().size() > 1) return end_with_bad_input(*mpi, e.what());
+    cli::print_error(e.what());
     return cli::exit_usage;
   } catch (const std::bad_alloc&) {
     // Said without allocating: the memory is gone. Sizes dpcheck can foresee are refused up front (exit

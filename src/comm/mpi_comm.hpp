@@ -12,7 +12,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "src/comm.hpp"
 
@@ -24,6 +26,12 @@ bool mpi_available();
 // The MPI library's own name and version ("Open MPI v4.1.4"); "" without MPI. Callable before
 // MPI_Init.
 std::string mpi_library_version();
+
+// How this build's ranks are started and what its program is called, for the command lines dpcheck
+// prints: "mpirun -np" and "dpcheck" with Open MPI (and without MPI), "mpiexec.mpich -n" and
+// "dpcheck-mpich" in the program built against MPICH (Debian names MPICH's launcher so, beside Open MPI's).
+std::string mpi_launcher();
+std::string dpcheck_program();
 
 // True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK in the environment).
@@ -44,8 +52,17 @@ class MpiSession {
   // so that the launcher returns instead of waiting for them.
   [[noreturn]] void abort(int code);
 
+  // Called by each rank that ends with bad input, with its reason: when every rank of the world calls
+  // it within `seconds` (they met the same bad input, or each its own), every rank's reason, by rank;
+  // std::nullopt when some rank did not come (this rank met its bad input alone: a file missing on its
+  // host, a plugin it cannot load), while the others go on to a collective that this rank will never
+  // join. On a communicator of its own, so that no collective of world() is disturbed.
+  std::optional<std::vector<std::string>> gather_bad_input(const std::string& reason, double seconds);
+
  private:
+  struct BadInput;  // the bad-input communicator (a duplicate of MPI_COMM_WORLD)
   std::unique_ptr<Communicator> world_;
+  std::unique_ptr<BadInput> bad_input_;
 };
 
 // Both of these need a live MpiSession in this process (Error otherwise), and are collective: every

@@ -2,8 +2,12 @@
 // (MpiSession), and what this build's MPI library is. Built only with MPI (src/comm/mpi_stub.cpp stands in
 // without it).
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/mpi_world.hpp"
@@ -12,6 +16,14 @@
 namespace dpcheck {
 
 bool mpi_available() { return true; }
+
+#ifdef MPICH_VERSION
+std::string mpi_launcher() { return "mpiexec.mpich -n"; }
+std::string dpcheck_program() { return "dpcheck-mpich"; }
+#else
+std::string mpi_launcher() { return "mpirun -np"; }
+std::string dpcheck_program() { return "dpcheck"; }
+#endif
 
 std::string mpi_library_version() {
   char text[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -23,6 +35,10 @@ std::string mpi_library_version() {
   while (!v.empty() && (v.back() == ' ' || v.back() == '\0')) v.pop_back();
   return v;
 }
+
+struct MpiSession::BadInput {
+  MPI_Comm comm = MPI_COMM_NULL;
+};
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;
@@ -36,6 +52,8 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   try {
     DPCHECK_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     world_ = make_mpi_communicator();
+    bad_input_ = std::make_unique<BadInput>();
+    DPCHECK_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &bad_input_->comm));
   } catch (...) {
     MPI_Finalize();
     throw;
@@ -44,6 +62,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 
 MpiSession::~MpiSession() {
   world_.reset();
+  if (bad_input_ && bad_input_->comm != MPI_COMM_NULL) MPI_Comm_free(&bad_input_->comm);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -54,6 +73,40 @@ Communicator& MpiSession::world() { return *world_; }
 void MpiSession::abort(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // MPI_Abort does not return; should an implementation let it, end this process at least
+}
+
+std::optional<std::vector<std::string>> MpiSession::gather_bad_input(const std::string& reason, double seconds) {
+  const MPI_Comm comm = bad_input_->comm;
+  // Who came: a barrier that this rank waits on for `seconds` at most. A rank that never comes leaves it
+  // pending, and this rank then ends the job (abort), so the request is never completed.
+  MPI_Request came = MPI_REQUEST_NULL;
+  DPCHECK_MPI_CHECK(MPI_Ibarrier(comm, &came));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (int done = 0;;) {
+    DPCHECK_MPI_CHECK(MPI_Test(&came, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Every rank is here: their reasons, whose lengths differ.
+  int size = 0;
+  DPCHECK_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const int mine = static_cast<int>(std::min<std::size_t>(reason.size(), 1 << 16));
+  std::vector<int> lengths(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
+  DPCHECK_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm));
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    offsets[static_cast<std::size_t>(r)] = total;
+    total += lengths[static_cast<std::size_t>(r)];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  DPCHECK_MPI_CHECK(MPI_Allgatherv(reason.data(), mine, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                                   MPI_CHAR, comm));
+  std::vector<std::string> reasons;
+  for (int r = 0; r < size; ++r)
+    reasons.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
+                                 static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])));
+  return reasons;
 }
 
 }  // namespace dpcheck
