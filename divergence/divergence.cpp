@@ -17,6 +17,7 @@
 #include "reference/bound.hpp"
 #include "reference/optimizer.hpp"
 #include "reference/schedule.hpp"
+#include "src/comm/mpi_comm.hpp"
 #include "src/io/files.hpp"
 #include "src/io/hash.hpp"
 #include "src/io/json_limits.hpp"
@@ -308,14 +309,16 @@ nlohmann::json BundleManifest::to_json() const {
   recorded_target["timeout_ms"] = target.timeout.count();
   nlohmann::json data = x.empty() ? nlohmann::json{{"synthetic", true}}
                                   : nlohmann::json{{"x", x}, {"y", y}, {"x_xxh3", x_xxh3}, {"y_xxh3", y_xxh3}};
-  return {{"dpcheck_bundle", kBundleVersion},
-          {"dpcheck_version", version},
-          {"command_line", command_line},
-          {"config", config.to_json(world_size)},
-          {"target", recorded_target},
-          {"checks", {{"finite", checks.finite}, {"gradient_every", checks.gradient_every}}},
-          {"data", std::move(data)},
-          {"failure", failure.to_json()}};
+  nlohmann::json j = {{"dpcheck_bundle", kBundleVersion},
+                     {"dpcheck_version", version},
+                     {"command_line", command_line},
+                     {"config", config.to_json(world_size)},
+                     {"target", recorded_target},
+                     {"checks", {{"finite", checks.finite}, {"gradient_every", checks.gradient_every}}},
+                     {"data", std::move(data)},
+                     {"failure", failure.to_json()}};
+  if (backend) j["backend"] = backend->to_json();
+  return j;
 }
 
 BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
@@ -356,6 +359,8 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   if (m.failure.rank >= m.world_size)
     bad_field("failure.rank", "is " + std::to_string(m.failure.rank) + ", but the run had " + std::to_string(m.world_size) +
                                   (m.world_size == 1 ? " rank" : " ranks"));
+  // Written since bundles name their backend; an older bundle has none, and replays without the comparison.
+  if (j.contains("backend")) m.backend = BackendRecord::from_json(j.at("backend"));
   return m;
 }
 
@@ -394,21 +399,26 @@ std::string file_xxh3(const fs::path& path) {
   return digest_hex(hash_bytes(bytes.data(), bytes.size()));
 }
 
-std::string bundle_replay_command(const Target& target, const fs::path& bundle) {
-  return launch_prefix(target) + "dpcheck replay " + shell_word(bundle.string());
+std::string bundle_replay_command(const Target& target, const fs::path& bundle, const BackendRecord* backend) {
+  // A launcher passes its environment on to the ranks it starts on this machine.
+  return (backend ? recorded_env_prefix(*backend) : "") + launch_prefix(target) + dpcheck_program() + " replay " +
+         shell_word(bundle.string());
 }
 
 void write_bundle(const Target& target, Communicator& comm, const fs::path& path, const BundleManifest& manifest,
                   const Checkpoint& before, const Checkpoint& start, const fs::path& trace, bool collective) {
   const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
   const std::unique_ptr<RankZeroWriter> writer = make_writer(target, comm, tmp / "checkpoint", {}, 1);
+  writer->remove_abandoned_in(path.parent_path());
   writer->save(before, manifest.config.model, collective);
   make_writer(target, comm, tmp / "start", {}, 1)->save(start, manifest.config.model, collective);
   nlohmann::json indices = {{"step", manifest.failure.step}, {"ranks", manifest.indices}};
   writer->write_text(tmp / "indices.json", indices.dump() + "\n");
   if (!trace.empty() && fs::is_regular_file(trace)) writer->write_text(tmp / "trace.jsonl", read_text(trace));
   // The manifest last: a bundle with one is whole.
-  writer->write_text(tmp / "manifest.json", manifest.to_json().dump(2) + "\n");
+  nlohmann::json written = manifest.to_json();
+  if (!manifest.backend) written["backend"] = record_backend(target).to_json();
+  writer->write_text(tmp / "manifest.json", written.dump(2) + "\n");
   writer->publish_dir(tmp, path);
 }
 

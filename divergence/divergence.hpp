@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "divergence/backend_record.hpp"
 #include "src/error.hpp"
 #include "src/target.hpp"
 #include "src/train/trainer.hpp"
@@ -129,6 +130,9 @@ struct BundleManifest {
   std::string version;            // dpcheck's
   StepFailure failure;
   std::vector<std::vector<std::int64_t>> indices;  // per rank, the failing step's examples
+  // The plugins' files and tables and the variables that choose the algorithm (backend_record.hpp);
+  // nullopt in a bundle written before dpcheck recorded them, and for write_bundle to record.
+  std::optional<BackendRecord> backend;
 
   nlohmann::json to_json() const;
   static BundleManifest from_json(const nlohmann::json& j);  // UsageError naming what is wrong
@@ -143,6 +147,7 @@ std::filesystem::path fresh_bundle_path(const std::filesystem::path& parent, std
 // false (a peer may be gone): then rank 0 alone calls it.
 // `start` is the state the run began from (its step 0, or the step it resumed at): a failure that
 // depends on more than the step's own inputs (a communicator's call count) replays from there.
+// A manifest without a backend record gets the target's (record_backend).
 void write_bundle(const Target& target, Communicator& comm, const std::filesystem::path& path,
                   const BundleManifest& manifest, const Checkpoint& before, const Checkpoint& start,
                   const std::filesystem::path& trace, bool collective = true);
@@ -150,8 +155,11 @@ void write_bundle(const Target& target, Communicator& comm, const std::filesyste
 // XXH3-64 of a file's bytes, as 16 hex digits (the data files a bundle names).
 std::string file_xxh3(const std::filesystem::path& path);
 
-// "dpcheck replay BUNDLE", with the target's launcher in front when its ranks are processes.
-std::string bundle_replay_command(const Target& target, const std::filesystem::path& bundle);
+// "dpcheck replay BUNDLE", with the target's launcher in front when its ranks are processes, and in
+// front of that the variables `backend` recorded (recorded_env_prefix), so that the line replays the
+// algorithm the run ran: "DPCHECK_GLOO_ALGORITHM=ring dpcheck replay BUNDLE".
+std::string bundle_replay_command(const Target& target, const std::filesystem::path& bundle,
+                                  const BackendRecord* backend = nullptr);
 
 struct Bundle {
   std::filesystem::path dir;

@@ -139,11 +139,13 @@ void RankRun::fail(const StepFailure& f, bool collective) {
     m.version = DPCHECK_VERSION;
     m.failure = f;
     for (int r = 0; r < world_; ++r) m.indices.push_back(rt_.trainer->rank_indices(r, f.step));
+    m.backend = record_backend(target_);
     const std::filesystem::path path = fresh_bundle_path(o_.bundle_dir, f.step);
     // Rank 0 alone, so that a bundle it cannot write (a full disk, a read-only directory) costs the
     // bundle and not a hang of the others in a collective.
     write_bundle(target_, comm_, path, m, before_, start_, o_.trace, false);
-    shared_.failure += "\nrepro bundle " + path.string() + "; replay it with: " + bundle_replay_command(target_, path);
+    shared_.failure += "\nrepro bundle " + path.string() + "; replay it with: " +
+                       bundle_replay_command(target_, path, &*m.backend);
   } catch (const std::exception& e) {
     shared_.failure += std::string("\nno repro bundle: ") + e.what();
   }

@@ -607,3 +607,10 @@ extern "C" __attribute__((visibility("default"))) const dpcheck_comm_plugin_t* d
   }();
   return &table;
 }
+
+/* The variable that chooses the algorithm (include/dpcheck/plugin.h, "Environment"): a repro bundle
+   records its value, and a replay under another value is warned of, by name. */
+extern "C" __attribute__((visibility("default"))) const char* const* dpcheck_plugin_env(void) {
+  static const char* const names[] = {"DPCHECK_GLOO_ALGORITHM", nullptr};
+  return names;
+}

@@ -189,3 +189,10 @@ const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) {
   }
   return &nccl_plugin;
 }
+
+/* The variables that choose NCCL's algorithm and protocol (include/dpcheck/plugin.h, "Environment"):
+   a repro bundle records them, and a replay under other values is warned of, by name. */
+const char* const* dpcheck_plugin_env(void) {
+  static const char* const names[] = {"NCCL_ALGO", "NCCL_PROTO", NULL};
+  return names;
+}

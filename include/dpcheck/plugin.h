@@ -38,6 +38,16 @@
  * rank's error, a timeout) finalize runs without that barrier, the bootstrap's calls may fail, and a
  * peer may be gone: release the resources without waiting for anyone.
  *
+ * Environment (optional, any abi): a plugin whose algorithm an environment variable chooses says
+ * which variables do, by exporting beside its table
+ *   const char* const* dpcheck_plugin_env(void);
+ * which returns their names in a list ended by NULL (letters, digits and '_', not starting with a
+ * digit; at most 64). dpcheck looks it up by name, so a plugin without it loads as before, and no table
+ * of any abi changes. A repro bundle records each variable's value, or that it was unset; the bundle's
+ * replay line sets them again, and `dpcheck replay` warns, naming the variable, when one differs. A
+ * list dpcheck cannot read is refused when the plugin loads (exit 2). It is called after the table,
+ * any number of times, from any thread.
+ *
  * Errors: every entry point that returns int returns 0 on success; after a non-zero return, dpcheck
  * reports the plugin's name, the call, the rank and last_error()'s text, and ends the run.
  *
@@ -188,6 +198,12 @@ typedef struct dpcheck_kernel_plugin {
 } dpcheck_kernel_plugin_t;
 
 const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void); /* the one exported symbol */
+
+/* ---- the environment that chooses the algorithm (optional; see "Environment" above) ------------- */
+
+/* e.g. { "MYCOMM_ALGORITHM", "MYCOMM_CHUNK_BYTES", NULL }; a plugin that exports nothing by this name
+   is chosen by no variable. */
+const char* const* dpcheck_plugin_env(void);
 
 #if defined(__cplusplus) && defined(__GNUC__)
 #pragma GCC diagnostic pop

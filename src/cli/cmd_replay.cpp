@@ -11,7 +11,10 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "divergence/backend_record.hpp"
 #include "divergence/divergence.hpp"
 #include "python/torch_record.hpp"
 #include "src/cli/cli_common.hpp"
@@ -45,6 +48,10 @@ struct ReplaySetup {
   bool is_bundle = false, retargeted = false;
   int world = 1;
   std::unique_ptr<Dataset> data;
+  // The backend the bundle recorded (none in an older bundle), and how the one replayed differs from it.
+  std::optional<BackendRecord> recorded_backend;
+  std::vector<std::string> backend_warnings;
+  bool backend_unrecorded = false;  // an older bundle, on a plugin or MPI backend: nothing to compare
 };
 
 void read_bundle_input(const ReplayOptions& o, ReplaySetup& s) {
@@ -64,6 +71,7 @@ void read_bundle_input(const ReplayOptions& o, ReplaySetup& s) {
   s.in.indices = b.manifest.indices;
   s.target = b.manifest.target;
   s.recorded = b.manifest.failure;
+  s.recorded_backend = b.manifest.backend;
   s.data_x = b.manifest.x;
   s.data_y = b.manifest.y;
   if (!s.data_x.empty() && !o.given("--x")) {
@@ -127,6 +135,28 @@ void retarget(const ReplayOptions& o, ReplaySetup& s) {
                  s.target.tf32 != s.recorded_target.tf32 || s.target.precision != s.recorded_target.precision;
 }
 
+// The backend about to run against the one the bundle recorded. Replay sets nothing itself: a variable
+// that chose the run's algorithm and differs now is said, with the line that replays as the run did.
+void compare_backend(ReplaySetup& s) {
+  if (!s.is_bundle) return;
+  const BackendRecord now = record_backend(s.target);
+  if (s.recorded_backend) s.backend_warnings = backend_differences(*s.recorded_backend, now);
+  else s.backend_unrecorded = !now.plugins.empty() || !now.env_prefixes.empty();
+}
+
+void print_backend_warnings(const ReplayOptions& o, const ReplaySetup& s) {
+  if (s.backend_unrecorded)
+    std::printf("note: the bundle records no backend (an older dpcheck wrote it): its plugins and environment are not "
+                "compared\n");
+  for (const std::string& w : s.backend_warnings) std::printf("warning: %s\n", w.c_str());
+  if (!s.backend_warnings.empty() && !recorded_env_prefix(*s.recorded_backend).empty()) {
+    Target recorded = s.recorded_target;
+    recorded.process_world = s.target.process_world;  // the launcher in front, as this replay was started
+    std::printf("to replay with the bundle's environment: %s\n",
+                bundle_replay_command(recorded, o.path, &*s.recorded_backend).c_str());
+  }
+}
+
 void load_replay_data(ReplaySetup& s) {
   if (!s.data_x.empty()) {
     s.data = std::make_unique<ArrayDataset>(ArrayDataset::load(s.data_x, s.data_y, s.in.config.model));
@@ -159,6 +189,9 @@ void print_verdict(const ReplaySetup& s, const ReplayResult& r, bool from_start)
     std::printf("reproduced at the same place (%s at %s), with other values\n", recorded.kind.c_str(), recorded.where().c_str());
   else
     std::printf("NOT reproduced: the recorded failure was %s at %s\n", recorded.kind.c_str(), recorded.where().c_str());
+  if (verdict != ReplayVerdict::bit_for_bit && !s.backend_warnings.empty())
+    std::printf("the backend is not the one the bundle ran on (the warnings above): the replay may have run another "
+                "algorithm\n");
 }
 
 void print_replay(const ReplaySetup& s, const ReplayResult& r, bool from_start) {
@@ -311,6 +344,7 @@ int run_replay(ReplayOptions& o) {
     if (s.is_bundle) read_bundle_input(o, s);
     else read_checkpoint_input(o, s);
     retarget(o, s);
+    compare_backend(s);
     load_replay_data(s);
   });
 
@@ -318,6 +352,7 @@ int run_replay(ReplayOptions& o) {
   if (printing) {
     std::printf("dpcheck replay: %s, step %lld on %d ranks, %s%s\n", o.path.c_str(), static_cast<long long>(s.in.step), s.world,
                 s.target.describe().c_str(), s.retargeted ? " (re-targeted)" : "");
+    print_backend_warnings(o, s);
     // A checkpoint does not say where its data came from: say what this replay trains on.
     if (!s.is_bundle && s.data_x.empty())
       std::printf("data: synthetic, seed %llu (give --x and --y if the run trained on files)\n",

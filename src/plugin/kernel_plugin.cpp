@@ -54,6 +54,7 @@ const KernelPlugin& load_kernel_plugin(const std::string& path) {
   if (table->memory != DPCHECK_HOST && table->memory != DPCHECK_CUDA)
     throw UsageError(what + ": its table's memory is " + std::to_string(static_cast<int>(table->memory)) +
                      ", neither DPCHECK_HOST (0) nor DPCHECK_CUDA (1)");
+  plugin_env_names(path, "--kernels");  // a list it cannot read is refused now, not when a bundle is written
   auto plugin = std::unique_ptr<KernelPlugin>(new KernelPlugin(path, table));
   return *loaded.emplace(path, std::move(plugin)).first->second;
 }

@@ -278,6 +278,7 @@ const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::stri
                        ", which is no op of plugin ABI " + std::to_string(DPCHECK_PLUGIN_ABI) +
                        " (use DPCHECK_OP_BIT of a dpcheck_op_t)");
   }
+  plugin_env_names(path, option);  // a list it cannot read is refused now, not when a bundle is written
   loaded.emplace(path, table);
   return *table;
 }

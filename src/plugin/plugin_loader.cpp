@@ -3,7 +3,11 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <system_error>
 
 #include <dpcheck/plugin.h>
@@ -15,6 +19,27 @@ namespace dpcheck {
 bool looks_like_plugin_path(std::string_view value) {
   return value.find('/') != std::string_view::npos || value.ends_with(".so");
 }
+
+namespace {
+
+// The objects plugin_symbol opened, by the path as given: for the optional symbols looked up later.
+std::mutex handles_mutex;
+std::map<std::string, void*>& opened_handles() {
+  static std::map<std::string, void*> handles;
+  return handles;
+}
+
+constexpr std::size_t kMaxEnvNames = 64;
+constexpr std::size_t kMaxEnvName = 256;
+
+bool is_variable_name(std::string_view name) {
+  if (name.empty() || name.size() > kMaxEnvName || (name[0] >= '0' && name[0] <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+}  // namespace
 
 void* plugin_symbol(const std::string& path, const char* symbol, std::string_view option) {
   const std::string what = std::string(option) + " " + path;
@@ -51,7 +76,45 @@ void* plugin_symbol(const std::string& path, const char* symbol, std::string_vie
     throw UsageError(what + ": exports no " + symbol + hint);
   }
   install_plugin_crash_handlers();
+  const std::lock_guard lock(handles_mutex);
+  opened_handles().emplace(path, handle);
   return address;
+}
+
+std::vector<std::string> plugin_env_names(const std::string& path, std::string_view option) {
+  void* handle = nullptr;
+  {
+    const std::lock_guard lock(handles_mutex);
+    if (auto it = opened_handles().find(path); it != opened_handles().end()) handle = it->second;
+  }
+  if (!handle) return {};
+  using Entry = const char* const* (*)();
+  const auto entry = reinterpret_cast<Entry>(dlsym(handle, "dpcheck_plugin_env"));
+  if (!entry) return {};
+  const std::string what = std::string(option) + " " + path + ": dpcheck_plugin_env ";
+  const char* const* list = nullptr;
+  {
+    const PluginCall calling(path, "dpcheck_plugin_env", -1, std::chrono::milliseconds(0));
+    list = entry();
+  }
+  std::vector<std::string> names;
+  for (std::size_t i = 0; list && list[i]; ++i) {
+    if (i == kMaxEnvNames)
+      throw UsageError(what + "lists more than " + std::to_string(kMaxEnvNames) +
+                       " names (is its list ended by NULL?)");
+    const std::string_view name(list[i], strnlen(list[i], kMaxEnvName + 1));
+    if (!is_variable_name(name)) {
+      std::string shown(name.substr(0, 64));
+      for (char& c : shown)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';  // the message stays one line
+      throw UsageError(what + "lists \"" + shown + (name.size() > 64 ? "..." : "") +
+                       "\", which is not a variable's name (letters, digits and '_', not starting with a digit)");
+    }
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      throw UsageError(what + "lists " + std::string(name) + " twice");
+    names.emplace_back(name);
+  }
+  return names;
 }
 
 std::string known_plugin_abis() {

@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dpcheck {
 
@@ -17,6 +18,13 @@ bool looks_like_plugin_path(std::string_view value);
 // no such file", "... is not a shared object this machine can load: <dlerror>", "... exports no
 // dpcheck_comm_plugin (it exports dpcheck_kernel_plugin: pass it with --kernels)".
 void* plugin_symbol(const std::string& path, const char* symbol, std::string_view option);
+
+// The variables the plugin at `path` says choose its algorithm: what its optional dpcheck_plugin_env
+// lists (include/dpcheck/plugin.h, "Environment"), in its order, or none when it exports no such
+// function. The plugin must have been opened (plugin_symbol). UsageError naming `option` and the path
+// when the list is not one of names: "--comm x.so: dpcheck_plugin_env lists \"A=B\", which is not a
+// variable's name (letters, digits and '_', not starting with a digit)".
+std::vector<std::string> plugin_env_names(const std::string& path, std::string_view option);
 
 // The plugin ABIs this dpcheck loads (include/dpcheck/plugin.h): from the first to the header's. 2
 // added the 16-bit floating dtypes, which a communicator of ABI 1 is never passed; 3 appended the

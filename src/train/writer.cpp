@@ -85,13 +85,16 @@ std::vector<std::pair<std::int64_t, fs::path>> checkpoints_in(const fs::path& di
   return found;
 }
 
-// Temporary directories of writers that were killed: ".step-00000012.tmp-<pid>" whose pid is gone.
+// Temporary directories of writers that were killed: ".<name>.tmp-<pid>" (a checkpoint's
+// ".step-00000012.tmp-<pid>", a bundle's ".dpcheck-bundle-step-00000003.tmp-<pid>") whose pid is gone.
 void remove_abandoned(const fs::path& dir) {
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const std::size_t at = name.rfind(".tmp-");
-    if (name.rfind(".step-", 0) != 0 || at == std::string::npos) continue;
+    if (name.empty() || name[0] != '.' || at == std::string::npos || at + 5 >= name.size()) continue;
+    if (name.find_first_not_of("0123456789", at + 5) != std::string::npos) continue;
+    if (!e.is_directory(ec)) continue;
     const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
     if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
       fs::remove_all(e.path(), ec);
@@ -507,6 +510,10 @@ void RankZeroWriter::write_text(const fs::path& path, std::string_view contents)
   if (!writes()) return;
   fs::create_directories(path.parent_path());
   write_file_atomic(path, contents);
+}
+
+void RankZeroWriter::remove_abandoned_in(const fs::path& dir) const {
+  if (writes()) remove_abandoned(dir.empty() ? fs::path(".") : dir);
 }
 
 void RankZeroWriter::publish_dir(const fs::path& from, const fs::path& to) {

@@ -69,6 +69,9 @@ class RankZeroWriter {
   // Renames a directory this writer built under a temporary name into place (rank 0), then fsyncs
   // the parent. Error if `to` exists: nothing is replaced.
   void publish_dir(const std::filesystem::path& from, const std::filesystem::path& to);
+  // Removes from `dir` the temporary directories (".<name>.tmp-<pid>") of writers whose process is gone,
+  // killed mid-write (rank 0): a bundle cut off when a launcher ended the job, say.
+  void remove_abandoned_in(const std::filesystem::path& dir) const;
 
   const std::filesystem::path& checkpoint_dir() const { return checkpoint_dir_; }
   const std::filesystem::path& log_path() const { return log_path_; }

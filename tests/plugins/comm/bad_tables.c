@@ -4,6 +4,7 @@
  *   3 null-table    the function returns NULL
  *   4 unknown-dtype   its dtypes mask holds a bit that is no dtype of the ABI
  *   5 unknown-op      its ops mask holds a bit that is no op of the ABI
+ *   6 bad-env         its dpcheck_plugin_env lists something that is not a variable's name
  */
 #include <dpcheck/plugin.h>
 #include <stddef.h>
@@ -45,6 +46,13 @@ static const dpcheck_comm_plugin_t plugin = {
     0, 0,
 #endif
 };
+
+#if BAD == 6
+const char* const* dpcheck_plugin_env(void) {
+  static const char* const names[] = {"BAD_ENV_ALGORITHM", "BAD_ENV_CHUNK=4096", NULL};
+  return names;
+}
+#endif
 
 const dpcheck_comm_plugin_t* dpcheck_comm_plugin(void) {
   /* BAD 3: a table exists but the function does not hand it out. */

@@ -24,6 +24,12 @@
  *  18 float64-unwired  declares float64 (copied from a table that had it) but its all-reduce returns
  *                     an error for it, "not implemented": a row fails with the plugin's own error
  *
+ * Built with ORDER_ENV, the correct plugin takes its order of summation from DPCHECK_TEST_COMM_ORDER,
+ * which it lists through dpcheck_plugin_env (plugin.h, "Environment") as an adapter lists the variable
+ * that chooses its algorithm: "own" starts each rank's sum at its own buffer (BREAK 7's order, whose
+ * ranks disagree from N = 3 on), anything else, or unset, sums in rank order
+ * (tests/backend_record_test.cpp: a bundle records it, and replay names a change).
+ *
  * And one that is correct in another way than BREAK 0:
  *  13 avg-by-reciprocal  avg multiplies every input by a rounded 1/N before the sum, as NCCL's ncclAvg
  *                     does: within rounding of the mean, not the bits of sum / N
@@ -298,6 +304,18 @@ static int read_every_peer(comm_t* c) {
 }
 #endif
 
+#ifdef ORDER_ENV
+const char* const* dpcheck_plugin_env(void) {
+  static const char* const names[] = {"DPCHECK_TEST_COMM_ORDER", NULL};
+  return names;
+}
+
+static int own_order(void) {
+  const char* order = getenv("DPCHECK_TEST_COMM_ORDER");
+  return order && strcmp(order, "own") == 0;
+}
+#endif
+
 static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t, dpcheck_op_t op, void* stream) {
   comm_t* c = (comm_t*)handle;
   const size_t bytes = count * dtype_bytes(t);
@@ -336,6 +354,9 @@ static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t,
   first = c->rank;
 #elif BREAK == 8
   first = (int)(c->calls % 2) * (c->size - 1);
+#endif
+#ifdef ORDER_ENV
+  if (own_order()) first = c->rank;
 #endif
   ++c->calls;
   for (i = 0; i < end; ++i) reduce_element(c, all, bytes, i, buf, t, op, first);
