@@ -27,7 +27,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 52> kMutants{{
+constexpr std::array<MutantInfo, 54> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -154,6 +154,13 @@ constexpr std::array<MutantInfo, 52> kMutants{{
     {"bound-ring-depth-as-tree", "allreduce_schedules_within_bound",
      "the bound counts a ring's roundings as a double binary tree's, about 2 log2 N, where each chunk's partial sum "
      "is rounded at N - 1 hops: near enough up to 8 ranks, too tight past them", {}, false, {}, false, true},
+    {"schedule-halving-highest-bit-first", "allreduce_schedules_within_bound",
+     "the halving-doubling emulation pairs the ranks that differ in the highest bit first, where MPICH and Gloo "
+     "pair bit 0 first: the same depth and the same bound, other bits, so --schedule halving-doubling judges a "
+     "correct library wrong and a wrong one right"},
+    {"conform-same-inputs-every-rank", "conform_rows_catch_broken_communicators",
+     "conform's same-bits and run-to-run checks draw the same random values on every rank, so ranks that sum in "
+     "orders of their own agree anyway: the row passes a correct library and a broken one alike"},
     {"trainer-slot-32bit", "share_weights_match_global_batch",
      "the trainer computes a step's slot of a share in 32-bit integers: past 2^31 examples a share (a data set of "
      "tokens over few ranks) wraps negative, and the rank trains on the wrong examples or none",
@@ -601,6 +608,12 @@ void mutant_engine_spec(std::string_view mutant, EngineSpec& spec) {
 }
 
 bool mutant_trace_digest_prefix(std::string_view mutant) { return mutant == "trace-digest-prefix"; }
+
+bool mutant_conform_same_inputs(std::string_view mutant) { return mutant == "conform-same-inputs-every-rank"; }
+
+void mutant_schedule_options(std::string_view mutant, reference::ScheduleOptions& options) {
+  if (mutant == "schedule-halving-highest-bit-first") options.halving_from_lowest_bit = false;
+}
 
 void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world,
                            double& gamma) {

@@ -60,6 +60,11 @@ void mutant_engine_spec(std::string_view mutant, EngineSpec& spec);
 bool mutant_trace_digest_prefix(std::string_view mutant);
 // The bound mutants: the derived bound without its kink term, or three times as loose.
 void mutant_bound_options(std::string_view mutant, reference::BoundOptions& options);
+// conform's mutant of its own checks: the same-bits and run-to-run checks draw the same random values on
+// every rank, so ranks that sum in different orders still agree.
+bool mutant_conform_same_inputs(std::string_view mutant);
+// The schedule emulation's mutant: halving-doubling's pairs from the highest bit down.
+void mutant_schedule_options(std::string_view mutant, reference::ScheduleOptions& options);
 // The schedule-bound mutant: a ring's gamma from a tree's depth.
 void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world,
                            double& gamma);

@@ -28,7 +28,7 @@ constexpr double kBoundTightness = 0.12;
 // schedule's reached 0.93 to 1 of its bound in every format (a bound twice as loose stays under 0.5).
 constexpr double kScheduleTightness = 0.75;
 
-constexpr std::array<PropertyDef, 19> kProperties{{
+constexpr std::array<PropertyDef, 20> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower, 0, true, true, true},
@@ -91,10 +91,18 @@ constexpr std::array<PropertyDef, 19> kProperties{{
      "step, rank and element, and drift calls rounding rounding and a bug a bug, where it is",
      tools_body},
     {"allreduce_schedules_within_bound",
-     "every all-reduce schedule (rank order, ring, double binary tree, halving-doubling, hierarchical), emulated "
-     "bit for bit in float32, bf16 and fp16 at 1 to 4096 ranks, stays within the bound of its depth, and rounding "
-     "reaches over three quarters of it",
+     "every all-reduce schedule (rank order, ring, double binary tree, halving-doubling, hierarchical, linear), "
+     "emulated bit for bit in float32, bf16 and fp16 at 1 to 4096 ranks, gives the bits of the algorithm written "
+     "message by message (to 1024 ranks), stays within the bound of its depth, and rounding reaches over three "
+     "quarters of it",
      schedule_bound_body, 1, nullptr, 0, kScheduleTightness, false, false, true, {"ring chains", "tree chains"}},
+    // conform's own rows, on communicators of its own (ranks as threads): nothing of the target's.
+    {"conform_rows_catch_broken_communicators",
+     "conform's rows fail communicators with a realistic defect (an order of each rank's own or of each call, a "
+     "tree for powers of two, a chunk off by one, an average over the wrong N, a dtype or op declared but wrong, "
+     "a schedule claimed but not followed) on the row meant for each, at a case that fails again alone, and "
+     "pass correct ones, one exact in another order among them",
+     conform_rows_body, 1, nullptr, 0, 0, false},
     // The trainer's arithmetic alone, on a simulated world of any size: no collective, no kernel of a plugin.
     {"share_weights_match_global_batch",
      "every example of a step's global batch weighs 1/B after the all-reduce's average: each rank takes its slot of "

@@ -30,7 +30,10 @@
 //                                         its rank, path and call; rank 0's and reads not reported
 //   divergence_tools_name_the_difference  (properties/tools.cpp)
 //   allreduce_schedules_within_bound      every schedule's emulated all-reduce within the bound of its
-//                                         depth, at 1 to 4096 ranks, in float32, bf16 and fp16 (and tight)
+//                                         depth, at 1 to 4096 ranks, in float32, bf16 and fp16 (and tight),
+//                                         and the bits of the algorithm written message by message
+//   conform_rows_catch_broken_communicators  conform's own rows: each fails the defect meant for it, at a
+//                                         case that fails again alone, and passes correct communicators
 //   share_weights_match_global_batch      every rank's slot of its share and its scale for every
 //                                         micro-batch, n N / B rounded once, at shares past 2^31
 #pragma once

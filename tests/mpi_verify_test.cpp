@@ -66,8 +66,8 @@ std::optional<std::string> block_after(const std::string& output, const std::str
   return inside ? std::optional<std::string>(block) : std::nullopt;
 }
 
-// The size of a minimal case, read from its description: examples, layers and widest layer (0 when
-// the case has no model, as a sampler case).
+// The size of a minimal case, read from its description: examples (or what a case without examples
+// shrinks, see case_size), layers and widest layer (0 when the case has no model, as a sampler case).
 struct CaseSize {
   std::int64_t examples = -1;
   int layers = 0;
@@ -115,8 +115,13 @@ std::optional<CaseSize> case_size(const std::string& text) {
     const std::string n = number_after(text, "data ", /*at_line_start=*/true);
     if (!n.empty() && n.find(',') == std::string::npos) s.examples = std::stoll(n);
   }
-  // A case of planted writes (audit_sees_every_write): "2 ranks, N planted calls: ...".
-  if (const std::size_t at = text.find(" planted call"); s.examples < 0 && at != std::string::npos && at > 0) {
+  // Cases with no examples are sized by what they shrink: a case of planted writes
+  // (audit_sees_every_write) by its calls, "2 ranks, N planted calls: ..."; a schedule case
+  // (allreduce_schedules_within_bound) by its elements, "... of 4 ranks, N element(s), ..."; a case of
+  // conform's rows (conform_rows_catch_broken_communicators) by its world, "... on N ranks, row '...'".
+  for (const char* key : {" planted call", " element", " ranks, row '"}) {
+    const std::size_t at = text.find(key);
+    if (s.examples >= 0 || at == std::string::npos || at == 0) continue;
     const std::size_t from = text.find_last_not_of("0123456789", at - 1) + 1;
     if (from < at) s.examples = std::stoll(text.substr(from, at - from));
   }
