@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What dpcheck says about real libraries (Gloo, Open MPI's own all-reduce, OpenBLAS, BLIS, oneDNN; NCCL
+# What dpcheck says about real libraries (Gloo, Open MPI's and MPICH's own all-reduce, OpenBLAS, BLIS, oneDNN; NCCL
 # where a GPU is): every library x algorithm x world size through `dpcheck conform`, written to
 # docs/libraries.md. With --check, the CI subset (N = 2 and 3, small cases, and the --schedule rows),
 # compared with the committed table: exit 1 when a verdict changed. Needs a build (bash ci/build.sh)
