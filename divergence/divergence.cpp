@@ -232,8 +232,14 @@ LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, st
       sharded_gradient_bound(bound, c.model, params, whole, trainer.world_size());
   const ParamLayout layout(c.model);
   LiveGradientCheck out;
-  const reference::Comparison sharded = reference::compare(
-      reduced, bound_sharded, reference::sharded_roundings(ex.largest_share(), trainer.world_size(), options));
+  // The mutant live-gradient-whole-batch-bound holds the all-reduced gradient to the whole batch's bound,
+  // which counts neither the shards' roundings nor the all-reduce's (a bf16 all-reduce leaves it).
+  const bool whole_bound_mutant = target.mutant == "live-gradient-whole-batch-bound";
+  const reference::Comparison sharded =
+      whole_bound_mutant
+          ? reference::compare(reduced, bound, reference::whole_batch_roundings(whole.size, options))
+          : reference::compare(reduced, bound_sharded,
+                               reference::sharded_roundings(ex.largest_share(), trainer.world_size(), options));
   out.ratio = sharded.max_ratio;
   reference::Comparison worst = sharded;
   const char* which = "all-reduced";
@@ -337,6 +343,8 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   std::tie(m.config, m.world_size) = recorded_config(field(j, "config", ""));
   const nlohmann::json& t = field(j, "target", "");
   m.target = target_from_json(t);
+  // The mutant bundle-precision-not-read-back: a bf16 or fp16 run's bundle replays in float32.
+  if (m.target.mutant == "bundle-precision-not-read-back") m.target.precision = Precision::fp32;
   m.target.timeout = std::chrono::milliseconds(int_field(t, "timeout_ms", "target.", 1, std::int64_t{1} << 40));
   const nlohmann::json& c = field(j, "checks", "");
   m.checks.finite = bool_field(c, "finite", "checks.");

@@ -27,7 +27,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 54> kMutants{{
+constexpr std::array<MutantInfo, 56> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -135,6 +135,14 @@ constexpr std::array<MutantInfo, 54> kMutants{{
     {"drift-judges-update-only", "divergence_tools_name_the_difference",
      "drift calls a step a bug only when the optimizer's update leaves the bound, so a bug in the gradient "
      "(whose update is right for the wrong gradient) is called rounding"},
+    {"bundle-precision-not-read-back", "divergence_tools_name_the_difference",
+     "a bundle's recorded precision is not read back, so a bf16 or fp16 run's failing step replays in float32",
+     {}, false, "bf16"},
+    {"live-gradient-whole-batch-bound", "divergence_tools_name_the_difference",
+     "train's live gradient check holds the all-reduced gradient to the whole batch's bound, which counts neither "
+     "the shards' roundings nor a bf16 all-reduce's: a correct run with a bf16 all-reduce and "
+     "--check-gradient-every fails (bf16 products show it too: their shards' deltas round at N times the whole batch's scale)",
+     {}, false, "bf16"},
     {"audit-openat-unrecorded", "audit_sees_every_write",
      "the write audit interposes openat but records nothing for it, as if programs called only open"},
     // Bugs that only scale shows (MutantInfo::scale): verify's scale class of worlds finds them.

@@ -88,8 +88,9 @@ constexpr std::array<PropertyDef, 20> kProperties{{
     {"divergence_tools_name_the_difference",
      "with one difference planted in a run (examples, local gradient, all-reduce, update or optimizer state, at a "
      "drawn step, rank and element), diff names it first, a bundle replays as reproduced only at its own kind, "
-     "step, rank and element, and drift calls rounding rounding and a bug a bug, where it is",
-     tools_body},
+     "step, rank and element, and drift calls rounding rounding and a bug a bug, where it is; a correct run "
+     "passes the live checks in the case's formats, and a bundle reads back whole",
+     tools_body, 1, nullptr, 0, 0, true, true},
     {"allreduce_schedules_within_bound",
      "every all-reduce schedule (rank order, ring, double binary tree, halving-doubling, hierarchical, linear), "
      "emulated bit for bit in float32, bf16 and fp16 at 1 to 4096 ranks, gives the bits of the algorithm written "

@@ -9,10 +9,15 @@
 //     plants the same fault, and not when it plants it in another rank or element, or plants a bug of
 //     another kind at the same place;
 //   - `dpcheck drift` of two correct runs on different world sizes calls their difference rounding,
-//     and with a bug planted in either run names that run, step, rank and element.
+//     and with a bug planted in either run names that run, step, rank and element;
+//   - a correct run in the case's formats (drawn where verify draws them: bf16 or fp16 products, a bf16
+//     all-reduce, fp16's dynamic loss scaler) passes train's live checks, the gradient held to its
+//     sharded bound at every step, and a bundle of it reads back whole (target and configuration) and
+//     replays on what it read, as `dpcheck replay` does.
 //
-// The tools' own mutants (trace-digest-prefix, replay-same-place-ignores-element,
-// drift-judges-update-only) are caught here.
+// diff and drift run in float32, where a flipped low bit stays where it was planted. The tools' own
+// mutants (trace-digest-prefix, replay-same-place-ignores-element, drift-judges-update-only,
+// bundle-precision-not-read-back, live-gradient-whole-batch-bound) are caught here.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -286,9 +291,11 @@ std::string check_npy_diff(const ToolsCase& k, const std::vector<TensorDiff>& di
          "; the planted element is " + name + index;
 }
 
-// Trains with the recorded fault and --check-finite: the failure, and the bundle it leaves in `dir`.
-std::optional<StepFailure> failing_run(const Target& target, const TrainConfig& c, int world, const Fault& fault,
-                                       const LiveCheckOptions& checks, const fs::path& bundle) {
+// Trains with the live checks, and the fault when given: the failure, and the bundle it leaves in
+// `bundle` (none when empty).
+std::optional<StepFailure> failing_run(const Target& target, const TrainConfig& c, int world,
+                                       const std::optional<Fault>& fault, const LiveCheckOptions& checks,
+                                       const fs::path& bundle) {
   Target t = target;
   t.fault = fault;
   const SyntheticDataset data(c.data_size(), c.model, c.seed);
@@ -305,7 +312,7 @@ std::optional<StepFailure> failing_run(const Target& target, const TrainConfig& 
       try {
         rt.trainer->step();
       } catch (const StepCheckFailed& e) {
-        if (comm.rank() == 0) {
+        if (comm.rank() == 0 && !bundle.empty()) {
           BundleManifest m;
           m.config = c;
           m.world_size = world;
@@ -346,16 +353,43 @@ void checkpointed_run(const Target& target, const TrainConfig& c, int world, con
 
 }  // namespace
 
+// "bf16 products, a bf16 all-reduce and a dynamic loss scaler"
+std::string formats_text(const Target& t, const TrainConfig& c) {
+  return std::string(precision_name(t.precision)) + " products, a " + std::string(allreduce_dtype_name(c.allreduce_dtype)) +
+         " all-reduce" + (c.loss_scaling.kind == LossScaling::none ? "" : " and a dynamic loss scaler");
+}
+
+// Where `read` (a bundle's target and configuration, read back) differs from what was recorded: the
+// first JSON field that differs, or "".
+std::string read_back_difference(const Target& recorded, const TrainConfig& config, int world, const Bundle& read) {
+  const nlohmann::json want = {{"target", target_to_json(recorded)}, {"config", config.to_json(world)}};
+  const nlohmann::json got = {{"target", target_to_json(read.manifest.target)},
+                              {"config", read.manifest.config.to_json(read.manifest.world_size)}};
+  for (const char* part : {"target", "config"})
+    for (const auto& [key, value] : want[part].items())
+      if (!got[part].contains(key) || got[part][key] != value)
+        return std::string(part) + "." + key + " is recorded as " + value.dump() + " and read back as " +
+               (got[part].contains(key) ? got[part][key].dump() : std::string("nothing"));
+  return "";
+}
+
 void tools_body(const Target& given, CaseRecord& record) {
-  // The tools do not depend on the formats: float32 keeps the planted bits where they were planted.
+  // The case's formats (drawn per case where verify draws them): the live checks of a correct run, and
+  // the bundle, run in them (a dynamic loss scaler with fp16 products, as space_for gives).
+  const ToolsCase k = *gen_tools_case(given);
+  // diff and drift in float32 with no scaler, which keeps the planted bits where they were planted.
   Target target = given;
   target.precision = Precision::fp32;
   target.allreduce_dtype = DType::f32;
   target.drawn_precisions.clear();
   target.drawn_allreduce_dtypes.clear();
-  const ToolsCase k = *gen_tools_case(target);
-  const Scenario& s = k.s;
+  Scenario exact = k.s;
+  exact.train.loss_scaling = LossScalerConfig{};
+  exact.train.allreduce_dtype = DType::f32;
+  const Scenario& s = exact;
   record.size = size_of(s);
+  const bool scaled = k.s.train.loss_scaling.kind != LossScaling::none;
+  RC_CLASSIFY(given.precision != Precision::fp32 || k.s.train.allreduce_dtype != DType::f32, "16-bit formats");
   RC_CLASSIFY(k.plant.phase == FaultPhase::data, "planted in the examples");
   RC_CLASSIFY(k.plant.phase == FaultPhase::optimizer_state, "planted in the optimizer state");
   RC_CLASSIFY(k.change == ReplayChange::none, "replayed with the recorded fault");
@@ -364,13 +398,24 @@ void tools_body(const Target& given, CaseRecord& record) {
 
   const fs::path dir = make_scratch(target, "tools");
   std::string failure;
+  const bool here = !target.process_world || target.process_world->rank() == 0;
   try {
+    // 0. The live checks on a correct run in the case's formats: --check-finite and the gradient held to
+    // the sharded bound at every step (a bf16 all-reduce's roundings and the scaler's scale in it) pass.
+    {
+      LiveCheckOptions checks;
+      checks.finite = true;
+      checks.gradient_every = 1;
+      const std::optional<StepFailure> f = failing_run(given, k.s.train, k.s.world_size, std::nullopt, checks, {});
+      if (here && f)
+        failure = "train --check-finite --check-gradient-every 1 fails a correct run with " +
+                  formats_text(given, k.s.train) + ": " + f->kind + " at " + f->where() + ": " + f->message;
+    }
     const std::vector<std::string> state_names = make_cpu_optimizer(s.train.optimizer, 0)->state_names();
     // 1. diff: the traces, and the planted buffer element by element.
     const std::vector<float> a = traced_run(target, s, k.plant, false, dir / "a.jsonl");
     const std::vector<float> b = traced_run(target, s, k.plant, true, dir / "b.jsonl");
-    const bool rank0 = !target.process_world || target.process_world->rank() == 0;
-    if (rank0) failure = check_trace_diff(k, diff_traces(dir / "a.jsonl", dir / "b.jsonl"), state_names);
+    if (here && failure.empty()) failure = check_trace_diff(k, diff_traces(dir / "a.jsonl", dir / "b.jsonl"), state_names);
     if (failure.empty() && k.plant.phase != FaultPhase::data && !a.empty()) {
       const ParamLayout layout(s.train.model);
       write_buffer(dir / ("a." + std::to_string(k.plant.rank)), layout, a);
@@ -380,23 +425,37 @@ void tools_body(const Target& given, CaseRecord& record) {
                                a.size());
     }
 
-    // 2. replay: a bundle of the recorded fault, replayed with the same fault or one changed.
+    // 2. replay: a bundle of the recorded fault, replayed with the same fault or one changed. In the
+    // case's formats, but for a loss scaler's (which skips the step of a NaN gradient instead of failing
+    // it): float32 there. The bundle's target and configuration must read back whole, and the replay runs
+    // on what it read, as `dpcheck replay` does.
     if (agree(target, failure.empty())) {
       LiveCheckOptions checks;
       checks.finite = true;
       checks.gradient_every = 1;
-      const std::optional<StepFailure> f = failing_run(target, s.train, s.world_size, k.recorded, checks, dir / "bundle");
+      const Target& bundled = scaled ? target : given;
+      const TrainConfig& bundled_config = scaled ? s.train : k.s.train;
+      const std::optional<StepFailure> f =
+          failing_run(bundled, bundled_config, s.world_size, k.recorded, checks, dir / "bundle");
       const ParamLayout layout(s.train.model);
       const std::string place = "non-finite at step " + std::to_string(k.recorded.step) + ", rank " +
                                 std::to_string(k.recorded.rank) + ", " + layout.describe_element(k.recorded.element);
-      const bool here = !target.process_world || target.process_world->rank() == 0;
       if (here && (!f || f->kind != "non-finite" || f->step != k.recorded.step || f->rank != k.recorded.rank ||
                    f->element != layout.describe_element(k.recorded.element)))
         failure = "train --check-finite " + (f ? "reports " + f->kind + " at " + f->where() : std::string("passes")) +
                   "; the planted NaN is " + place;
       if (agree(target, failure.empty())) {
         const Bundle bundle = read_bundle(dir / "bundle");
-        Target t = target;
+        if (const std::string d = read_back_difference(bundled, bundled_config, s.world_size, bundle); here && !d.empty())
+          failure = "a bundle of " + formats_text(bundled, bundled_config) + " does not read back whole: " + d;
+        Target t = bundled;
+        const Target& read = bundle.manifest.target;
+        t.engine = read.engine;
+        t.comm = read.comm;
+        t.kernels = read.kernels;
+        t.mutant = read.mutant;
+        t.tf32 = read.tf32;
+        t.precision = read.precision;
         t.fault = k.replayed;
         ReplayInput in;
         in.config = bundle.manifest.config;
@@ -410,7 +469,7 @@ void tools_body(const Target& given, CaseRecord& record) {
         const ReplayResult r = replay_step(t, in);
         const ReplayVerdict v = replay_verdict(bundle.manifest.failure, r.failure, t.mutant);
         const bool want = k.change == ReplayChange::none;
-        if (here && (v != ReplayVerdict::not_reproduced) != want)
+        if (here && failure.empty() && (v != ReplayVerdict::not_reproduced) != want)
           failure = "replay of a bundle of " + place + " with " + kChangeNames[static_cast<int>(k.change)] + " (" +
                     k.replayed.describe() + ", which fails " +
                     (r.failure ? r.failure->kind + " at " + r.failure->where() : std::string("no check")) + ") says " +
