@@ -191,7 +191,9 @@ void LiveChecks::local_gradient(Trainer& trainer, std::int64_t step, double loss
   const std::vector<std::string> all = allgather_strings(trainer.comm().host(), mine);
   // Simulated ranks: the last rank's pass holds every rank's text; an earlier one holds copies of its own
   // in the places of the ranks still to come, so it judges nothing.
-  if (trainer.comm().simulated() && trainer.rank() != trainer.world_size() - 1) return;
+  // (The mutant live-finite-simulated-rank0 judges on rank 0's pass, which sees its own text alone.)
+  const int judge = target_.mutant == "live-finite-simulated-rank0" ? 0 : trainer.world_size() - 1;
+  if (trainer.comm().simulated() && trainer.rank() != judge) return;
   std::vector<int> bad_ranks;
   for (std::size_t r = 0; r < all.size(); ++r)
     if (!all[r].empty()) bad_ranks.push_back(static_cast<int>(r));

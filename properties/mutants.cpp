@@ -27,7 +27,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 56> kMutants{{
+constexpr std::array<MutantInfo, 57> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -143,6 +143,9 @@ constexpr std::array<MutantInfo, 56> kMutants{{
      "the shards' roundings nor a bf16 all-reduce's: a correct run with a bf16 all-reduce and "
      "--check-gradient-every fails (bf16 products show it too: their shards' deltas round at N times the whole batch's scale)",
      {}, false, "bf16"},
+    {"live-finite-simulated-rank0", "divergence_tools_name_the_difference",
+     "train's live finite check on simulated ranks judges on rank 0's pass, which holds copies of its own verdict "
+     "in the places of the ranks still to come: a NaN on any other rank passes", {}, false, {}, false, true},
     {"audit-openat-unrecorded", "audit_sees_every_write",
      "the write audit interposes openat but records nothing for it, as if programs called only open"},
     // Bugs that only scale shows (MutantInfo::scale): verify's scale class of worlds finds them.

@@ -13,11 +13,14 @@
 //   - a correct run in the case's formats (drawn where verify draws them: bf16 or fp16 products, a bf16
 //     all-reduce, fp16's dynamic loss scaler) passes train's live checks, the gradient held to its
 //     sharded bound at every step, and a bundle of it reads back whole (target and configuration) and
-//     replays on what it read, as `dpcheck replay` does.
+//     replays on what it read, as `dpcheck replay` does;
+//   - in one case of scale_one_in (the scale class's share), a NaN planted in one rank's local gradient
+//     on 63 to 4096 simulated ranks is found by the live finite check on that rank.
 //
 // diff and drift run in float32, where a flipped low bit stays where it was planted. The tools' own
 // mutants (trace-digest-prefix, replay-same-place-ignores-element, drift-judges-update-only,
-// bundle-precision-not-read-back, live-gradient-whole-batch-bound) are caught here.
+// bundle-precision-not-read-back, live-gradient-whole-batch-bound, live-finite-simulated-rank0) are
+// caught here.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -52,6 +55,11 @@ struct ToolsCase {
   int world_b = 1;        // drift's second run: another world size, so that the two differ by rounding
   int drift_bug = -1;     // the run (0, 1) with a bug planted in its local gradient, or -1
   Fault bug;
+  // In one case of scale_one_in: a scenario of the scale class, on simulated ranks, with a NaN planted in
+  // one rank's local gradient, which train's live finite check must find on that rank.
+  bool simulated = false;
+  Scenario sim;
+  Fault sim_nan;
 };
 
 void showValue(const ToolsCase& k, std::ostream& os) {
@@ -59,6 +67,7 @@ void showValue(const ToolsCase& k, std::ostream& os) {
      << ", replayed with " << kChangeNames[static_cast<int>(k.change)] << ": " << k.replayed.describe()
      << "\n  drift: runs on " << k.s.world_size << " and " << k.world_b << " ranks, "
      << (k.drift_bug < 0 ? std::string("no bug") : "run " + std::string(k.drift_bug == 0 ? "A" : "B") + " with " + k.bug.describe());
+  if (k.simulated) os << "\n  simulated: " << k.sim.describe() << ", " << k.sim_nan.describe();
 }
 
 // An element of a buffer of n elements: anywhere, the last of a drawn tensor, or the very last.
@@ -85,7 +94,14 @@ rc::Gen<ToolsCase> gen_tools_case(const Target& target) {
   space.max_width = 8;
   space.max_batch = 24;
   space.max_steps = 3;
-  return rc::gen::exec([space] {
+  ScenarioSpace sim_space = space_for(target);
+  sim_space.thresholds = nullptr;
+  sim_space.scale_worlds = scale_class_worlds();
+  sim_space.scale_one_in = 1;
+  sim_space.loss_scaling = LossScalerConfig{};
+  sim_space.allreduce_dtype = DType::f32;
+  const int one_in = scale_one_in(target);
+  return rc::gen::exec([space, sim_space, one_in] {
     ToolsCase k;
     k.s = *gen_scenario(space);
     const TrainConfig& c = k.s.train;
@@ -152,6 +168,17 @@ rc::Gen<ToolsCase> gen_tools_case(const Target& target) {
     k.bug.step = f.step;
     k.bug.rank = std::min(f.rank, (k.drift_bug == 1 ? k.world_b : world) - 1);
     k.bug.element = f.element;
+
+    k.simulated = one_in > 0 && *uniform(rc::gen::inRange(0, one_in)) == 0;
+    if (k.simulated) {
+      k.sim = *gen_scenario(sim_space);
+      k.sim_nan.phase = FaultPhase::local_gradient;
+      k.sim_nan.kind = FaultKind::nan;
+      k.sim_nan.step = *uniform(rc::gen::inRange<std::int64_t>(0, k.sim.train.steps));
+      k.sim_nan.rank = *uniform(rc::gen::inRange(0, k.sim.world_size));
+      const ParamLayout sim_layout(k.sim.train.model);
+      k.sim_nan.element = *gen_element(sim_layout, sim_layout.size());
+    }
     return k;
   });
 }
@@ -410,6 +437,19 @@ void tools_body(const Target& given, CaseRecord& record) {
       if (here && f)
         failure = "train --check-finite --check-gradient-every 1 fails a correct run with " +
                   formats_text(given, k.s.train) + ": " + f->kind + " at " + f->where() + ": " + f->message;
+    }
+    // 0b. On simulated ranks, where each rank's pass is played in turn on one replica: a NaN in one
+    // rank's local gradient is found by train's live finite check, on that rank.
+    if (k.simulated && failure.empty()) {
+      LiveCheckOptions checks;
+      checks.finite = true;
+      const std::optional<StepFailure> f =
+          failing_run(target_for_case(target, true), k.sim.train, k.sim.world_size, k.sim_nan, checks, {});
+      const std::string element = ParamLayout(k.sim.train.model).describe_element(k.sim_nan.element);
+      if (!f || f->kind != "non-finite" || f->step != k.sim_nan.step || f->rank != k.sim_nan.rank || f->element != element)
+        failure = "train --check-finite on " + std::to_string(k.sim.world_size) + " simulated ranks " +
+                  (f ? "reports " + f->kind + " at " + f->where() : std::string("passes")) + "; the planted NaN is at step " +
+                  std::to_string(k.sim_nan.step) + ", rank " + std::to_string(k.sim_nan.rank) + ", " + element;
     }
     const std::vector<std::string> state_names = make_cpu_optimizer(s.train.optimizer, 0)->state_names();
     // 1. diff: the traces, and the planted buffer element by element.
