@@ -30,6 +30,7 @@ void shuffle_body(const Target& target, CaseRecord& record);
 void tools_body(const Target& target, CaseRecord& record);
 void schedule_bound_body(const Target& target, CaseRecord& record);
 void conform_rows_body(const Target& target, CaseRecord& record);
+void plugin_abi_body(const Target& target, CaseRecord& record);
 void share_weights_body(const Target& target, CaseRecord& record);
 
 }  // namespace dpcheck

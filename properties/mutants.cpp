@@ -21,13 +21,14 @@
 #include "src/error.hpp"
 #include "src/io/json_limits.hpp"
 #include "src/low_precision.hpp"
+#include "src/plugin/plugin_comm.hpp"
 #include "src/rng.hpp"
 
 namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 57> kMutants{{
+constexpr std::array<MutantInfo, 61> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -146,6 +147,18 @@ constexpr std::array<MutantInfo, 57> kMutants{{
     {"live-finite-simulated-rank0", "divergence_tools_name_the_difference",
      "train's live finite check on simulated ranks judges on rank 0's pass, which holds copies of its own verdict "
      "in the places of the ranks still to come: a NaN on any other rank passes", {}, false, {}, false, true},
+    {"abi3-zero-op-mask-none", "plugin_abi_rules_hold",
+     "an ABI-3 table whose op mask is 0 is read as taking no op, where plugin.h says a mask of 0 means ABI 1's "
+     "ops: every all-reduce of such a plugin is refused"},
+    {"abi1-handed-16bit", "plugin_abi_rules_hold",
+     "bfloat16 and float16 collectives are handed to a plugin of ABI 1, which has no such dtypes and reads the "
+     "buffers as whatever dtype its enum's value was before"},
+    {"abi2-reads-past-table", "plugin_abi_rules_hold",
+     "the masks are read from tables of ABI 2 as well (abi >= 2, not >= 3): past the end of the table, whatever "
+     "memory follows it decides what the plugin is handed"},
+    {"plugin-finalize-before-barrier", "plugin_abi_rules_hold",
+     "a run's end finalizes each rank before the ranks' barrier, not after it: a rank's finalize may free what a "
+     "peer still inside its last collective reads"},
     {"audit-openat-unrecorded", "audit_sees_every_write",
      "the write audit interposes openat but records nothing for it, as if programs called only open"},
     // Bugs that only scale shows (MutantInfo::scale): verify's scale class of worlds finds them.
@@ -619,6 +632,28 @@ void mutant_engine_spec(std::string_view mutant, EngineSpec& spec) {
 }
 
 bool mutant_trace_digest_prefix(std::string_view mutant) { return mutant == "trace-digest-prefix"; }
+
+PluginRules mutant_plugin_rules(std::string_view mutant) {
+  PluginRules rules;
+  constexpr std::uint32_t all16 = DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
+  if (mutant == "abi3-zero-op-mask-none")
+    rules.ops = [](const dpcheck_comm_plugin_t& p) -> std::uint32_t { return p.abi < 3 ? DPCHECK_ABI1_OPS : p.ops; };
+  if (mutant == "abi1-handed-16bit")
+    rules.dtypes = [](const dpcheck_comm_plugin_t& p) -> std::uint32_t {
+      return p.abi < 3 ? DPCHECK_ABI1_DTYPES | all16 : (p.dtypes ? p.dtypes : DPCHECK_ABI1_DTYPES);
+    };
+  if (mutant == "abi2-reads-past-table") {
+    rules.dtypes = [](const dpcheck_comm_plugin_t& p) -> std::uint32_t {
+      if (p.abi == 1) return DPCHECK_ABI1_DTYPES;
+      return p.dtypes ? p.dtypes : DPCHECK_ABI1_DTYPES;
+    };
+    rules.ops = [](const dpcheck_comm_plugin_t& p) -> std::uint32_t {
+      return p.abi < 2 || p.ops == 0 ? DPCHECK_ABI1_OPS : p.ops;
+    };
+  }
+  if (mutant == "plugin-finalize-before-barrier") rules.finalize_before_barrier = true;
+  return rules;
+}
 
 bool mutant_conform_same_inputs(std::string_view mutant) { return mutant == "conform-same-inputs-every-rank"; }
 

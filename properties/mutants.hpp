@@ -22,6 +22,8 @@
 
 namespace dpcheck {
 
+struct PluginRules;  // src/plugin/plugin_comm.hpp
+
 struct MutantInfo {
   std::string_view name;
   std::string_view caught_by;  // the property aimed at it
@@ -60,6 +62,9 @@ void mutant_engine_spec(std::string_view mutant, EngineSpec& spec);
 bool mutant_trace_digest_prefix(std::string_view mutant);
 // The bound mutants: the derived bound without its kink term, or three times as loose.
 void mutant_bound_options(std::string_view mutant, reference::BoundOptions& options);
+// The plugin ABI's mutants (plugin_abi_rules_hold): the broken rule a plugin's communicator applies in
+// place of plugin.h's; the rules themselves for any other.
+PluginRules mutant_plugin_rules(std::string_view mutant);
 // conform's mutant of its own checks: the same-bits and run-to-run checks draw the same random values on
 // every rank, so ranks that sum in different orders still agree.
 bool mutant_conform_same_inputs(std::string_view mutant);

@@ -28,7 +28,7 @@ constexpr double kBoundTightness = 0.12;
 // schedule's reached 0.93 to 1 of its bound in every format (a bound twice as loose stays under 0.5).
 constexpr double kScheduleTightness = 0.75;
 
-constexpr std::array<PropertyDef, 20> kProperties{{
+constexpr std::array<PropertyDef, 21> kProperties{{
     {"gradient_average_matches_whole_batch",
      "the all-reduced average of the shard gradients equals the whole-batch gradient within float32 rounding",
      gradient_average_body, 1, nullptr, kGradientPower, 0, true, true, true},
@@ -104,6 +104,13 @@ constexpr std::array<PropertyDef, 20> kProperties{{
      "a schedule claimed but not followed) on the row meant for each, at a case that fails again alone, and "
      "pass correct ones, one exact in another order among them",
      conform_rows_body, 1, nullptr, 0, 0, false},
+    // The plugin ABI's rules on tables of its own (ranks as threads): nothing of the target's but its mutant.
+    {"plugin_abi_rules_hold",
+     "a plugin's communicator hands a table of ABI 1, 2 or 3 exactly what it declares (ABI 1 float32, float64 and "
+     "int64; ABI 2 and the 16-bit floats; ABI 3 its masks, 0 meaning ABI 1's) as the same dtype and op on every "
+     "rank, refuses the rest on every rank before any calls the plugin, and finalizes no rank while a peer is "
+     "still inside a collective",
+     plugin_abi_body, 1, nullptr, 0, 0, false},
     // The trainer's arithmetic alone, on a simulated world of any size: no collective, no kernel of a plugin.
     {"share_weights_match_global_batch",
      "every example of a step's global batch weighs 1/B after the all-reduce's average: each rank takes its slot of "

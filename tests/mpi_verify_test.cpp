@@ -118,8 +118,9 @@ std::optional<CaseSize> case_size(const std::string& text) {
   // Cases with no examples are sized by what they shrink: a case of planted writes
   // (audit_sees_every_write) by its calls, "2 ranks, N planted calls: ..."; a schedule case
   // (allreduce_schedules_within_bound) by its elements, "... of 4 ranks, N element(s), ..."; a case of
-  // conform's rows (conform_rows_catch_broken_communicators) by its world, "... on N ranks, row '...'".
-  for (const char* key : {" planted call", " element", " ranks, row '"}) {
+  // conform's rows (conform_rows_catch_broken_communicators) by its world, "... on N ranks, row '...'", and
+  // so is a case of plugin tables (plugin_abi_rules_hold), "ABI 3, dtypes 0x1, ops 0x0, N ranks: ...".
+  for (const char* key : {" planted call", " element", " ranks, row '", " ranks: "}) {
     const std::size_t at = text.find(key);
     if (s.examples >= 0 || at == std::string::npos || at == 0) continue;
     const std::size_t from = text.find_last_not_of("0123456789", at - 1) + 1;

@@ -73,6 +73,7 @@ TEST(Properties, audit_sees_every_write) {
 TEST(Properties, allreduce_schedules_within_bound) { check_property("allreduce_schedules_within_bound"); }
 TEST(Properties, share_weights_match_global_batch) { check_property("share_weights_match_global_batch"); }
 TEST(Properties, conform_rows_catch_broken_communicators) { check_property("conform_rows_catch_broken_communicators"); }
+TEST(Properties, plugin_abi_rules_hold) { check_property("plugin_abi_rules_hold"); }
 
 // The scale class: with one case in one drawn from it, every scenario has a world of the class, a model
 // of at most two layers of 4 units, at most two steps and a batch under 2N (at least N for drop-last);
@@ -156,7 +157,7 @@ TEST(Properties, Float32CountsAreRightBelow2To24AndWrongPastIt) {
 }
 
 TEST(Properties, EveryPropertyIsListedAndHasAMutantAimedAtIt) {
-  ASSERT_EQ(properties().size(), 20u);
+  ASSERT_EQ(properties().size(), 21u);
   for (const PropertyDef& p : properties()) {
     EXPECT_NO_THROW(find_property(p.name));
     int aimed = 0;

@@ -77,6 +77,21 @@ std::uint32_t declared_ops(const dpcheck_comm_plugin_t& plugin) {
   return plugin.ops;
 }
 
+// The rules in force: a mutant's where it breaks one (PluginRules), else plugin.h's.
+std::uint32_t dtypes_under(const dpcheck_comm_plugin_t& plugin, const PluginRules& rules) {
+  return rules.dtypes ? rules.dtypes(plugin) : declared_dtypes(plugin);
+}
+std::uint32_t ops_under(const dpcheck_comm_plugin_t& plugin, const PluginRules& rules) {
+  return rules.ops ? rules.ops(plugin) : declared_ops(plugin);
+}
+bool has_dtype_under(const dpcheck_comm_plugin_t& plugin, DType dtype, const PluginRules& rules) {
+  dpcheck_dtype_t t;
+  return abi_dtype(dtype, &t) && (dtypes_under(plugin, rules) & DPCHECK_DTYPE_BIT(t)) != 0;
+}
+bool supports_under(const dpcheck_comm_plugin_t& plugin, DType dtype, ReduceOp op, const PluginRules& rules) {
+  return has_dtype_under(plugin, dtype, rules) && (ops_under(plugin, rules) & DPCHECK_OP_BIT(abi_op(op))) != 0;
+}
+
 constexpr std::uint32_t kAllDtypes = DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) |
                                      DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
 
@@ -86,8 +101,9 @@ constexpr ReduceOp kAbiOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, Red
 class PluginCommunicator final : public Communicator {
  public:
   PluginCommunicator(const dpcheck_comm_plugin_t& plugin, std::string backend, Communicator& base,
-                     std::unique_ptr<Communicator> bootstrap_transport)
-      : plugin_(plugin), backend_(std::move(backend)), base_(base), transport_(std::move(bootstrap_transport)) {
+                     std::unique_ptr<Communicator> bootstrap_transport, const PluginRules& rules = {})
+      : plugin_(plugin), backend_(std::move(backend)), base_(base), transport_(std::move(bootstrap_transport)),
+        rules_(rules) {
     Communicator::set_timeout(base.timeout());
     boot_.rank = base.rank();
     boot_.size = base.size();
@@ -105,8 +121,9 @@ class PluginCommunicator final : public Communicator {
   // dpcheck's own transport, which the plugin cannot break), every rank's finalize, the bootstrap still
   // valid. A barrier that fails (another rank failed) leaves the finalize to the destructor.
   void close() {
-    base_.host().barrier();
+    if (!rules_.finalize_before_barrier) base_.host().barrier();
     finalize();
+    if (rules_.finalize_before_barrier) base_.host().barrier();
   }
 
   int rank() const override { return base_.rank(); }
@@ -131,7 +148,7 @@ class PluginCommunicator final : public Communicator {
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     dpcheck_dtype_t t;
     if (!plugin_dtype(dtype, &t)) return base_.host().allreduce(buf, count, dtype, op);
-    if (!comm_plugin_supports(plugin_, dtype, op))
+    if (!supports_under(plugin_, dtype, op, rules_))
       throw UsageError(comm_plugin_lacks(plugin_, backend_, dtype, op));
     guarded("allreduce", [&] { return plugin_.allreduce(comm_, buf, count, t, abi_op(op), stream_); });
   }
@@ -158,7 +175,7 @@ class PluginCommunicator final : public Communicator {
   // calls the plugin (which would read it as a dtype it does not know).
   bool plugin_dtype(DType dtype, dpcheck_dtype_t* out) const {
     if (!abi_dtype(dtype, out)) return false;
-    if (!comm_plugin_has_dtype(plugin_, dtype)) throw UsageError(comm_plugin_lacks(plugin_, backend_, dtype));
+    if (!has_dtype_under(plugin_, dtype, rules_)) throw UsageError(comm_plugin_lacks(plugin_, backend_, dtype));
     return true;
   }
 
@@ -236,6 +253,7 @@ class PluginCommunicator final : public Communicator {
   void* comm_ = nullptr;
   void* stream_ = nullptr;
   std::string bootstrap_error_;
+  PluginRules rules_;
   bool finalized_ = false;
 };
 
@@ -283,13 +301,10 @@ const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::stri
   return *table;
 }
 
-bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype) {
-  dpcheck_dtype_t t;
-  return abi_dtype(dtype, &t) && (declared_dtypes(plugin) & DPCHECK_DTYPE_BIT(t)) != 0;
-}
+bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype) { return has_dtype_under(plugin, dtype, {}); }
 
 bool comm_plugin_supports(const dpcheck_comm_plugin_t& plugin, DType dtype, ReduceOp op) {
-  return comm_plugin_has_dtype(plugin, dtype) && (declared_ops(plugin) & DPCHECK_OP_BIT(abi_op(op))) != 0;
+  return supports_under(plugin, dtype, op, {});
 }
 
 std::string comm_plugin_capabilities(const dpcheck_comm_plugin_t& plugin) {
@@ -327,6 +342,13 @@ std::string comm_plugin_lacks(const dpcheck_comm_plugin_t& plugin, const std::st
          ") to its table's ops once it handles them";
 }
 
+void run_on_plugin(const dpcheck_comm_plugin_t& plugin, const std::string& backend, Communicator& base,
+                   const std::function<void(Communicator&)>& fn, const PluginRules& rules) {
+  PluginCommunicator comm(plugin, backend, base, nullptr, rules);
+  fn(comm);
+  comm.close();
+}
+
 std::unique_ptr<Communicator> make_plugin_communicator(const dpcheck_comm_plugin_t& plugin, std::string backend,
                                                        Communicator& base) {
   return std::make_unique<PluginCommunicator>(plugin, std::move(backend), base, nullptr);
@@ -344,14 +366,7 @@ const Backend& register_comm_plugin(const std::string& path) {
     row.engine = engine_for_memory(row.memory).name;
     row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
       export_timeout(timeout);
-      run_local(
-          n,
-          [&](Communicator& base) {
-            PluginCommunicator comm(plugin, name, base, nullptr);
-            fn(comm);
-            comm.close();
-          },
-          timeout);
+      run_local(n, [&](Communicator& base) { run_on_plugin(plugin, name, base, fn); }, timeout);
     };
     row.run_processes = [&plugin, name](Communicator& world, const RankFunction& fn) {
       export_timeout(world.timeout());
@@ -371,14 +386,7 @@ const Backend& register_comm_plugin(const std::string& path) {
     row.engine = engine_for_memory(row.memory).name;
     row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
       export_timeout(timeout);
-      require_cuda().run_cuda_local(
-          n,
-          [&](Communicator& base) {
-            PluginCommunicator comm(plugin, name, base, nullptr);
-            fn(comm);
-            comm.close();
-          },
-          timeout);
+      require_cuda().run_cuda_local(n, [&](Communicator& base) { run_on_plugin(plugin, name, base, fn); }, timeout);
     };
   }
   return register_backend(std::move(row));

@@ -12,6 +12,8 @@
 // after a barrier of dpcheck's own, so that no rank closes while a peer is still inside a collective.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,5 +57,19 @@ std::string comm_plugin_lacks(const dpcheck_comm_plugin_t& plugin, const std::st
 // and from the host go through base). Calls init; finalize on destruction. `backend` is the row name.
 std::unique_ptr<Communicator> make_plugin_communicator(const dpcheck_comm_plugin_t& plugin, std::string backend,
                                                        Communicator& base);
+
+// How a plugin's communicator applies plugin.h's rules: the dtypes and ops a table declares, and the
+// end of a run (a barrier of dpcheck's own, then every rank's finalize). The defaults are the rules; the
+// property that holds them (properties/plugin_abi.cpp) hands in a mutant's broken one.
+struct PluginRules {
+  std::uint32_t (*dtypes)(const dpcheck_comm_plugin_t& plugin) = nullptr;  // nullptr: plugin.h's
+  std::uint32_t (*ops)(const dpcheck_comm_plugin_t& plugin) = nullptr;     // nullptr: plugin.h's
+  bool finalize_before_barrier = false;
+};
+
+// One rank's part of a run on the plugin, as its backend row runs it: init over the ranks of `base`,
+// `fn`, then the run's normal end (the barrier, then finalize; after a throw, finalize alone).
+void run_on_plugin(const dpcheck_comm_plugin_t& plugin, const std::string& backend, Communicator& base,
+                   const std::function<void(Communicator&)>& fn, const PluginRules& rules = {});
 
 }  // namespace dpcheck
