@@ -108,8 +108,11 @@ std::vector<std::string> conform_comm_suite();
 // The check `name` of conform_comm_suite() on `comm`, every case of it that options allow (counts up to
 // options.max_bytes, options.thorough, options.seed), on every rank (collective: every rank calls it).
 // Returns "" when it passed, else the first failing case, the first rank that saw it fail and what it
-// saw, and the promise that broke: the same text on every rank. UsageError for another name.
-std::string run_conform_comm_check(Communicator& comm, const std::string& name, const ConformOptions& options);
+// saw, and the promise that broke: the same text on every rank. UsageError for another name. Where it
+// failed and `replay` is given, rank 0's `replay` gets the row's replay line, as `dpcheck conform` prints
+// it (options.replay_prefix, the world size, --check and --case).
+std::string run_conform_comm_check(Communicator& comm, const std::string& name, const ConformOptions& options,
+                                   std::string* replay = nullptr);
 
 // UsageError unless `check` (when given) names a check of conform_comm or a property of verify
 // ("property <name>"), and `case_text` (when given) is a case of that check. Run before any output.

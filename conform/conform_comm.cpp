@@ -359,7 +359,10 @@ struct CommCheck {
 // The minimal case of a row whose world failed before its first case ran (the plugin's init, say).
 constexpr const char* kBeforeFirstCase = "none: it failed before its first case, as the ranks started";
 
-std::string world_flag(const Target& target, int n) {
+// The world size a row's replay line names (none under a launcher, whose -np says it). The mutant
+// conform-replay-drops-world-size leaves it out: the line then replays on conform's default worlds.
+std::string world_flag(const Target& target, int n, const ConformOptions& o) {
+  if (mutant_conform_replay_drops_world_size(o.mutant)) return "";
   return target.process_world ? std::string() : " --world-size " + std::to_string(n);
 }
 
@@ -381,12 +384,12 @@ ConformRow check_row(const Target& target, int n, const CommCheck& check, const 
   if (!failed_at) {
     row.promise = "the plugin's communicator starts on every rank";
     row.minimal = kBeforeFirstCase;
-    row.replay = o.replay_prefix + world_flag(target, n) + " --check '" + check.name + "'";
+    row.replay = o.replay_prefix + world_flag(target, n, o) + " --check '" + check.name + "'";
     return row;
   }
   row.promise = check.promise;
   row.minimal = check.cases[*failed_at].text();
-  row.replay = o.replay_prefix + world_flag(target, n) + " --check '" + check.name + "' --case '" + row.minimal + "'";
+  row.replay = o.replay_prefix + world_flag(target, n, o) + " --check '" + check.name + "' --case '" + row.minimal + "'";
   return row;
 }
 
@@ -1433,18 +1436,28 @@ std::vector<std::string> conform_comm_suite() {
   return names;
 }
 
-std::string run_conform_comm_check(Communicator& comm, const std::string& name, const ConformOptions& o) {
+std::string run_conform_comm_check(Communicator& comm, const std::string& name, const ConformOptions& o,
+                                   std::string* replay) {
   const std::optional<CommCheck> check = make_check(name, comm.size(), kAll, o);
   if (!check) throw UsageError("'" + name + "' is not a check of conform_comm_suite()");
+  // The row `dpcheck conform` prints for a failure at case `at` (ranks as threads).
+  const auto replay_of = [&](std::size_t at, const std::string& what) {
+    if (replay && comm.rank() == 0) *replay = check_row(Target{}, comm.size(), *check, o, true, at, what, 0).replay;
+  };
   const std::optional<CaseFailure> failed = run_cases(comm, *check, [](std::size_t) {});
-  if (failed) return "case " + check->cases[failed->at].text() + ", " + failed->what + " (the promise: " + check->promise + ")";
+  if (failed) {
+    replay_of(failed->at, failed->what);
+    return "case " + check->cases[failed->at].text() + ", " + failed->what + " (the promise: " + check->promise + ")";
+  }
   if (!check->conclude) return "";
   // The cases taken together (a schedule followed at some counts only): rank 0 recorded them, and its
   // word is every rank's. A switch by size is no failure.
   std::string concluded;
   if (comm.rank() == 0)
-    if (const std::optional<CheckConclusion> c = check->conclude(); c && c->failed)
+    if (const std::optional<CheckConclusion> c = check->conclude(); c && c->failed) {
       concluded = "case " + check->cases[c->at].text() + ", " + c->what + " (the promise: " + check->promise + ")";
+      replay_of(c->at, c->what);
+    }
   return allgather_strings(comm.host(), concluded)[0];
 }
 

@@ -3,7 +3,8 @@
 // row meant for that defect on it in-process (run_conform_comm_check, the code `dpcheck conform` runs),
 // and demands:
 //   - a defect that the world shows fails its row, with a case (conform's minimal one: its cases rise),
-//     and that case alone (--case) fails it again with the same words, as the row's replay line would;
+//     and the row's replay line, run as printed (its --world-size, --check and --case), fails again at
+//     that case;
 //   - a defect the world cannot show (a tree for powers of two on 4 ranks) passes, as it must;
 //   - a correct communicator -- dpcheck's own, or one exact in another order (every rank sums from the
 //     last rank down) -- passes a row drawn from the all-reduce's, the same-bits and run-to-run ones,
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -214,17 +216,31 @@ class DefectiveComm final : public ForwardingCommunicator {
 
 // The row's verdict on the defect's communicator over n ranks as threads: "" or its failure, the same
 // text on every rank.
-std::string run_row(const Defect& d, int n, const std::string& row, const ConformOptions& options) {
+std::string run_row(const Defect& d, int n, const std::string& row, const ConformOptions& options,
+                    std::string* replay = nullptr) {
   Target local;
   std::string said;
   std::mutex mu;
   run_world(local, n, [&](Communicator& comm) {
     DefectiveComm broken(comm, d.kind);
-    const std::string got = run_conform_comm_check(broken, row, options);
+    const std::string got = run_conform_comm_check(broken, row, options, comm.rank() == 0 ? replay : nullptr);
     const std::lock_guard<std::mutex> lock(mu);
     if (comm.rank() == 0) said = got;
   });
   return said;
+}
+
+// The value of `flag` in a printed command line: " --world-size 3" -> "3", " --case 'count=5 offset=1'"
+// -> "count=5 offset=1"; nullopt when the line has no such flag.
+std::optional<std::string> flag_value(const std::string& line, const std::string& flag) {
+  const std::size_t at = line.find(" " + flag + " ");
+  if (at == std::string::npos) return std::nullopt;
+  const std::size_t from = at + flag.size() + 2;
+  if (from < line.size() && line[from] == '\'') {
+    const std::size_t end = line.find('\'', from + 1);
+    return end == std::string::npos ? std::nullopt : std::optional(line.substr(from + 1, end - from - 1));
+  }
+  return line.substr(from, line.find(' ', from) == std::string::npos ? std::string::npos : line.find(' ', from) - from);
 }
 
 // "case count=5 offset=1, ..." -> "count=5 offset=1"
@@ -279,9 +295,11 @@ void conform_rows_body(const Target& target, CaseRecord& record) {
   options.max_bytes = std::size_t{1} << 12;  // counts to 1021 float32 elements: conform's small cases
   options.schedule = std::string(d.schedule);
   options.mutant = target.mutant;
+  options.replay_prefix = "dpcheck conform --comm DEFECT";
   const std::string what = c.describe();
   record.note = what;
-  const std::string failure = run_row(d, n, c.row, options);
+  std::string line;
+  const std::string failure = run_row(d, n, c.row, options, &line);
   const bool correct = d.row.empty(), should_fail = !correct && d.shows(n);
   RC_CLASSIFY(correct, "a correct communicator");
   RC_CLASSIFY(should_fail, "a defect the world shows");
@@ -291,15 +309,23 @@ void conform_rows_body(const Target& target, CaseRecord& record) {
     return;
   }
   if (failure.empty()) fail_case("conform passed " + what + ": the row is meant to catch it");
-  // Replayed as its line prints it: that case alone fails again (with values of its own where the
-  // defect depends on the calls before it).
+  // Replayed as its line prints it -- the world size, the check and the case it names -- that case alone
+  // fails again (with values of its own where the defect depends on the calls before it). A line without
+  // its world size replays on conform's default worlds, not on the one it failed on.
   const std::string minimal = case_of(failure);
   if (minimal.empty()) fail_case("conform failed " + what + " without naming a case: " + failure);
-  options.case_text = minimal;
-  const std::string again = run_row(d, n, c.row, options);
+  const std::optional<std::string> world = flag_value(line, "--world-size"), check = flag_value(line, "--check"),
+                                   case_text = flag_value(line, "--case");
+  if (!world || !check || !case_text)
+    fail_case("conform failed " + what + " at case '" + minimal + "', and its replay line names no " +
+              (!world ? "world size" : !check ? "check" : "case") + ": " + line);
+  if (world->empty() || world->find_first_not_of("0123456789") != std::string::npos || world->size() > 4)
+    fail_case("the replay line of " + what + " names the world size '" + *world + "': " + line);
+  options.case_text = *case_text;
+  const std::string again = run_row(d, std::stoi(*world), *check, options);
   if (case_of(again) != minimal)
-    fail_case("conform failed " + what + " at case '" + minimal + "' (" + failure + "), and that case alone " +
-              (again.empty() ? std::string("passed") : "failed otherwise: " + again));
+    fail_case("conform failed " + what + " at case '" + minimal + "' (" + failure + "), and its replay line (" + line +
+              ") " + (again.empty() ? std::string("passes") : "fails otherwise: " + again));
 }
 
 }  // namespace dpcheck

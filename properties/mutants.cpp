@@ -28,7 +28,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 61> kMutants{{
+constexpr std::array<MutantInfo, 62> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -185,6 +185,9 @@ constexpr std::array<MutantInfo, 61> kMutants{{
     {"conform-same-inputs-every-rank", "conform_rows_catch_broken_communicators",
      "conform's same-bits and run-to-run checks draw the same random values on every rank, so ranks that sum in "
      "orders of their own agree anyway: the row passes a correct library and a broken one alike"},
+    {"conform-replay-drops-world-size", "conform_rows_catch_broken_communicators",
+     "a failing conform row's replay line leaves out --world-size, so run as printed it replays on conform's "
+     "default worlds instead of the N ranks it failed on"},
     {"trainer-slot-32bit", "share_weights_match_global_batch",
      "the trainer computes a step's slot of a share in 32-bit integers: past 2^31 examples a share (a data set of "
      "tokens over few ranks) wraps negative, and the rank trains on the wrong examples or none",
@@ -656,6 +659,10 @@ PluginRules mutant_plugin_rules(std::string_view mutant) {
 }
 
 bool mutant_conform_same_inputs(std::string_view mutant) { return mutant == "conform-same-inputs-every-rank"; }
+
+bool mutant_conform_replay_drops_world_size(std::string_view mutant) {
+  return mutant == "conform-replay-drops-world-size";
+}
 
 void mutant_schedule_options(std::string_view mutant, reference::ScheduleOptions& options) {
   if (mutant == "schedule-halving-highest-bit-first") options.halving_from_lowest_bit = false;
