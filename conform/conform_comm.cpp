@@ -513,8 +513,9 @@ template <class T> long double unit_roundoff() {
 // (NCCL's ncclAvg multiplies each input by 1/N), and for the 16-bit formats rounded to the format once
 // or at every hop: within N + 2 roundings of the exact mean, |x| summed (gamma_{N+2}, Higham 3.1).
 // Exact for N a power of two in float32 and float64, where every way is exact.
-template <class T> std::string mean_within_rounding(const T* buf, std::size_t count, int n) {
-  const long double nu = (n + 2) * unit_roundoff<T>();
+// (The mutant conform-avg-allowance-16bit takes bfloat16's unit roundoff for every dtype.)
+template <class T> std::string mean_within_rounding(const T* buf, std::size_t count, int n, bool allowance_16bit) {
+  const long double nu = (n + 2) * (allowance_16bit ? unit_roundoff<Bf16>() : unit_roundoff<T>());
   const long double gamma = nu < 1 ? nu / (1 - nu) : std::numeric_limits<long double>::infinity();
   for (std::size_t i = 0; i < count; ++i) {
     long double sum = 0, magnitude = 0;
@@ -531,7 +532,8 @@ template <class T> std::string mean_within_rounding(const T* buf, std::size_t co
   return {};
 }
 
-template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vector<CommCase>& cases) {
+template <class T>
+CommCheck allreduce_check(ReduceOp op, int n, const std::vector<CommCase>& cases, bool allowance_16bit = false) {
   CommCheck c;
   c.section = "collectives";
   c.name = "allreduce " + std::string(dtype_name(dtype_of<T>())) + " " + std::string(reduce_op_name(op));
@@ -546,15 +548,15 @@ template <class T> CommCheck allreduce_check(ReduceOp op, int n, const std::vect
                         "), bit for bit, and nothing outside the buffer changes";
   c.cases = cases;
   c.covered = covered_text(cases, sizeof(T));
-  c.make = [op, n] {
+  c.make = [op, n, allowance_16bit] {
     auto arena = std::make_shared<Arena<T>>();
-    return CaseFn([arena, op, n](Communicator& comm, const CommCase& k) {
+    return CaseFn([arena, op, n, allowance_16bit](Communicator& comm, const CommCase& k) {
       T* buf = arena->prepare(k, k.count);
       for (std::size_t i = 0; i < k.count; ++i) buf[i] = input_value<T>(comm.rank(), i, op, n);
       comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
       arena->fetch(comm);
       std::string bad = op == ReduceOp::avg && is_float_like_v<T>
-                            ? mean_within_rounding(buf, k.count, n)
+                            ? mean_within_rounding(buf, k.count, n, allowance_16bit)
                             : compare(buf, k.count, [&](std::size_t i) { return expected_value<T>(i, op, n); }, "result");
       return bad.empty() ? arena->guards(k, k.count) : bad;
     });
@@ -1343,8 +1345,9 @@ std::optional<CommCheck> make_check(const std::string& name, int n, std::size_t 
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max}) {
     const std::string suffix = " " + std::string(reduce_op_name(op));
     const std::size_t limit = op == ReduceOp::sum ? kAll : small;
-    if (name == "allreduce float32" + suffix) return allreduce_check<float>(op, n, cases(4, limit, false));
-    if (name == "allreduce float64" + suffix) return allreduce_check<double>(op, n, cases(8, limit, false));
+    const bool allowance_16bit = mutant_conform_avg_allowance_16bit(o.mutant);
+    if (name == "allreduce float32" + suffix) return allreduce_check<float>(op, n, cases(4, limit, false), allowance_16bit);
+    if (name == "allreduce float64" + suffix) return allreduce_check<double>(op, n, cases(8, limit, false), allowance_16bit);
     if (name == "allreduce int64" + suffix) return allreduce_check<std::int64_t>(op, n, cases(8, limit, false));
     if (name == "allreduce bfloat16" + suffix) return allreduce_check<Bf16>(op, n, cases(2, limit, false));
     if (name == "allreduce float16" + suffix) return allreduce_check<Fp16>(op, n, cases(2, limit, false));

@@ -1,7 +1,7 @@
-// conform_rows_catch_broken_communicators: conform's own checks, judged. A case draws a communicator
-// with one realistic defect (or a correct one) and a world of 2 to 8 ranks as threads, runs the conform
-// row meant for that defect on it in-process (run_conform_comm_check, the code `dpcheck conform` runs),
-// and demands:
+// conform_rows_catch_broken_communicators: conform's own checks, judged. A case draws three
+// communicators, each with one realistic defect (or a correct one) and a world of 2 to 8 ranks as
+// threads, runs the conform row meant for each on it in-process (run_conform_comm_check, the code
+// `dpcheck conform` runs), and demands:
 //   - a defect that the world shows fails its row, with a case (conform's minimal one: its cases rise),
 //     and the row's replay line, run as printed (its --world-size, --check and --case), fails again at
 //     that case;
@@ -40,6 +40,7 @@ enum class Kind {
   pow2_tree,          // a tree built for powers of two: ranks past the largest power of two are never added
   chunk_off_by_one,   // each chunk after the first starts one element late: its first element misses a rank
   avg_wrong_n,        // avg divides by N rounded up to a power of two (a buffer count padded)
+  avg_bf16_scale,     // avg multiplies by 1/N held in bfloat16 (a scale factor kept in the 16-bit format)
   f16_as_integers,    // float16 added as the integers of its bit patterns (gloo::float16's bug)
   bf16_as_f16,        // bfloat16 declared, but its buffers read and written as float16
   f64_in_f32,         // float64 declared, but summed in float32
@@ -66,6 +67,7 @@ constexpr Defect kDefects[] = {
     {Kind::pow2_tree, "a tree built for powers of two", "allreduce float32 sum", "", 2, true},
     {Kind::chunk_off_by_one, "a ring whose chunks after the first start one element late", "allreduce float32 sum", ""},
     {Kind::avg_wrong_n, "an average divided by N rounded up to a power of two", "allreduce float32 avg", "", 2, true},
+    {Kind::avg_bf16_scale, "an average scaled by 1/N held in bfloat16", "allreduce float32 avg", "", 3, true},
     {Kind::f16_as_integers, "float16 added as integers of its bit patterns", "allreduce float16 sum", ""},
     {Kind::bf16_as_f16, "bfloat16 declared and read as float16", "allreduce bfloat16 sum", ""},
     {Kind::f64_in_f32, "float64 declared and summed in float32", "allreduce float64 sum", ""},
@@ -112,6 +114,7 @@ class DefectiveComm final : public ForwardingCommunicator {
       case Kind::pow2_tree:
       case Kind::chunk_off_by_one: return floating && sum_or_avg;
       case Kind::avg_wrong_n: return floating && op == ReduceOp::avg;
+      case Kind::avg_bf16_scale: return (dtype == DType::f32 || dtype == DType::f64) && op == ReduceOp::avg;
       case Kind::f16_as_integers: return dtype == DType::f16 && op == ReduceOp::sum;
       case Kind::bf16_as_f16: return dtype == DType::bf16 && op == ReduceOp::sum;
       case Kind::f64_in_f32: return dtype == DType::f64 && sum_or_avg;
@@ -204,6 +207,8 @@ class DefectiveComm final : public ForwardingCommunicator {
     double acc = get(at(order[0]), i, dtype);
     for (std::size_t k = 1; k < order.size(); ++k) acc = rounded(acc + get(at(order[k]), i, dtype), dtype);
     if (op != ReduceOp::avg) return acc;
+    if (kind_ == Kind::avg_bf16_scale)
+      return rounded(acc * static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(1.0f / static_cast<float>(n)))), dtype);
     const double divisor = kind_ == Kind::avg_wrong_n ? static_cast<double>(std::bit_ceil(n)) : static_cast<double>(n);
     return rounded(dtype == DType::f64 && kind_ != Kind::f64_in_f32 ? acc / divisor
                                                                   : static_cast<double>(static_cast<float>(acc) / static_cast<float>(divisor)),
@@ -285,11 +290,12 @@ rc::Gen<ConformCase> gen_conform_case() {
 
 }  // namespace
 
-void conform_rows_body(const Target& target, CaseRecord& record) {
-  const ConformCase c = *gen_conform_case();
+namespace {
+
+// One communicator of a case: its row run as conform runs it, and judged.
+void check_conform_case(const ConformCase& c, const Target& target) {
   const Defect& d = c.d();
   const int n = c.world;
-  record.size = {0, n, 0, 0};
   ConformOptions options;
   options.seed = c.seed;
   options.max_bytes = std::size_t{1} << 12;  // counts to 1021 float32 elements: conform's small cases
@@ -297,7 +303,6 @@ void conform_rows_body(const Target& target, CaseRecord& record) {
   options.mutant = target.mutant;
   options.replay_prefix = "dpcheck conform --comm DEFECT";
   const std::string what = c.describe();
-  record.note = what;
   std::string line;
   const std::string failure = run_row(d, n, c.row, options, &line);
   const bool correct = d.row.empty(), should_fail = !correct && d.shows(n);
@@ -326,6 +331,25 @@ void conform_rows_body(const Target& target, CaseRecord& record) {
   if (case_of(again) != minimal)
     fail_case("conform failed " + what + " at case '" + minimal + "' (" + failure + "), and its replay line (" + line +
               ") " + (again.empty() ? std::string("passes") : "fails otherwise: " + again));
+}
+
+// Communicators a case: a defect that shows on some worlds only (no power of two, three ranks or more)
+// is drawn in one communicator of thirty or so, and verify's hundred cases should meet each.
+constexpr std::size_t kPerCase = 3;
+
+}  // namespace
+
+void conform_rows_body(const Target& target, CaseRecord& record) {
+  const std::vector<ConformCase> cases = *rc::gen::container<std::vector<ConformCase>>(kPerCase, gen_conform_case());
+  int largest = 0;
+  std::string note;
+  for (const ConformCase& c : cases) {
+    largest = std::max(largest, c.world);
+    note += (note.empty() ? "" : "; ") + c.describe();
+  }
+  record.size = {0, largest, 0, 0};
+  record.note = note;
+  for (const ConformCase& c : cases) check_conform_case(c, target);
 }
 
 }  // namespace dpcheck

@@ -28,7 +28,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 62> kMutants{{
+constexpr std::array<MutantInfo, 63> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -185,6 +185,9 @@ constexpr std::array<MutantInfo, 62> kMutants{{
     {"conform-same-inputs-every-rank", "conform_rows_catch_broken_communicators",
      "conform's same-bits and run-to-run checks draw the same random values on every rank, so ranks that sum in "
      "orders of their own agree anyway: the row passes a correct library and a broken one alike"},
+    {"conform-avg-allowance-16bit", "conform_rows_catch_broken_communicators",
+     "conform's allowance for an average's rounding takes bfloat16's unit roundoff for every dtype: float32 and "
+     "float64 averages may be off by a 16-bit rounding, as a scale of 1/N kept in bfloat16 leaves them"},
     {"conform-replay-drops-world-size", "conform_rows_catch_broken_communicators",
      "a failing conform row's replay line leaves out --world-size, so run as printed it replays on conform's "
      "default worlds instead of the N ranks it failed on"},
@@ -659,6 +662,8 @@ PluginRules mutant_plugin_rules(std::string_view mutant) {
 }
 
 bool mutant_conform_same_inputs(std::string_view mutant) { return mutant == "conform-same-inputs-every-rank"; }
+
+bool mutant_conform_avg_allowance_16bit(std::string_view mutant) { return mutant == "conform-avg-allowance-16bit"; }
 
 bool mutant_conform_replay_drops_world_size(std::string_view mutant) {
   return mutant == "conform-replay-drops-world-size";
