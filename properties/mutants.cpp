@@ -151,8 +151,8 @@ constexpr std::array<MutantInfo, 63> kMutants{{
      "an ABI-3 table whose op mask is 0 is read as taking no op, where plugin.h says a mask of 0 means ABI 1's "
      "ops: every all-reduce of such a plugin is refused"},
     {"abi1-handed-16bit", "plugin_abi_rules_hold",
-     "bfloat16 and float16 collectives are handed to a plugin of ABI 1, which has no such dtypes and reads the "
-     "buffers as whatever dtype its enum's value was before"},
+     "bfloat16 and float16 collectives are handed to a plugin of ABI 1, which knows no dtype past int64 "
+     "(dpcheck_dtype_t's values 3 and 4 came with ABI 2)"},
     {"abi2-reads-past-table", "plugin_abi_rules_hold",
      "the masks are read from tables of ABI 2 as well (abi >= 2, not >= 3): past the end of the table, whatever "
      "memory follows it decides what the plugin is handed"},

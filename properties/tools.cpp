@@ -378,12 +378,11 @@ void checkpointed_run(const Target& target, const TrainConfig& c, int world, con
   });
 }
 
-}  // namespace
-
-// "bf16 products, a bf16 all-reduce and a dynamic loss scaler"
+// "bf16 products, all-reduce in bf16, a dynamic loss scaler"
 std::string formats_text(const Target& t, const TrainConfig& c) {
-  return std::string(precision_name(t.precision)) + " products, a " + std::string(allreduce_dtype_name(c.allreduce_dtype)) +
-         " all-reduce" + (c.loss_scaling.kind == LossScaling::none ? "" : " and a dynamic loss scaler");
+  return std::string(precision_name(t.precision)) + " products, all-reduce in " +
+         std::string(allreduce_dtype_name(c.allreduce_dtype)) +
+         (c.loss_scaling.kind == LossScaling::none ? "" : ", a dynamic loss scaler");
 }
 
 // Where `read` (a bundle's target and configuration, read back) differs from what was recorded: the
@@ -399,6 +398,8 @@ std::string read_back_difference(const Target& recorded, const TrainConfig& conf
                (got[part].contains(key) ? got[part][key].dump() : std::string("nothing"));
   return "";
 }
+
+}  // namespace
 
 void tools_body(const Target& given, CaseRecord& record) {
   // The case's formats (drawn per case where verify draws them): the live checks of a correct run, and
