@@ -198,7 +198,9 @@ std::vector<Record> offending(std::span<const Record> records, const AllowList& 
 
 // ---- running -------------------------------------------------------------------------------------------
 
-std::string RunResult::status_text() const { return exit_status_text(exit_code, signal); }
+std::string RunResult::status_text() const {
+  return (timed_out ? "did not end within its timeout and " : "") + exit_status_text(exit_code, signal);
+}
 
 fs::path find_library() {
   if (const char* env = std::getenv("DPCHECK_AUDIT_LIBRARY"); env != nullptr && *env != '\0') {
@@ -303,6 +305,10 @@ RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& 
     child.err = ChildOptions::Output::to_stdout;
     child.output_file = options.output;
   }
+  if (options.timeout) {
+    child.timeout = options.timeout;
+    child.new_process_group = true;
+  }
   ChildResult ended;
   try {
     ended = run_child(child);
@@ -314,6 +320,7 @@ RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& 
   result.log_path = log.path();
   result.exit_code = ended.exit_code;
   result.signal = ended.signal;
+  result.timed_out = ended.timed_out;
   std::ifstream in(log.path(), std::ios::binary);
   if (!in) throw Error("cannot read the audit log " + log.path().string());
   std::stringstream text;

@@ -7,6 +7,7 @@
 // a real launcher.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <iosfwd>
 #include <optional>
@@ -94,8 +95,9 @@ struct RunResult {
   std::filesystem::path log_path;  // where the records were collected (already removed)
   int exit_code = -1;              // the command's exit status, when it exited
   int signal = 0;                  // the signal that ended it, or 0
+  bool timed_out = false;          // AuditOptions::timeout passed first, and the command was stopped
 
-  bool succeeded() const { return signal == 0 && exit_code == 0; }
+  bool succeeded() const { return signal == 0 && exit_code == 0 && !timed_out; }
   std::string status_text() const;  // "exited with status 0", "was killed by signal 9 (Killed)"
 };
 
@@ -122,6 +124,9 @@ struct AuditOptions {
   std::filesystem::path output;
   std::filesystem::path library;
   std::string mutant;
+  // When set, the command (a group of its own: a launcher and its ranks) is sent SIGTERM after this long
+  // and RunResult::timed_out says so; unset, it is waited for however long it runs.
+  std::optional<std::chrono::milliseconds> timeout;
 };
 RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& options);
 
