@@ -246,10 +246,12 @@ void plugin_abi_body(const Target& target, CaseRecord& record) {
     g_world = nullptr;
   }
 
+  std::vector<std::string> want;  // the declared calls, in order, as the plugin should read them
   for (std::size_t i = 0; i < c.calls.size(); ++i) {
     const Call& call = c.calls[i];
     const bool declared =
         declares_dtype(c.abi, c.dtypes, call.dtype) && (call.op == kNoOp || declares_op(c.abi, c.ops, call.op));
+    if (declared) want.push_back(c.call_text(call));
     for (std::size_t r = 0; r < n; ++r) {
       const std::string& got = outcome[r][i];
       const std::string which = "call " + std::to_string(i) + " (" + c.call_text(call) + ")";
@@ -260,10 +262,6 @@ void plugin_abi_body(const Target& target, CaseRecord& record) {
     }
   }
   // What the plugin read: each rank was handed the declared calls, in order, as the same dtype and op.
-  std::vector<std::string> want;
-  for (const Call& call : c.calls)
-    if (declares_dtype(c.abi, c.dtypes, call.dtype) && (call.op == kNoOp || declares_op(c.abi, c.ops, call.op)))
-      want.push_back(c.call_text(call));
   for (std::size_t r = 0; r < n; ++r)
     if (world.handed[r] != want) {
       std::string got;
