@@ -493,5 +493,64 @@ TEST(LossBound, MeanOfUnequalSharesMeansIsCaught) {
   EXPECT_GE(caught, cases * 95 / 100);
 }
 
+
+// The carried term's worst case, constructed (mixed precision). A hidden activation whose float64 value
+// v lies just above a rounding midpoint of the low format, by less than float32's half ulp, is
+// computed by float32 arithmetic as the midpoint itself, which rounds to even: downwards, one ulp of
+// the format away from the reference's R(v). Every example of the batch is built alike, so the flips
+// add up with one sign at the next layer's weight gradient: the most that a value within its window
+// can do. The output delta is a number of the format far from its boundaries, so its rounding is
+// certain and the whole error is the flipped activation's, carried. The engine must take that path
+// (its gradient one ulp of the format per example away), and the bound must cover it with a ratio just
+// under 1: the carried term is an upper bound at its own worst case, and not a loose one.
+TEST(GradientBound, CarriedTermCoversAndMeetsItsWorstCaseAtARoundingMidpoint) {
+  const ModelConfig m{{1, 1, 1}, Activation::identity, Loss::mse};
+  const ParamLayout layout(m);
+  for (const Precision format : {Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(std::string(precision_name(format)));
+    const double ulp = 2 * precision_unit_roundoff(format);  // the format's spacing in [1, 2)
+    const double midpoint = 1 + ulp / 2;                   // ties to even: down to 1
+    std::vector<float> params(layout.size());
+    // x W1 = 2^-25, exact in either format and in float32; b1 the midpoint. v = midpoint + 2^-25, whose
+    // float32 sum is the midpoint (float32's half ulp in [1, 2) is 2^-24).
+    params[layout.weight(0).offset] = 0x1p-13f;
+    params[layout.bias(0).offset] = static_cast<float>(midpoint);
+    params[layout.weight(1).offset] = 1.0f;
+    params[layout.bias(1).offset] = 0.0f;
+    constexpr int kBatch = 4;
+    Batch b;
+    b.size = kBatch;
+    b.in_dim = 1;
+    b.out_dim = 1;
+    // z2 - y = 64 on the reference's path: delta = 2 * 64 / 4 = 32, a number of both formats.
+    const double reference_activation = 1 + ulp;
+    b.x.assign(kBatch, 0x1p-12f);
+    b.y.assign(kBatch, static_cast<float>(reference_activation - 64));
+    reference::BoundOptions options;
+    options.input_format = format;
+    const auto bound = reference::gradient_bound(m, params, b, options);
+    ASSERT_EQ(bound.reference.grad.size(), layout.size());
+    EXPECT_GT(bound.uncertain_roundings, 0) << "the midpoint is within the activation's window";
+    const std::size_t w2 = layout.weight(1).offset;
+    // The reference's dW2 = sum of R(delta) R(v) = 4 * 32 * (1 + ulp); the flipped path's 4 * 32 * 1.
+    EXPECT_EQ(bound.reference.grad[w2], kBatch * 32 * reference_activation);
+    auto engine = make_cpu_engine(m, nullptr, CpuEngineOptions{format, false});
+    engine->load_params(params);
+    engine->forward_backward(b, 1.0f, false);
+    std::vector<float> g(engine->param_count());
+    engine->store_grads(g);
+    EXPECT_EQ(static_cast<double>(g[w2]), kBatch * 32.0) << "the engine's float32 sum lands on the midpoint";
+    const std::int64_t r = reference::whole_batch_roundings(b.size);
+    const reference::Comparison c = reference::compare(g, bound, r);
+    const reference::BoundTerms t = bound.terms(w2, r);
+    EXPECT_TRUE(c.passed()) << c.max_ratio << " " << t.describe();
+    EXPECT_EQ(c.worst, w2);
+    EXPECT_GT(c.max_ratio, 0.999) << t.describe();
+    EXPECT_GT(t.propagated - t.kink, 0.999 * t.total()) << t.describe();
+    std::printf("%s: error ratio %.6f at the flipped activation's weight gradient; %s\n",
+                std::string(precision_name(format)).c_str(), c.max_ratio, t.describe().c_str());
+  }
+}
+
 }  // namespace
 }  // namespace dpcheck
