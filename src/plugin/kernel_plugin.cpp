@@ -39,24 +39,53 @@ bool KernelPlugin::provides(KernelOp op) const {
   return false;
 }
 
-const KernelPlugin& load_kernel_plugin(const std::string& path) {
-  // A plugin's table is read once: the process keeps the object loaded, and every engine of every rank
-  // shares the one table.
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<KernelPlugin>> loaded;
-  std::lock_guard lock(mutex);
-  if (auto it = loaded.find(path); it != loaded.end()) return *it->second;
-  const std::string what = "--kernels " + path;
-  using Entry = const dpcheck_kernel_plugin_t* (*)();
-  const auto entry = reinterpret_cast<Entry>(plugin_symbol(path, "dpcheck_kernel_plugin", "--kernels"));
-  const dpcheck_kernel_plugin_t* table = entry();
+namespace {
+
+// The plugins of this process by path (or in-process label): a table is read once, the process keeps
+// the object loaded, and every engine of every rank shares the one table.
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<KernelPlugin>> loaded;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+void check_kernel_table(const dpcheck_kernel_plugin_t* table, const std::string& what) {
   check_plugin_table(table, table ? table->abi : 0, table ? table->name : nullptr, what);
   if (table->memory != DPCHECK_HOST && table->memory != DPCHECK_CUDA)
     throw UsageError(what + ": its table's memory is " + std::to_string(static_cast<int>(table->memory)) +
                      ", neither DPCHECK_HOST (0) nor DPCHECK_CUDA (1)");
+}
+
+}  // namespace
+
+const KernelPlugin& load_kernel_plugin(const std::string& path) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (auto it = r.loaded.find(path); it != r.loaded.end()) return *it->second;
+  const std::string what = "--kernels " + path;
+  using Entry = const dpcheck_kernel_plugin_t* (*)();
+  const auto entry = reinterpret_cast<Entry>(plugin_symbol(path, "dpcheck_kernel_plugin", "--kernels"));
+  const dpcheck_kernel_plugin_t* table = entry();
+  check_kernel_table(table, what);
   plugin_env_names(path, "--kernels");  // a list it cannot read is refused now, not when a bundle is written
   auto plugin = std::unique_ptr<KernelPlugin>(new KernelPlugin(path, table));
-  return *loaded.emplace(path, std::move(plugin)).first->second;
+  return *r.loaded.emplace(path, std::move(plugin)).first->second;
+}
+
+const KernelPlugin& in_process_kernel_plugin(const std::string& label, const dpcheck_kernel_plugin_t* table) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (auto it = r.loaded.find(label); it != r.loaded.end()) {
+    DPCHECK_ASSERT(&it->second->table() == table);
+    return *it->second;
+  }
+  check_kernel_table(table, "--kernels " + label);
+  auto plugin = std::unique_ptr<KernelPlugin>(new KernelPlugin(label, table));
+  return *r.loaded.emplace(label, std::move(plugin)).first->second;
 }
 
 Kernels::Kernels(const KernelPlugin& plugin, int rank, std::chrono::milliseconds timeout)

@@ -48,6 +48,13 @@ class KernelPlugin {
 
  private:
   friend const KernelPlugin& load_kernel_plugin(const std::string& path);
+  friend const KernelPlugin& in_process_kernel_plugin(const std::string& label, const dpcheck_kernel_plugin_t* table);
+
+// A table that lives in this process rather than in a shared object, checked as a loaded one is and
+// kept under `label`, so that load_kernel_plugin(label) returns it for the rest of the process: how a
+// property hands conform a kernel of its own (conform_rows_catch_broken_communicators' broken kernels).
+// The same label twice must be the same table.
+const KernelPlugin& in_process_kernel_plugin(const std::string& label, const dpcheck_kernel_plugin_t* table);
   KernelPlugin(std::string path, const dpcheck_kernel_plugin_t* table) : path_(std::move(path)), table_(table) {}
   std::string path_;
   const dpcheck_kernel_plugin_t* table_;
@@ -58,6 +65,12 @@ class KernelPlugin {
 // file, not a shared object, no dpcheck_kernel_plugin symbol, no table, an unknown abi, no name, a
 // memory that is neither DPCHECK_HOST nor DPCHECK_CUDA.
 const KernelPlugin& load_kernel_plugin(const std::string& path);
+
+// A table that lives in this process rather than in a shared object, checked as a loaded one is and
+// kept under `label`, so that load_kernel_plugin(label) returns it for the rest of the process: how a
+// property hands conform a kernel of its own (conform_rows_catch_broken_communicators' broken kernels).
+// The same label twice must be the same table.
+const KernelPlugin& in_process_kernel_plugin(const std::string& label, const dpcheck_kernel_plugin_t* table);
 
 // One handle of a plugin: init on construction, finalize on destruction. Calls are made from the thread
 // that owns the handle (a rank's). Each guarded by a watchdog of `timeout` (zero: none).
