@@ -33,6 +33,7 @@
 
 #include "conform/conform.hpp"
 #include "properties/bounds.hpp"
+#include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "reference/kernel_bound.hpp"
 #include "reference/optimizer.hpp"
@@ -891,7 +892,12 @@ ConformRow check_row(const OpCheck& check, bool determinism, const Kernels& k, c
     std::vector<Drawn> drawn;
     double worst = 0;
     for (int i = 0; i < cases; ++i) {
-      const Drawn d = draw_case(check, options.seed, i, max_size);
+      Drawn d = draw_case(check, options.seed, i, max_size);
+      if (mutant_conform_kernel_whole_tiles(options.mutant))
+        for (Field f : size_fields(check.fields)) {
+          std::int64_t& v = *int_field(d.c, f);
+          v = (v + 7) / 8 * 8;
+        }
       drawn.push_back(d);
       const Verdict v = judge(check, determinism, k, d.c, bo);
       note_ratio(d.shape, v.ratio);

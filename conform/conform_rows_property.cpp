@@ -9,6 +9,10 @@
 //   - a correct communicator -- dpcheck's own, or one exact in another order (every rank sums from the
 //     last rank down) -- passes a row drawn from the all-reduce's, the same-bits and run-to-run ones,
 //     and the schedule it does follow.
+// Beside them, one kernel table in-process: a linear forward that drops the last in % 4 terms, an
+// activation that leaves the last n % 8 elements unwritten, or a correct linear forward in another order,
+// through conform's kernel row for it, with the same demands (a minimal case that its replay line's
+// --check and --case fail again; a pass for the correct one).
 // A weakened check passes a broken communicator as it passes a correct one, so no run of conform
 // against a correct library can tell it apart; this property can.
 #include <algorithm>
@@ -23,10 +27,12 @@
 #include <vector>
 
 #include "conform/conform.hpp"
+#include "dpcheck/plugin.h"
 #include "properties/common.hpp"
 #include "src/comm.hpp"
 #include "src/dtype.hpp"
 #include "src/low_precision.hpp"
+#include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck {
 
@@ -255,6 +261,100 @@ std::string case_of(const std::string& failure) {
   return failure.substr(prefix.size(), failure.find(',') - prefix.size());
 }
 
+// ---- kernels ---------------------------------------------------------------------------------------
+// Kernel tables that live in this process, each one op written as a kernel's author writes it, through
+// conform's kernel rows (conform_kernels, the code `dpcheck conform --kernels` runs) under a label of
+// their own (in_process_kernel_plugin). The ops left out of a table run dpcheck's own.
+
+enum class KernelKind {
+  four_partial_sums,      // a dot product in four partial sums, the tail folded in: correct, in another order
+  dot_drops_tail,         // unrolled four terms at a time, the last in % 4 terms never added
+  activation_drops_tail,  // eight elements at a time, the last n % 8 left unwritten
+};
+
+struct KernelDefect {
+  KernelKind kind;
+  std::string_view name;
+  std::string_view row;  // the conform row it is held to
+  bool correct;
+};
+
+constexpr KernelDefect kKernelDefects[] = {
+    {KernelKind::four_partial_sums, "a linear forward in four partial sums (another order, correct)", "linear_forward", true},
+    {KernelKind::dot_drops_tail, "a linear forward unrolled by four that drops the last in % 4 terms", "linear_forward", false},
+    {KernelKind::activation_drops_tail, "an activation forward by eights that leaves the last n % 8 unwritten",
+     "activation_forward", false},
+};
+
+template <KernelKind kKind>
+int defect_linear_forward(void*, const float* x, const float* w, const float* b, float* y, std::int64_t rows,
+                          std::int64_t in, std::int64_t out, void*) {
+  const std::int64_t body = in - in % 4;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t o = 0; o < out; ++o) {
+      const float* xr = x + r * in;
+      const float* wo = w + o * in;
+      float s[4] = {0, 0, 0, 0};
+      for (std::int64_t k = 0; k < body; k += 4)
+        for (int j = 0; j < 4; ++j) s[j] += xr[k + j] * wo[k + j];
+      if constexpr (kKind != KernelKind::dot_drops_tail)
+        for (std::int64_t k = body; k < in; ++k) s[k - body] += xr[k] * wo[k];
+      y[r * out + o] = (s[0] + s[1]) + (s[2] + s[3]) + b[o];
+    }
+  return 0;
+}
+
+int defect_activation_forward(void*, dpcheck_activation_t activation, const float* x, float* y, std::int64_t n, void*) {
+  for (std::int64_t i = 0; i + 8 <= n; i += 8)
+    for (std::int64_t j = i; j < i + 8; ++j) y[j] = activation == DPCHECK_RELU ? std::max(x[j], 0.0f) : std::tanh(x[j]);
+  return 0;
+}
+
+dpcheck_kernel_plugin_t make_kernel_table(KernelKind kind) {
+  dpcheck_kernel_plugin_t t{};
+  t.abi = DPCHECK_PLUGIN_ABI;
+  t.memory = DPCHECK_HOST;
+  switch (kind) {
+    case KernelKind::four_partial_sums:
+      t.name = "four-partial-sums";
+      t.linear_forward = defect_linear_forward<KernelKind::four_partial_sums>;
+      break;
+    case KernelKind::dot_drops_tail:
+      t.name = "dot-drops-tail";
+      t.linear_forward = defect_linear_forward<KernelKind::dot_drops_tail>;
+      break;
+    case KernelKind::activation_drops_tail:
+      t.name = "activation-drops-tail";
+      t.activation_forward = defect_activation_forward;
+      break;
+  }
+  return t;
+}
+
+const dpcheck_kernel_plugin_t* kernel_table(KernelKind kind) {
+  static const dpcheck_kernel_plugin_t tables[] = {make_kernel_table(KernelKind::four_partial_sums),
+                                                   make_kernel_table(KernelKind::dot_drops_tail),
+                                                   make_kernel_table(KernelKind::activation_drops_tail)};
+  return &tables[static_cast<std::size_t>(kind)];
+}
+
+// The kernel row's verdict on the defect: "" or its failure ("case rows=1 in=3 ..., why"), and its replay
+// line. The table is run as `dpcheck conform --kernels <label>` runs a plugin.
+std::string run_kernel_row(const KernelDefect& d, const ConformOptions& options, std::string* replay = nullptr) {
+  Target target;
+  target.kernels = "in-process:" + std::string(kernel_table(d.kind)->name);
+  in_process_kernel_plugin(target.kernels, kernel_table(d.kind));
+  ConformOptions o = options;
+  o.check = std::string(d.row);
+  o.properties = false;
+  const std::vector<ConformRow> rows = conform_kernels(target, o);
+  if (rows.size() != 1) fail_case("conform --kernels --check '" + o.check + "' gave " + std::to_string(rows.size()) + " rows");
+  const ConformRow& row = rows.front();
+  if (replay) *replay = row.replay;
+  if (row.verdict == ConformVerdict::pass) return "";
+  return "case " + row.minimal + ", " + row.detail;
+}
+
 // One case: the communicator, its world, the row it is held to, and the seed of the row's random inputs.
 struct ConformCase {
   std::size_t defect = 0;  // into kDefects
@@ -333,6 +433,56 @@ void check_conform_case(const ConformCase& c, const Target& target) {
               ") " + (again.empty() ? std::string("passes") : "fails otherwise: " + again));
 }
 
+// One kernel of a case: a table of kKernelDefects and the seed of its row's shapes. Every defect shows
+// on conform's shapes (tiny and tile edges hold sizes off every multiple of four and eight), and a
+// correct one passes; a failure's replay line, its --check and --case, fails again at that case.
+struct KernelCase {
+  std::size_t defect = 0;
+  std::uint64_t seed = 1;
+  const KernelDefect& d() const { return kKernelDefects[defect]; }
+  std::string describe() const {
+    return std::string(d().name) + ", row '" + std::string(d().row) + "', seed " + std::to_string(seed);
+  }
+};
+
+void showValue(const KernelCase& c, std::ostream& os) { os << c.describe(); }
+
+rc::Gen<KernelCase> gen_kernel_case() {
+  return rc::gen::exec([] {
+    KernelCase c;
+    c.defect = *uniform(rc::gen::inRange<std::size_t>(0, std::size(kKernelDefects)));
+    c.seed = *rc::gen::inRange<std::uint64_t>(1, 1u << 20);
+    return c;
+  });
+}
+
+void check_kernel_case(const KernelCase& c, const Target& target) {
+  ConformOptions options;
+  options.seed = c.seed;
+  options.cases = 12;
+  options.max_kernel_size = 70;  // conform's tiny and tile-edge shapes
+  options.mutant = target.mutant;
+  options.replay_prefix = "dpcheck conform --kernels DEFECT";
+  const std::string what = c.describe();
+  std::string line;
+  const std::string failure = run_kernel_row(c.d(), options, &line);
+  RC_CLASSIFY(c.d().correct, "a correct kernel");
+  if (c.d().correct) {
+    if (!failure.empty()) fail_case("conform failed " + what + ", which keeps that row's promise: " + failure);
+    return;
+  }
+  if (failure.empty()) fail_case("conform passed " + what + ": the row is meant to catch it");
+  const std::string minimal = case_of(failure);
+  const std::optional<std::string> check = flag_value(line, "--check"), case_text = flag_value(line, "--case");
+  if (minimal.empty() || !check || !case_text || *check != c.d().row)
+    fail_case("conform failed " + what + ", but its replay line does not name the row and the case: " + line);
+  options.case_text = *case_text;
+  const std::string again = run_kernel_row(c.d(), options);
+  if (case_of(again) != minimal)
+    fail_case("conform failed " + what + " at case '" + minimal + "' (" + failure + "), and its replay line (" + line +
+              ") " + (again.empty() ? std::string("passes") : "fails otherwise: " + again));
+}
+
 // Communicators a case: a defect that shows on some worlds only (no power of two, three ranks or more)
 // is drawn in one communicator of thirty or so, and verify's hundred cases should meet each.
 constexpr std::size_t kPerCase = 3;
@@ -347,9 +497,12 @@ void conform_rows_body(const Target& target, CaseRecord& record) {
     largest = std::max(largest, c.world);
     note += (note.empty() ? "" : "; ") + c.describe();
   }
+  const KernelCase kernel = *gen_kernel_case();
+  note += "; " + kernel.describe();
   record.size = {0, largest, 0, 0};
   record.note = note;
   for (const ConformCase& c : cases) check_conform_case(c, target);
+  check_kernel_case(kernel, target);
 }
 
 }  // namespace dpcheck

@@ -28,7 +28,7 @@ namespace dpcheck {
 
 namespace {
 
-constexpr std::array<MutantInfo, 63> kMutants{{
+constexpr std::array<MutantInfo, 64> kMutants{{
     {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
      "the all-reduce sums the gradients but never divides by the world size"},
     {"allreduce-rank-order", "replicas_bitwise_synchronized",
@@ -191,6 +191,9 @@ constexpr std::array<MutantInfo, 63> kMutants{{
     {"conform-replay-drops-world-size", "conform_rows_catch_broken_communicators",
      "a failing conform row's replay line leaves out --world-size, so run as printed it replays on conform's "
      "default worlds instead of the N ranks it failed on"},
+    {"conform-kernel-whole-tiles", "conform_rows_catch_broken_communicators",
+     "conform's kernel checks draw every size as a whole number of tiles of 8, as a check written beside a "
+     "kernel tiled by 8 would: a kernel that drops the tail of a dot product or of a vector passes every row"},
     {"trainer-slot-32bit", "share_weights_match_global_batch",
      "the trainer computes a step's slot of a share in 32-bit integers: past 2^31 examples a share (a data set of "
      "tokens over few ranks) wraps negative, and the rank trains on the wrong examples or none",
@@ -664,6 +667,8 @@ PluginRules mutant_plugin_rules(std::string_view mutant) {
 bool mutant_conform_same_inputs(std::string_view mutant) { return mutant == "conform-same-inputs-every-rank"; }
 
 bool mutant_conform_avg_allowance_16bit(std::string_view mutant) { return mutant == "conform-avg-allowance-16bit"; }
+
+bool mutant_conform_kernel_whole_tiles(std::string_view mutant) { return mutant == "conform-kernel-whole-tiles"; }
 
 bool mutant_conform_replay_drops_world_size(std::string_view mutant) {
   return mutant == "conform-replay-drops-world-size";

@@ -70,6 +70,8 @@ PluginRules mutant_plugin_rules(std::string_view mutant);
 bool mutant_conform_same_inputs(std::string_view mutant);
 // conform's mutant of its allowance: an average's rounding allowed with bfloat16's unit roundoff.
 bool mutant_conform_avg_allowance_16bit(std::string_view mutant);
+// conform's mutant of its kernel checks' shapes: every drawn size a multiple of 8.
+bool mutant_conform_kernel_whole_tiles(std::string_view mutant);
 // conform's mutant of its replay lines: a failing row's line without its --world-size.
 bool mutant_conform_replay_drops_world_size(std::string_view mutant);
 // The schedule emulation's mutant: halving-doubling's pairs from the highest bit down.

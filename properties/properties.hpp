@@ -34,6 +34,8 @@
 //                                         and the bits of the algorithm written message by message
 //   conform_rows_catch_broken_communicators  conform's own rows: each fails the defect meant for it, at a
 //                                         case that fails again alone, and passes correct communicators
+//                                         and kernels (its kernels: a dot product or a vector whose tail
+//                                         is dropped, a dot product in another order)
 //   plugin_abi_rules_hold                 a plugin's communicator hands each table of ABI 1, 2, 3 what it
 //                                         declares, refuses the rest, and finalizes after the barrier
 //   share_weights_match_global_batch      every rank's slot of its share and its scale for every
