@@ -550,7 +550,11 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
 
   const std::int64_t global = static_cast<std::int64_t>(ex.global().size());
   if (!cap.local.empty()) {
-    if (want.empty()) {
+    if (cap.skipped && has_non_finite(cap.local)) {
+      // The loss scaler's overflow: a gradient non-finite at the scale is the scaler's to handle (it skips
+      // the step on every rank, judged below), not a bound's to hold.
+      add("local gradient", 0.0, "");
+    } else if (want.empty()) {
       const auto bad = std::find_if(cap.local.begin(), cap.local.end(), [](float v) { return v != 0.0f; });
       add("local gradient", bad == cap.local.end() ? 0.0 : INFINITY,
           bad == cap.local.end() ? "" : layout.describe_element(static_cast<std::size_t>(bad - cap.local.begin())));
