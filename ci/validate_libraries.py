@@ -67,6 +67,9 @@ MPICH_SCHEDULES = [("recursive_doubling", 5, "halving-doubling"), ("reduce_scatt
 SCHEDULE_FLAGS = ["--no-properties", "--check", "schedule float32 sum"]
 FULL_WORLDS = [2, 3, 4]
 QUICK_WORLDS = [2, 3]
+# Rows the CI subset leaves to the full table: Gloo's bcube at N = 3, which fails in the full table, took
+# 243 s of a CI run's subset (five minutes at most) on two cores.
+QUICK_LEFT_OUT = {("Gloo", "bcube", 3)}
 # The CI subset: conform's own checks on small buffers and shapes, no properties of verify.
 QUICK_COMM_FLAGS = ["--no-properties", "--max-mib", "1"]
 QUICK_KERNEL_FLAGS = ["--no-properties", "--max-size", "128"]
@@ -167,6 +170,8 @@ def rows_for(build, quick, only):
     gloo = os.path.join(build, "examples/comm_gloo/libdpcheck_comm_gloo.so")
     for algorithm in GLOO_ALGORITHMS:
         for n in worlds:
+            if quick and ("Gloo", algorithm, n) in QUICK_LEFT_OUT:
+                continue
             rows.append(Row("Gloo", algorithm, n,
                             [dpcheck, "conform", "--comm", gloo, "--world-size", str(n)] + flags,
                             env={"DPCHECK_GLOO_ALGORITHM": algorithm}))
@@ -506,7 +511,9 @@ schedule whose bits it gives exactly: the row says where and to what. The librar
 this is no failure of it; the library schedules (`open-mpi-ring`, `open-mpi-rabenseifner`) model the switch
 and are exact at every count. `unsupported` counts the checks of a dtype or op the
 plugin does not declare. Gloo's bcube at N = 4 races (its run waits for the peers of its first step
-only), so which of its checks fails first changes from run to run; the CI subset holds no such row.
+only), so which of its checks fails first changes from run to run; the CI subset holds no such row, and
+leaves out its N = 3 row too (a failing row of the full table that took four minutes of the subset's
+five on two cores).
 
 ## Notes on the failing rows of MPICH and PyTorch
 
