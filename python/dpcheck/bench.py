@@ -112,7 +112,7 @@ def worker(a: argparse.Namespace) -> None:
         monitor._hook.remove()
     if rank == 0:
         p, c, m = statistics.median(plain), statistics.median(checked), statistics.median(inside)
-        state_bytes = 4 * params * 3  # parameters, gradients, momentum
+        state_bytes = 4 * params * 2  # parameters and momentum (the gradients only once replicas differ)
         rate = hashing_rate()
         row = {"dims": dims, "parameters": params, "batch_per_rank": a.batch, "ranks": world, "threads": a.threads,
                "torch": torch.__version__, "step_ms": p * 1e3, "checked_step_ms": c * 1e3, "monitor_ms": m * 1e3,
@@ -127,7 +127,7 @@ def worker(a: argparse.Namespace) -> None:
         print(f"{'step with the Monitor':<40} {c * 1e3:10.2f} {c / p:12.3f}")
         print(f"{'the Monitor alone (hook + step)':<40} {m * 1e3:10.2f} {m / p:12.3f}")
         print(hashing_text(rate))
-        print(f"hashed a step: {state_bytes / 1e6:.0f} MB of parameters, gradients and momentum after it, and the "
+        print(f"hashed a step: {state_bytes / 1e6:.0f} MB of parameters and momentum after it, and the "
               f"{4 * params / 1e6:.0f} MB of parameters again before its forward pass")
         if a.json:
             with open(a.json, "w") as f:

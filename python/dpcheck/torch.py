@@ -10,9 +10,10 @@
             monitor.step(x, y)          # after the optimizer's step, before the next zero_grad
     monitor.close()
 
-After every step the replicas are compared bit for bit: the parameters, the gradients the optimizer used,
-the optimizer's state and hyperparameters, and the buffers as the step's forward pass saw them (after
-DDP's broadcast), each hashed with XXH3 in dpcheck's C++ core and the hashes all-gathered. A difference is
+After every step the replicas are compared bit for bit: the parameters, the optimizer's state and
+hyperparameters, and the buffers as the step's forward pass saw them (after DDP's broadcast), each hashed
+with XXH3 in dpcheck's C++ core and the hashes all-gathered (the gradients the optimizer used are hashed
+too once a difference is found, to place it). A difference is
 located to the tensor and element, with every rank's value, the ranks in the minority and the distance in
 ULPs, and placed: in this step's gradient, in this step's update, or outside the update (a buffer, a
 parameter changed on one rank between steps). Every epoch's shares of the sampler are gathered and held
@@ -468,7 +469,15 @@ class Monitor:
 
     def _replica_header(self) -> Dict[str, Any]:
         tensors = self._tensors()
-        hashes, combined = _core.hash_all([_as_array(t) for _, _, t in tensors])
+        # The replicas' promise is their parameters, buffers and optimizer state: those are hashed every step.
+        # The gradients only place a difference once one is found (the optimizer was given different
+        # gradients), so they are hashed then (_judge_replicas), while they are still there: a quarter less
+        # to read every step.
+        kept = [i for i, (section, _, _) in enumerate(tensors) if section != "gradient"]
+        kept_hashes, combined = _core.hash_all([_as_array(tensors[i][2]) for i in kept])
+        hashes: List[Optional[int]] = [None] * len(tensors)
+        for i, h in zip(kept, kept_hashes):
+            hashes[i] = h
         # The parameters' combined hash as hash_all makes it (the pre-forward hook's), from their own hashes
         # above rather than a second pass over them.
         param_hashes = [h for (section, _, _), h in zip(tensors, hashes) if section == "parameters"]
@@ -499,8 +508,13 @@ class Monitor:
                          " (a rank called monitor.step() more or fewer times)")
             return self._failure("replicas", step, lines)
         outside = [r for r, row in enumerate(gathered) if row[2]]
-        # Every rank's list of tensors and hashes, then the first tensor that differs, gathered whole.
-        mine = [(s, n, _dtype_name(t), list(t.shape), h) for (s, n, t), h in zip(header["tensors"], header["hashes"])]
+        # Every rank's list of tensors and hashes (the gradients' hashed now), then the first tensor that
+        # differs, gathered whole.
+        hashes = header["hashes"]
+        unhashed = [i for i, h in enumerate(hashes) if h is None]
+        for i, h in zip(unhashed, _core.hash_all([_as_array(header["tensors"][i][2]) for i in unhashed])[0]):
+            hashes[i] = h
+        mine = [(s, n, _dtype_name(t), list(t.shape), h) for (s, n, t), h in zip(header["tensors"], hashes)]
         pre = self._pre
         pre_buffers = [(n, d, s, h) for (n, d, s, _), h in zip(pre["buffers"], pre["buffer_hashes"])] if pre else []
         everyone = self._all_gather_object((mine, pre_buffers))
