@@ -855,16 +855,17 @@ std::optional<CheckConclusion> conclude_schedule(const std::vector<ScheduleSeen>
       if (c.claimed && !c.others.contains(target)) kept.push_back(c.count);
     if (kept.empty()) continue;
     none_told_apart = false;
-    const auto [low, high] = std::minmax_element(kept.begin(), kept.end());
-    const bool below = std::all_of(left_counts.begin(), left_counts.end(), [&](std::size_t c) { return c < *low; });
-    const bool above = std::all_of(left_counts.begin(), left_counts.end(), [&](std::size_t c) { return c > *high; });
+    const auto extremes = std::minmax_element(kept.begin(), kept.end());
+    const std::size_t low = *extremes.first, high = *extremes.second;  // clang 14 captures no structured binding
+    const bool below = std::all_of(left_counts.begin(), left_counts.end(), [&](std::size_t c) { return c < low; });
+    const bool above = std::all_of(left_counts.begin(), left_counts.end(), [&](std::size_t c) { return c > high; });
     if (!below && !above) continue;
     return CheckConclusion{false, 0,
                            "the library does not follow " + claimed + " at count" + (left_counts.size() == 1 ? " " : "s ") +
                                counts_text(left_counts) + ": it switches to " + target +
                                " there (its bits at every element); " + claimed +
                                "'s own bits, told apart from those, at every count drawn " +
-                               (below ? "from " + std::to_string(*low) + " up" : "up to " + std::to_string(*high))};
+                               (below ? "from " + std::to_string(low) + " up" : "up to " + std::to_string(high))};
   }
   std::string names;  // "halving-doubling", or "halving-doubling or hierarchical:2"
   for (const std::string& t : targets) names += (names.empty() ? "" : " or ") + t;
