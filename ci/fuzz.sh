@@ -12,8 +12,10 @@ seconds=${1:-60}
 targets=(npy manifest replay model sizes trace)
 
 bash ci/setup.sh
+start=$SECONDS
 cmake --preset fuzz
 cmake --build --preset fuzz --parallel "$(nproc)" --target "${targets[@]/%/_fuzz}"
+echo "ci/fuzz.sh: the build took $((SECONDS - start)) s"
 
 run=build-fuzz/fuzz-run
 rm -rf "$run"

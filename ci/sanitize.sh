@@ -29,6 +29,7 @@ for stage in "${stages[@]}"; do
     asan)
       cmake --preset sanitize
       cmake --build --preset sanitize --parallel "$(nproc)"
+      echo "ci/sanitize.sh: asan's build took $((SECONDS - start)) s"
       ctest --preset sanitize --parallel "$((2 * $(nproc)))"
       ;;
     tsan)
@@ -36,6 +37,7 @@ for stage in "${stages[@]}"; do
       cmake --preset tsan
       cmake --build --preset tsan --parallel "$(nproc)" --target local_comm_test trainer_test \
         bucketing_test replica_check_test properties_test writer_test
+      echo "ci/sanitize.sh: tsan's build took $((SECONDS - start)) s"
       ctest --preset tsan --parallel "$(nproc)"
       ;;
     *)
