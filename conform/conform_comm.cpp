@@ -719,18 +719,21 @@ CommCheck identical_bits_check(ReduceOp op, bool twice, std::uint64_t seed, cons
         // that starts where the last call ended) meets every rotation in any N + 1 calls, so the case fails
         // alike in the whole run and replayed alone. (Such an order shows at the small counts, which come
         // first; above them one more call.)
+        // Every rank makes all N calls, whatever it saw: a rank that stopped at its own first difference
+        // would leave the others waiting in a call it never makes (MPICH's recursive exchange gives some
+        // ranks a new result and not others), and the row would read as the library's hang.
         const std::vector<T> kept(buf, buf + k.count);
         const int more = k.count <= kRunToRunAllRotations ? comm.size() : 1;
+        std::string first_bad;
         for (int again = 1; again <= more; ++again) {
           fill();
           comm.allreduce(arena->place(comm, k), k.count, dtype_of<T>(), op);
           arena->fetch(comm);
+          if (!first_bad.empty()) continue;
           const std::string run = again == 1 ? "second run's" : "run " + std::to_string(again + 1) + "'s";
-          if (std::string bad = compare(buf, k.count, [&](std::size_t i) { return kept[i]; }, run.c_str());
-              !bad.empty())
-            return bad;
+          first_bad = compare(buf, k.count, [&](std::size_t i) { return kept[i]; }, run.c_str());
         }
-        return arena->guards(k, k.count);
+        return first_bad.empty() ? arena->guards(k, k.count) : first_bad;
       }
       const std::vector<std::uint64_t> hashes = comm.host().allgather_value(first);
       for (std::size_t r = 0; r < hashes.size(); ++r)
@@ -1012,6 +1015,9 @@ CommCheck calls_in_a_row_check(int n, const std::vector<CommCase>& cases) {
     auto arena = std::make_shared<Arena<float>>();
     auto gathered = std::make_shared<Arena<float>>();
     return CaseFn([arena, gathered, n](Communicator& comm, const CommCase& k) -> std::string {
+      // Every rank makes all the calls and keeps its first difference: a rank that stopped at it would
+      // leave the others waiting in a call it never makes.
+      std::string first_bad;
       for (int call = 0; call < calls; ++call) {
         float* buf = arena->prepare(k, k.count);
         std::string bad;
@@ -1048,9 +1054,9 @@ CommCheck calls_in_a_row_check(int n, const std::vector<CommCase>& cases) {
           }
         }
         if (bad.empty()) bad = arena->guards(k, k.count);
-        if (!bad.empty()) return bad;
+        if (first_bad.empty()) first_bad = bad;
       }
-      return {};
+      return first_bad;
     });
   };
   return c;
