@@ -43,6 +43,7 @@ enum class Kind {
   reverse_order,      // exact in another order: every rank sums from rank N - 1 down
   own_order,          // each rank sums starting from itself
   call_order,         // the order turns by one rank each call, the same on every rank
+  some_ranks_turn,    // every other call each rank sums from itself: rank 0's bits never change, the others' do
   pow2_tree,          // a tree built for powers of two: ranks past the largest power of two are never added
   chunk_off_by_one,   // each chunk after the first starts one element late: its first element misses a rank
   avg_wrong_n,        // avg divides by N rounded up to a power of two (a buffer count padded)
@@ -70,6 +71,8 @@ constexpr Defect kDefects[] = {
     {Kind::own_order, "a communicator whose ranks each sum from themselves", "same bits on every rank float32 sum", "", 3},
     {Kind::own_order, "a communicator whose ranks each sum from themselves", "same bits on every rank bfloat16 sum", "", 3},
     {Kind::call_order, "a communicator whose order turns with every call", "run-to-run float32 sum", "", 3},
+    {Kind::some_ranks_turn, "a communicator whose ranks but rank 0 sum from themselves every other call",
+     "run-to-run float32 sum", "", 3},
     {Kind::pow2_tree, "a tree built for powers of two", "allreduce float32 sum", "", 2, true},
     {Kind::chunk_off_by_one, "a ring whose chunks after the first start one element late", "allreduce float32 sum", ""},
     {Kind::avg_wrong_n, "an average divided by N rounded up to a power of two", "allreduce float32 avg", "", 2, true},
@@ -117,6 +120,7 @@ class DefectiveComm final : public ForwardingCommunicator {
       case Kind::reverse_order:
       case Kind::own_order:
       case Kind::call_order:
+      case Kind::some_ranks_turn:
       case Kind::pow2_tree:
       case Kind::chunk_off_by_one: return floating && sum_or_avg;
       case Kind::avg_wrong_n: return floating && op == ReduceOp::avg;
@@ -201,6 +205,7 @@ class DefectiveComm final : public ForwardingCommunicator {
         case Kind::reverse_order: order.push_back(n - 1 - k); break;
         case Kind::own_order: order.push_back((me + k) % n); break;
         case Kind::call_order: order.push_back((call + k) % n); break;
+        case Kind::some_ranks_turn: order.push_back((call % 2 * me + k) % n); break;
         default: order.push_back(k);
       }
     }

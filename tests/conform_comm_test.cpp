@@ -53,6 +53,7 @@ const Broken kBroken[] = {
     {"sequence-wrap", "calls in a row", "count=1 "},
     {"half-as-bfloat16", "allreduce float16 sum", "count=1 "},
     {"float64-unwired", "allreduce float64 sum", "count=0 "},
+    {"some-ranks-turn", "run-to-run float32 sum", ""},
 };
 
 class ConformComm : public ::testing::TestWithParam<Broken> {};
@@ -262,6 +263,27 @@ TEST(ConformComm, ARowFailedByThePluginsOwnErrorHasAMinimalCaseAndAReplay) {
     EXPECT_NE(again.output.find("FAILED summation order and width"), std::string::npos) << again.output;
   }
   EXPECT_TRUE(fingerprint) << r.output;
+}
+
+// A library that gives some ranks a new result and not others (some-ranks-turn: every rank but rank 0
+// sums from itself every other call) fails the run-to-run row with the difference a rank saw, and no
+// rank times out: the ranks that saw none go on to calls that the others must make too. (When a rank
+// stopped at its own first difference, the others waited in a call it never made, until --timeout.)
+TEST(ConformComm, RanksThatSeeANewResultAndRanksThatDoNotMakeTheSameCalls) {
+  Scratch s;
+  const fs::path report = s.dir / "r.json";
+  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("some-ranks-turn") + kQuick +
+                                          " --check 'run-to-run float32 sum' --report " + report.string(),
+                                      300);
+  ASSERT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
+  const nlohmann::json j = read_json(report);
+  ASSERT_EQ(j["checks"].size(), 1u) << j.dump();
+  const nlohmann::json& row = j["checks"][0];
+  EXPECT_EQ(row["verdict"], "fail") << row.dump();
+  const std::string detail = row["detail"];
+  EXPECT_NE(detail.find("run's element"), std::string::npos) << detail;
+  EXPECT_EQ(detail.find("rank 0:"), std::string::npos) << detail;
 }
 
 // --world-size N is the world of every row, verify's properties included: their minimal cases and

@@ -23,6 +23,11 @@
  *                     bfloat16 reused): the patterns survive a copy, but their sums are wrong
  *  18 float64-unwired  declares float64 (copied from a table that had it) but its all-reduce returns
  *                     an error for it, "not implemented": a row fails with the plugin's own error
+ *  19 some-ranks-turn  on every other call each rank starts its sum at its own buffer (the "odd" half of
+ *                     a double buffer, written for a copy saved): rank 0's bits never change, the
+ *                     others' change from call to call, as some ranks' do in MPICH's recursive exchange
+ *                     at k = 3. Ranks that see a new result and ranks that do not must still make the
+ *                     same calls, or the check hangs where it should fail
  *
  * Built with ORDER_ENV, the correct plugin takes its order of summation from DPCHECK_TEST_COMM_ORDER,
  * which it lists through dpcheck_plugin_env (plugin.h, "Environment") as an adapter lists the variable
@@ -354,6 +359,8 @@ static int c_allreduce(void* handle, void* buf, size_t count, dpcheck_dtype_t t,
   first = c->rank;
 #elif BREAK == 8
   first = (int)(c->calls % 2) * (c->size - 1);
+#elif BREAK == 19
+  if (c->calls % 2) first = c->rank;
 #endif
 #ifdef ORDER_ENV
   if (own_order()) first = c->rank;
