@@ -11,9 +11,10 @@
 #   flags or definitions are compiled alone (CMake leaves them out of the units). A unit is a set of .cpp
 #   files seen as one, so two of them may not define the same name in an anonymous namespace.
 # - Tests: every test executable is one file that includes GoogleTest and, most of them, RapidCheck,
-#   nlohmann-json and Eigen (through the engine's header). The first test made precompiles those
-#   headers, and every other test reuses its precompiled header (REUSE_FROM) instead of parsing them
-#   again: the compile flags are the same, and no test defines a macro those headers read.
+#   nlohmann-json and Eigen (through the engine's header). The first target given to
+#   dpcheck_precompile_test (tests/CMakeLists.txt's dpcheck_test_pch, whose flags every test program
+#   has) precompiles those headers, and every test reuses its precompiled header (REUSE_FROM) instead of
+#   parsing them again: the compile flags are the same, and no test defines a macro those headers read.
 option(DPCHECK_PCH "Precompile the heavy third-party headers of each target" ON)
 option(DPCHECK_UNITY "Compile each multi-file library and the command as unity builds" ON)
 
