@@ -1,13 +1,15 @@
 """What dpcheck.torch costs a real job, measured in one run.
 
-    python3 -m dpcheck.bench [--nproc 2] [--dims 1024,2560,2560,1024] [--batch 256] [--steps 8]
+    python3 -m dpcheck.bench [--nproc 2] [--dims 1024,2560,2560,1024] [--batch 256] [--steps 8] [--blocks 5]
 
 Starts --nproc ranks of a DDP job over gloo (one thread each) training an MLP (ReLU, MSE, SGD with
-momentum; the default has 11.8 million parameters), and times its steps in alternating blocks without
-and with a Monitor (the replica check after every step; no gradient check), so that both see the same
-machine. Prints the median step of each, the monitor's own time per step (its forward hook and
-monitor.step, timed inside), both as ratios to the plain step, and the rate of dpcheck's XXH3 hashing
-on one core over a 256 MiB buffer. Nothing is judged here: it prints figures, and exits 0.
+momentum; the default has 11.8 million parameters), and times blocks of steps in a row, alternating
+without and with a Monitor (the replica check after every step; no gradient check), so that both see the
+same machine. Prints the median step of each (a block's time over its steps), the monitor's own time per
+step (its forward hook and monitor.step, timed inside), and that time less its all-gather of the ranks'
+hashes (where a rank that ended its step first waits for the others, as it would without a Monitor in
+the next step's all-reduce): its own work, the hashing and its bookkeeping. All as ratios to the plain
+step, with the rate of dpcheck's XXH3 hashing on one core over a 256 MiB buffer. Nothing is judged here: it prints figures, and exits 0.
 """
 
 import argparse
@@ -72,6 +74,7 @@ def worker(a: argparse.Namespace) -> None:
     y = torch.randn(a.batch, dims[-1], generator=g)
 
     monitor_time = [0.0]
+    gather_time = [0.0]
 
     def step(monitor):
         opt.zero_grad()
@@ -84,13 +87,18 @@ def worker(a: argparse.Namespace) -> None:
 
     for _ in range(2):  # warm-up: first touches, gloo's buffers, the optimizer's state
         step(None)
-    plain, checked, inside = [], [], []
+    # A block is --steps steps in a row, as a job runs them: a barrier before and after the block, none
+    # between its steps, so that a rank that ends a step first waits where it would in a job (in the
+    # Monitor's all-gather, or without one in the next step's all-reduce) and the wait is counted once.
+    # A step's time is its block's over its steps; the Monitor's own time is each step's, measured inside.
+    plain, checked, inside, gathering = [], [], [], []
     for _ in range(a.blocks):
+        dist.barrier()
+        t0 = time.perf_counter()
         for _ in range(a.steps):
-            dist.barrier()
-            t0 = time.perf_counter()
             step(None)
-            plain.append(time.perf_counter() - t0)
+        dist.barrier()
+        plain.append((time.perf_counter() - t0) / a.steps)
         monitor = Monitor(model, opt, out=open(os.devnull, "w"))
         # The hook's share is timed by wrapping it.
         hook = monitor._pre_forward
@@ -102,30 +110,46 @@ def worker(a: argparse.Namespace) -> None:
 
         monitor._hook.remove()
         monitor._hook = monitor.inner.register_forward_pre_hook(timed_hook)
-        for _ in range(a.steps):
-            dist.barrier()
-            monitor_time[0] = 0.0
+        # And its all-gather of the ranks' hashes, where a rank that ended its step first waits for the others
+        # (in a job without a Monitor it would wait as long in the next step's all-reduce).
+        gather = monitor._all_gather_int64
+
+        def timed_gather(values, gather=gather):
             t0 = time.perf_counter()
+            out = gather(values)
+            gather_time[0] += time.perf_counter() - t0
+            return out
+
+        monitor._all_gather_int64 = timed_gather
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            monitor_time[0] = gather_time[0] = 0.0
             step(monitor)
-            checked.append(time.perf_counter() - t0)
             inside.append(monitor_time[0])
+            gathering.append(gather_time[0])
+        dist.barrier()
+        checked.append((time.perf_counter() - t0) / a.steps)
         monitor._hook.remove()
     if rank == 0:
         p, c, m = statistics.median(plain), statistics.median(checked), statistics.median(inside)
+        w = statistics.median(i - g for i, g in zip(inside, gathering))
         state_bytes = 4 * params * 2  # parameters and momentum (the gradients only once replicas differ)
         rate = hashing_rate()
         row = {"dims": dims, "parameters": params, "batch_per_rank": a.batch, "ranks": world, "threads": a.threads,
                "torch": torch.__version__, "step_ms": p * 1e3, "checked_step_ms": c * 1e3, "monitor_ms": m * 1e3,
-               "checked_over_plain": c / p, "monitor_over_step": m / p, "hash_gb_per_s": rate[0],
+               "checked_over_plain": c / p, "monitor_over_step": m / p, "monitor_work_ms": w * 1e3,
+               "monitor_work_over_step": w / p, "hash_gb_per_s": rate[0],
                "sum_gb_per_s": rate[1],
                "hashed_mb_per_step": state_bytes / 1e6}
         print(f"# dpcheck.torch's cost: MLP {a.dims} ({params / 1e6:.1f} M parameters), batch {a.batch} a rank, "
               f"{world} ranks of DDP over gloo, {a.threads} thread each, PyTorch {torch.__version__}; medians of "
-              f"{len(plain)} steps each, in {a.blocks} alternating blocks")
+              f"{a.blocks} alternating blocks of {a.steps} steps in a row each")
         print(f"{'what':<40} {'ms':>10} {'of the step':>12}")
         print(f"{'step (forward, MSE, backward, SGD)':<40} {p * 1e3:10.2f} {1.0:12.3f}")
         print(f"{'step with the Monitor':<40} {c * 1e3:10.2f} {c / p:12.3f}")
         print(f"{'the Monitor alone (hook + step)':<40} {m * 1e3:10.2f} {m / p:12.3f}")
+        print(f"{'  less its all-gather (its own work)':<40} {w * 1e3:10.2f} {w / p:12.3f}")
         print(hashing_text(rate))
         print(f"hashed a step: {state_bytes / 1e6:.0f} MB of parameters and momentum after it, and the "
               f"{4 * params / 1e6:.0f} MB of parameters again before its forward pass")
@@ -141,8 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--dims", default="1024,2560,2560,1024", help="layer widths (default 1024,2560,2560,1024)")
     p.add_argument("--batch", type=int, default=256, help="examples a rank a step (default 256)")
-    p.add_argument("--steps", type=int, default=4, help="steps a block (default 4)")
-    p.add_argument("--blocks", type=int, default=3, help="blocks of each kind, alternating (default 3)")
+    p.add_argument("--steps", type=int, default=8, help="steps in a row a block (default 8)")
+    p.add_argument("--blocks", type=int, default=5, help="blocks of each kind, alternating (default 5)")
     p.add_argument("--threads", type=int, default=1, help="PyTorch threads a rank (default 1)")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
     p.add_argument("--hash-only", action="store_true", help="print the hashing rate alone and exit")
