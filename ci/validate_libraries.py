@@ -80,11 +80,11 @@ class Row:
         self.argv, self.env, self.replay_prefix, self.kind = argv, env or {}, replay_prefix, kind
         self.verdict = self.check = self.promise = self.distance = self.replay = self.detail = ""
         self.unsupported = 0
+        self.seconds = 0.0
 
     def polls(self):
         """Whether the row's ranks are MPI processes, which poll for messages rather than wait."""
         return os.path.basename(self.argv[0]).startswith(("mpirun", "mpiexec", "orterun"))
-        self.seconds = 0.0
 
     def key(self):
         return (self.library, self.algorithm, str(self.world))

@@ -9,7 +9,8 @@ same machine. Prints the median step of each (a block's time over its steps), th
 step (its forward hook and monitor.step, timed inside), and that time less its all-gather of the ranks'
 hashes (where a rank that ended its step first waits for the others, as it would without a Monitor in
 the next step's all-reduce): its own work, the hashing and its bookkeeping. All as ratios to the plain
-step, with the rate of dpcheck's XXH3 hashing on one core over a 256 MiB buffer. Nothing is judged here: it prints figures, and exits 0.
+step, with the rate of dpcheck's XXH3 hashing on one core over a 256 MiB buffer. Nothing is judged here:
+it prints figures, and exits 0.
 """
 
 import argparse
