@@ -4,10 +4,13 @@
 // precision; the scaler follows GradScaler's rules; checkpoints keep its state.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
+#include <rapidcheck/detail/Utility.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <sstream>
 #include <string>
 
 #include "properties/common.hpp"
@@ -30,28 +33,49 @@ Target target_in(Precision p, DType allreduce = DType::f32) {
 // element of the worst case, within a small factor of 1 (the bound is not loose). Measured here:
 // bf16 0.99 to 0.9998 and fp16 0.90 to 0.996 over 100 to 300 cases (seeds 1 to 11): the worst case is
 // a rounding boundary within an activation's or a delta's error, whose width the bound then carries
-// whole.
+// whole. How near the nearest case comes is a tail of the draw: over 41 seeds of 100 cases, bf16's
+// worst ratio ran from 0.70 to 0.9998 and fp16's from 0.63 to 0.999, and one seed left bf16 at 0.46.
+// So tightness is a search: blocks of 100 cases, each under its own seed derived from the run's,
+// until some case reaches `floor`, at most kTightnessBlocks of them; a bound twice too loose keeps
+// every block under 0.5 and still fails. Every case of every block must keep the bound.
+constexpr int kTightnessBlocks = 5;
+
 void expect_tight(Precision p, DType allreduce, double floor) {
   const Target target = target_in(p, allreduce);
   double worst = 0;
-  int cases = 0, probed = 0, caught = 0;
-  const bool ok = rc::check(std::string("tight ") + std::string(precision_name(p)), [&] {
-    const Scenario s = *gen_scenario(space_for(target));
-    const GradientOutcome o = check_sharded_gradient(s, target);
-    RC_ASSERT(o.passed);
-    worst = std::max({worst, o.sharded_ratio, o.whole_ratio});
-    ++cases;
-    if (o.probe_ratio >= 0) {
-      ++probed;
-      caught += o.probe_ratio > 1 ? 1 : 0;
-    }
-  });
-  EXPECT_TRUE(ok);
-  std::printf("%s (all-reduce %s): worst error ratio %.4f over %d cases; the dropped example left the bound in %d of %d\n",
+  int cases = 0, probed = 0, caught = 0, blocks = 0;
+  const std::string name = std::string("tight ") + std::string(precision_name(p));
+  const rc::detail::TestParams run = rc::detail::configuration().testParams;
+  while (blocks < kTightnessBlocks && (blocks == 0 || worst < floor)) {
+    rc::detail::TestParams params = run;
+    params.seed = rc::detail::avalanche(run.seed + static_cast<std::uint64_t>(blocks));
+    ++blocks;
+    rc::detail::TestMetadata metadata;
+    metadata.id = metadata.description = name + " (block " + std::to_string(blocks) + ")";
+    const rc::detail::TestResult result = rc::detail::checkTestable(
+        [&] {
+          const Scenario s = *gen_scenario(space_for(target));
+          const GradientOutcome o = check_sharded_gradient(s, target);
+          RC_ASSERT(o.passed);
+          worst = std::max({worst, o.sharded_ratio, o.whole_ratio});
+          ++cases;
+          if (o.probe_ratio >= 0) {
+            ++probed;
+            caught += o.probe_ratio > 1 ? 1 : 0;
+          }
+        },
+        metadata, params);
+    std::ostringstream message;
+    rc::detail::printResultMessage(result, message);
+    EXPECT_TRUE(result.template is<rc::detail::SuccessResult>()) << metadata.description << ": " << message.str();
+    if (!result.template is<rc::detail::SuccessResult>()) return;
+  }
+  std::printf("%s (all-reduce %s): worst error ratio %.4f over %d cases in %d block(s); the dropped example left the "
+              "bound in %d of %d\n",
               std::string(precision_name(p)).c_str(), std::string(allreduce_dtype_name(allreduce)).c_str(), worst, cases,
-              caught, probed);
+              blocks, caught, probed);
   EXPECT_LE(worst, 1.0);
-  EXPECT_GE(worst, floor) << "the bound has grown loose";
+  EXPECT_GE(worst, floor) << "the bound has grown loose: no case of " << blocks << " blocks came within " << floor;
   EXPECT_GE(caught, probed * 9 / 10) << "the check lost its power";
 }
 
