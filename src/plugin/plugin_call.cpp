@@ -48,7 +48,9 @@ class Watchdog {
     }
     const std::uint64_t id = next_++;
     calls_.emplace(id, Watch{deadline, std::move(message)});
-    changed_.notify_one();
+    // The watching thread is woken only when this deadline comes before the one it waits for: calls
+    // armed with the same timeout one after the other would otherwise wake it once each, for nothing.
+    if (deadline < waiting_until_) changed_.notify_one();
     return id;
   }
 
@@ -73,6 +75,7 @@ class Watchdog {
     std::unique_lock lock(mutex_);
     for (;;) {
       if (calls_.empty()) {
+        waiting_until_ = Clock::time_point::max();
         changed_.wait(lock);
         continue;
       }
@@ -82,6 +85,7 @@ class Watchdog {
       if (Clock::now() >= first->second.deadline) expire(first->second.message);
       // A copy: the wait lets go of the lock, and the call may end (and its entry go) meanwhile.
       const Clock::time_point deadline = first->second.deadline;
+      waiting_until_ = deadline;
       changed_.wait_until(lock, deadline);
     }
   }
@@ -91,6 +95,9 @@ class Watchdog {
   std::map<std::uint64_t, Watch> calls_;
   std::uint64_t next_ = 1;
   bool started_ = false;
+  // The deadline the watching thread sleeps until (max: until a call is armed); before it starts, the
+  // first arm must wake it, and nothing waits yet, so max serves there too.
+  Clock::time_point waiting_until_ = Clock::time_point::max();
 };
 
 Watchdog& watchdog() {
