@@ -34,7 +34,8 @@ def run(cmd, cwd):
 
 
 def job(ranks, script, *args, cwd):
-    return run([sys.executable, "-m", "dpcheck.launch", "--nproc", str(ranks), "--timeout", "240", script, *args], cwd)
+    return run([sys.executable, "-m", "dpcheck.launch", "--nproc", str(ranks), "--timeout", "240", "--preload", "torch",
+                script, *args], cwd)
 
 
 def dpcheck(*args, cwd):

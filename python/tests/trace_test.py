@@ -25,8 +25,8 @@ def main() -> int:
     problems = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, ranks in (("a2.jsonl", 2), ("b2.jsonl", 2), ("c3.jsonl", 3)):
-            r = run([sys.executable, "-m", "dpcheck.launch", "--nproc", str(ranks), "--timeout", "240", JOB,
-                     "--steps", "3", "--trace", name], tmp)
+            r = run([sys.executable, "-m", "dpcheck.launch", "--nproc", str(ranks), "--timeout", "240", "--preload",
+                     "torch", JOB, "--steps", "3", "--trace", name], tmp)
             if r.returncode != 0:
                 problems.append(f"the job on {ranks} ranks exited {r.returncode}")
         same = run([os.environ["DPCHECK"], "diff", "a2.jsonl", "b2.jsonl"], tmp)

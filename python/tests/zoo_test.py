@@ -72,7 +72,11 @@ def main() -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), ZOO) if p)
     with tempfile.TemporaryDirectory() as tmp:
-        launch = [sys.executable, "-m", "dpcheck.launch", "--nproc", str(ranks), "--timeout", "240", script, *args]
+        # Ranks forked from a launcher that imported torch once, but under the audit, which counts the
+        # processes as they start, each its own interpreter.
+        preload = [] if name == "rank_writes" else ["--preload", "torch"]
+        launch = [sys.executable, "-m", "dpcheck.launch", "--nproc", str(ranks), "--timeout", "240", *preload, script,
+                  *args]
         if name == "rank_writes":
             launch = [os.environ["DPCHECK"], "audit", "--", *launch, "--out", tmp]
         run = subprocess.run(launch, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
