@@ -1,16 +1,16 @@
 """What dpcheck.torch costs a real job, measured in one run.
 
-    python3 -m dpcheck.bench [--nproc 2] [--dims 1024,2560,2560,1024] [--batch 256] [--steps 8] [--blocks 5]
+    python3 -m dpcheck.bench [--nproc 2] [--dims 1024,2560,2560,1024] [--batch 512] [--steps 8] [--blocks 5]
 
 Starts --nproc ranks of a DDP job over gloo (one thread each) training an MLP (ReLU, MSE, SGD with
-momentum; the default has 11.8 million parameters), and times blocks of steps in a row, alternating
-without and with a Monitor (the replica check after every step; no gradient check), so that both see the
-same machine. Prints the median step of each (a block's time over its steps), the monitor's own time per
-step (its forward hook and monitor.step, timed inside), and that time less its all-gather of the ranks'
-hashes (where a rank that ended its step first waits for the others, as it would without a Monitor in
-the next step's all-reduce): its own work, the hashing and its bookkeeping. All as ratios to the plain
-step, with the rate of dpcheck's XXH3 hashing on one core over a 256 MiB buffer. Nothing is judged here:
-it prints figures, and exits 0.
+momentum; the default has 11.8 million parameters, 512 examples a rank), and times blocks of steps in a
+row, alternating without and with a Monitor (the replica check after every step; no gradient check),
+so that both see the same machine. Prints the median step of each (a block's time over its steps), the
+monitor's own time per step (its forward hook and monitor.step, timed inside), and that time less its
+all-gather of the ranks' hashes (where a rank that ended its step first waits for the others, as it
+would without a Monitor in the next step's all-reduce): its own work, the hashing and its bookkeeping.
+All as ratios to the plain step, with the rate of dpcheck's XXH3 hashing on one core over a 256 MiB
+buffer. Nothing is judged here: it prints figures, and exits 0.
 """
 
 import argparse
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m dpcheck.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--dims", default="1024,2560,2560,1024", help="layer widths (default 1024,2560,2560,1024)")
-    p.add_argument("--batch", type=int, default=256, help="examples a rank a step (default 256)")
+    p.add_argument("--batch", type=int, default=512, help="examples a rank a step (default 512)")
     p.add_argument("--steps", type=int, default=8, help="steps in a row a block (default 8)")
     p.add_argument("--blocks", type=int, default=5, help="blocks of each kind, alternating (default 5)")
     p.add_argument("--threads", type=int, default=1, help="PyTorch threads a rank (default 1)")
