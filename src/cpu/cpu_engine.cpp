@@ -1,21 +1,19 @@
-// The "cpu" engine: float32 forward and backward with Eigen. Its float64 counterpart, written to be
-// read rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it. Also
-// the host's MemoryService (src/memory_service.hpp), which the engine and the CPU optimizer use. With a
-// kernel plugin (--kernels, src/plugin/kernel_plugin.hpp), each op the plugin provides runs in place of
-// the engine's own, on the same buffers and with the same semantics; the others stay the engine's. The
-// matrix products run on the widest instruction set the CPU has, on all its cores when this rank has the
-// machine to itself (src/cpu/cpu_gemm.hpp); every buffer is the engine's, kept from one step to the next,
-// since fresh memory is slow to touch.
+// The "cpu" engine: float32 forward and backward with Eigen. Its float64 counterpart, written to be read
+// rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it. Its buffers are
+// host memory (src/memory_service.cpp holds the host's MemoryService). With a kernel plugin (--kernels,
+// src/plugin/kernel_plugin.hpp), each op the plugin provides runs in place of the engine's own, on the same
+// buffers and with the same semantics; the others stay the engine's. The matrix products run on the widest
+// instruction set the CPU has, on all its cores when this rank has the machine to itself
+// (src/cpu/cpu_gemm.hpp); every buffer is the engine's, kept from one step to the next, since fresh memory
+// is slow to touch.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "src/builtin_names.hpp"
 #include "src/cpu/cpu_gemm.hpp"
 #include "src/engine.hpp"
 #include "src/error.hpp"
-#include "src/io/hash.hpp"
 #include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck {
@@ -25,26 +23,6 @@ namespace {
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMap = Eigen::Map<const RowMatrix>;
 using Map = Eigen::Map<RowMatrix>;
-
-class HostMemory final : public MemoryService {
- public:
-  MemorySpace memory_space() const override { return MemorySpace::host; }
-  std::string_view hash_name() const override { return "xxh3"; }
-
-  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override {
-    return hash_host(data, n, seed);
-  }
-
-  // Bits, not values: -0 differs from +0, and a NaN from the same NaN with another payload.
-  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override {
-    for (std::size_t i = 0; i < n; ++i)
-      if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return i;
-    return n;
-  }
-
-  void copy_to_host(const float* src, float* dst, std::size_t n) const override { std::copy_n(src, n, dst); }
-  void copy_from_host(const float* src, float* dst, std::size_t n) const override { std::copy_n(src, n, dst); }
-};
 
 class CpuEngine final : public Engine {
  public:
@@ -307,15 +285,6 @@ class CpuEngine final : public Engine {
 std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels,
                                         const CpuEngineOptions& options) {
   return std::make_unique<CpuEngine>(model, std::move(kernels), options);
-}
-
-const MemoryService& host_memory() {
-  static const HostMemory memory;
-  return memory;
-}
-
-std::uint64_t hash_host(const float* data, std::size_t n, std::uint64_t seed) {
-  return hash_bytes(data, n * sizeof(float), seed);
 }
 
 }  // namespace dpcheck
