@@ -42,7 +42,7 @@ namespace {
 
 using reference::Matrix;
 using reference::RowVector;
-constexpr double u32 = 0x1p-24;
+[[maybe_unused]] constexpr double u32 = 0x1p-24;
 constexpr Activation kActivations[] = {Activation::relu, Activation::tanh, Activation::identity};
 
 // ---- the reference on the CPU ------------------------------------------------------------------------

@@ -42,7 +42,7 @@ std::uint64_t host_hash(const std::vector<unsigned char>& v, std::uint64_t seed)
   return reference::replica_hash(v.data(), v.size(), seed);
 }
 
-constexpr std::size_t kMiB = std::size_t{1} << 20;
+[[maybe_unused]] constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kLaneBytes = 16 * reference::replica_hash_lanes;  // one 16-byte word for every lane: 4 MiB
 
 // ---- the XXH64 parts, against libxxhash ----------------------------------------------------------------

@@ -40,8 +40,8 @@ namespace dpcheck {
 namespace {
 
 using reference::Matrix;
-constexpr double u32 = 0x1p-24;
-constexpr double u_tf32 = 0x1p-11;
+[[maybe_unused]] constexpr double u32 = 0x1p-24;
+[[maybe_unused]] constexpr double u_tf32 = 0x1p-11;
 
 // Values in [-1, 1) times 2^e, e in [-4, 4]: several binades, far from underflow. Fixed by (seed, stream).
 std::vector<float> random_floats(std::size_t n, std::uint64_t seed, std::uint64_t stream) {

@@ -45,7 +45,7 @@ namespace dpcheck {
 namespace {
 
 using reference::Matrix;
-constexpr double u32 = 0x1p-24, u64 = 0x1p-53;
+[[maybe_unused]] constexpr double u32 = 0x1p-24, u64 = 0x1p-53;
 
 // ---- the reference on the CPU ------------------------------------------------------------------------
 
