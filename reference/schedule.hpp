@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "src/train/sampler.hpp"
-#include "src/train/trainer.hpp"
+#include "src/train/train_config.hpp"
 
 namespace dpcheck::reference {
 
