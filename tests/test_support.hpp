@@ -147,6 +147,13 @@ class ScratchDir {
   std::filesystem::path path_;
 };
 
+// A fixture whose every test has a fresh ScratchDir of its own, dir_.
+class ScratchTest : public testing::Test {
+ protected:
+  const ScratchDir scratch_;
+  const std::filesystem::path dir_ = scratch_.path();
+};
+
 // Runs f, which must throw E; returns the message.
 template <class E, class F>
 std::string message_of(F&& f) {

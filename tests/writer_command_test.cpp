@@ -27,11 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class Writer : public testing::Test {
- protected:
-  const ScratchDir scratch_;
-  const fs::path dir_ = scratch_.path();
-};
+class Writer : public ScratchTest {};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -32,11 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class Writer : public testing::Test {
- protected:
-  const ScratchDir scratch_;
-  const fs::path dir_ = scratch_.path();
-};
+class Writer : public ScratchTest {};
 
 TrainConfig small_config(OptimizerKind kind) {
   TrainConfig c;
