@@ -28,4 +28,5 @@ echo "gpu-bin: $(du -sh gpu-bin | cut -f1) in $(find gpu-bin -type f | wc -l) fi
 mib=$(du -sm gpu-bin | cut -f1)
 ((mib <= 64)) || { echo "ci/build-gpu.sh: gpu-bin/ is ${mib} MiB, more than the 64 MiB a GPU runner takes" >&2; exit 1; }
 echo "libraries the GPU runner must provide (the plugin's; dpcheck itself loads it on first GPU use):"
-ldd gpu-bin/libdpcheck_cuda.so | grep -E "cuda|cublas|nccl|not found" || true
+ldd gpu-bin/libdpcheck_cuda.so | grep -E "cuda|nccl|not found" || true
+echo "and cuBLAS, which the plugin opens on first use beside the CUDA runtime (kernels/cublas_library.hpp)"

@@ -72,6 +72,7 @@ if(DPCHECK_WITH_CUDA)
 
   add_library(dpcheck_kernels STATIC
     kernels/device.cpp
+    kernels/cublas_library.cpp
     kernels/linear.cu
     kernels/activation.cu
     kernels/loss.cu
@@ -86,7 +87,9 @@ if(DPCHECK_WITH_CUDA)
   )
   # The core only: kernels/ never calls the oracle that checks it, nor the properties (tests that pair a
   # kernel with its reference link both themselves, tests/CMakeLists.txt).
-  target_link_libraries(dpcheck_kernels PUBLIC dpcheck_core CUDA::cudart CUDA::cublas dpcheck_nccl)
+  # cuBLAS is opened on first use (kernels/cublas_library.hpp), not linked: loading it costs 0.45 s of
+  # CPU at every process start. Its headers are the toolkit's, which cudart's target carries.
+  target_link_libraries(dpcheck_kernels PUBLIC dpcheck_core CUDA::cudart dpcheck_nccl ${CMAKE_DL_LIBS})
   # Checked once every CMakeLists.txt has run, so that a link added anywhere later is seen too.
   cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL dpcheck_check_kernels_links)
   target_compile_definitions(dpcheck_kernels PUBLIC DPCHECK_HAVE_CUDA=1)

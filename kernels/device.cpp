@@ -1,8 +1,10 @@
 #include "kernels/device.hpp"
 
+#include "kernels/cublas_library.hpp"
+
 namespace dpcheck::cuda {
 
-const char* cublas_status_text(cublasStatus_t s) { return cublasGetStatusString(s); }
+const char* cublas_status_text(cublasStatus_t s) { return cublas().GetStatusString(s); }
 
 bool device_available(std::string* why) {
   int count = 0;
@@ -25,22 +27,22 @@ void require_device() {
 }
 
 Blas::Blas(cudaStream_t stream, bool tf32) {
-  DPCHECK_CUBLAS_CHECK(cublasCreate(&h_));
+  DPCHECK_CUBLAS_CHECK(cublas().Create(&h_));
   try {
-    DPCHECK_CUBLAS_CHECK(cublasSetStream(h_, stream));
+    DPCHECK_CUBLAS_CHECK(cublas().SetStream(h_, stream));
     // Pedantic: plain FP32 arithmetic, no TF32 or reduced-precision reductions, unless asked.
-    DPCHECK_CUBLAS_CHECK(cublasSetMathMode(h_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    DPCHECK_CUBLAS_CHECK(cublas().SetMathMode(h_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
     constexpr std::size_t kWorkspace = 32u << 20;  // cuBLAS's recommendation for Hopper
     workspace_.resize(kWorkspace);
-    DPCHECK_CUBLAS_CHECK(cublasSetWorkspace(h_, workspace_.get(), kWorkspace));
+    DPCHECK_CUBLAS_CHECK(cublas().SetWorkspace(h_, workspace_.get(), kWorkspace));
   } catch (...) {
-    cublasDestroy(h_);
+    cublas().Destroy(h_);
     throw;
   }
 }
 
 Blas::~Blas() {
-  if (h_) cublasDestroy(h_);
+  if (h_) cublas().Destroy(h_);
 }
 
 }  // namespace dpcheck::cuda

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/cublas_library.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/launch.hpp"
 #include "kernels/linear.hpp"
@@ -15,20 +16,22 @@ namespace dpcheck::cuda {
 void linear_forward(cublasHandle_t h, const float* a, const float* w, float* z, int rows, int in, int out) {
   // z^T (out x rows) = W (out x in) a^T (in x rows); W's column-major view is W^T (in x out), so op T.
   const float one = 1.0f, zero = 0.0f;
-  DPCHECK_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, in, a, in, &zero, z, out));
+  DPCHECK_CUBLAS_CHECK(cublas().Sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, in, a, in, &zero, z, out));
 }
 
 void linear_weight_grad(cublasHandle_t h, const float* delta, const float* a, float* gw, int rows, int in, int out,
                         bool accumulate) {
   // gw^T (in x out) = a^T (in x rows) delta (rows x out); delta's column-major view is delta^T, so op T.
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  DPCHECK_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, &one, a, in, delta, out, &beta, gw, in));
+  DPCHECK_CUBLAS_CHECK(
+      cublas().Sgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, &one, a, in, delta, out, &beta, gw, in));
 }
 
 void linear_input_grad(cublasHandle_t h, const float* delta, const float* w, float* hgrad, int rows, int in, int out) {
   // h^T (in x rows) = W^T (in x out) delta^T (out x rows): both column-major views as they are.
   const float one = 1.0f, zero = 0.0f;
-  DPCHECK_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, &one, w, in, delta, out, &zero, hgrad, in));
+  DPCHECK_CUBLAS_CHECK(
+      cublas().Sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, &one, w, in, delta, out, &zero, hgrad, in));
 }
 
 // ---- mixed precision ----------------------------------------------------------------------------
@@ -41,8 +44,8 @@ cudaDataType_t data_type(Precision p) { return p == Precision::bf16 ? CUDA_R_16B
 void gemm_low(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a, int lda,
               const void* b, int ldb, float beta, float* c, int ldc, Precision p) {
   const float one = 1.0f;
-  DPCHECK_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, m, n, k, &one, a, data_type(p), lda, b, data_type(p), ldb, &beta, c,
-                                    CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  DPCHECK_CUBLAS_CHECK(cublas().GemmEx(h, ta, tb, m, n, k, &one, a, data_type(p), lda, b, data_type(p), ldb, &beta, c,
+                                       CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 __global__ void round_bf16_kernel(const float* src, __nv_bfloat16* dst, long long n) {
