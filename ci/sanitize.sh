@@ -32,6 +32,7 @@ for stage in "${stages[@]}"; do
       cmake --preset sanitize
       cmake --build --preset sanitize --parallel "$(nproc)"
       echo "ci/sanitize.sh: asan's build took $((SECONDS - start)) s"
+      bash ci/ctest-costs.sh seed build-sanitize sanitize
       ctest --preset sanitize --parallel "$((2 * $(nproc)))"
       ;;
     tsan)
@@ -40,6 +41,7 @@ for stage in "${stages[@]}"; do
       cmake --build --preset tsan --parallel "$(nproc)" --target local_comm_test trainer_test \
         bucketing_test replica_check_test properties_test writer_test
       echo "ci/sanitize.sh: tsan's build took $((SECONDS - start)) s"
+      bash ci/ctest-costs.sh seed build-tsan tsan
       ctest --preset tsan --parallel "$(nproc)"
       ;;
     *)

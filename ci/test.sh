@@ -20,6 +20,7 @@ step=$SECONDS
 # The "ci" test preset: output on failure, JUnit XML in build/junit.xml, 600 s a test at most. Twice as
 # many tests as CPUs: a test waits on its processes, pipes and fsyncs about as long as it computes, and
 # with one a CPU the CPUs were busy 60% of the time (the ASan stage does the same).
+bash ci/ctest-costs.sh seed build ci
 ctest --preset ci --parallel "$((2 * $(nproc)))"
 echo "ci/test.sh: the main tests took $((SECONDS - step)) s"
 echo "ci/test.sh: main build and tests took $((SECONDS - start)) s"
