@@ -3,7 +3,7 @@
 #   target, and the extra headers given (CLI11, RapidCheck) to the targets whose sources include them.
 #   Parsing those headers once per target instead of once per file: CLI11 alone costs about 7.6 s a
 #   file, nlohmann-json 2.6 s. A file with flags of its own (-mavx2, -O3) sets SKIP_PRECOMPILE_HEADERS.
-#   DPCHECK_PCH=OFF compiles without them (the fuzz preset, whose compiler is clang).
+#   DPCHECK_PCH=OFF compiles without them.
 # - Unity builds (DPCHECK_UNITY): a multi-file target's sources compiled eight to a translation unit.
 #   Most of a file's time is code generation for the inline functions of the headers it uses (CLI11's
 #   App and Option, nlohmann-json, std::function), made again in every file that uses them: the 14
