@@ -118,6 +118,7 @@ mutants     mutant-allreduce-sum-no-average case   0.09     12    120
 mutants     mutant-allreduce-rank-order     case   0.26     12    120
 mutants     bias-grad-atomic-variation      run       -     12     30
 mutants     mutant-bias-grad-atomic         case   0.75     12    120
+tests       test-cublas_library             run    0.45      8     30
 tests       test-linear                     run    0.07      8     60
 tests       test-activation                 run    0.07      8     60
 tests       test-loss                       run    0.07      8     60
