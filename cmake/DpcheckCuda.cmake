@@ -81,6 +81,7 @@ if(DPCHECK_WITH_CUDA)
     kernels/hash.cu
     kernels/first_difference.cu
     kernels/allreduce.cu
+    kernels/cuda_memory.cpp
     kernels/cuda_engine.cpp
     kernels/gpu_comm.cpp
     kernels/gpu_bench.cu

@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "src/cuda_api.hpp"
+#include "src/bias_grad_kernel.hpp"
 
 namespace dpcheck::cuda {
 

@@ -1,7 +1,6 @@
 // The "cuda" engine: the MLP's forward and backward on one GPU, through cuBLAS SGEMM (pedantic FP32 by
 // default, TF32 as an option) and the kernels in this folder, into a flat gradient buffer on the device
 // laid out like the CPU engine's. Its float64 counterpart is reference/mlp.cpp, as for the CPU engine.
-// Also the device's MemoryService (src/memory_service.hpp), which the engine and the CUDA optimizer use.
 #pragma once
 
 #include <memory>
@@ -9,33 +8,13 @@
 
 #include "src/cuda_api.hpp"
 #include "kernels/bias_grad.hpp"
+#include "kernels/cuda_memory.hpp"
 #include "kernels/device.hpp"
 #include "kernels/hash.hpp"
 #include "src/builtin_names.hpp"
 #include "src/engine.hpp"
 
 namespace dpcheck::cuda {
-
-// The device's MemoryService on one stream: the replica hash (kernels/hash.hpp), the first-difference
-// kernel, and copies queued after the stream's work. Not thread-safe: one per stream's owner.
-class CudaMemory final : public MemoryService {
- public:
-  explicit CudaMemory(cudaStream_t stream) : stream_(stream) {}
-
-  MemorySpace memory_space() const override { return MemorySpace::device; }
-  // kernels/hash.cu's own function (restated on the host by reference/hash.cpp), not XXH3: its hashes
-  // cannot be compared with the host's.
-  std::string_view hash_name() const override { return "gpu-replica-hash"; }
-  std::uint64_t hash(const float* data, std::size_t n, std::uint64_t seed) const override;
-  std::size_t first_difference(const float* a, const float* b, std::size_t n) const override;
-  void copy_to_host(const float* src, float* dst, std::size_t n) const override;
-  void copy_from_host(const float* src, float* dst, std::size_t n) const override;
-
- private:
-  cudaStream_t stream_;
-  // Made at the first hash: an optimizer copies its state through this service but never hashes.
-  mutable std::unique_ptr<DeviceHasher> hasher_;
-};
 
 class CudaEngine final : public Engine {
  public:

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.hpp"
-#include "kernels/cuda_engine.hpp"
+#include "kernels/cuda_memory.hpp"
 #include "kernels/device.hpp"
 #include "kernels/launch.hpp"
 #include "kernels/optimizer.hpp"

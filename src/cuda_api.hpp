@@ -14,19 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/bias_grad_kernel.hpp"
 #include "src/comm.hpp"
 #include "src/engine.hpp"
 #include "src/plugin/kernel_plugin.hpp"
 #include "src/train/optimizer.hpp"
 
 namespace dpcheck::cuda {
-
-enum class BiasGradKernel {
-  ordered,    // the kernel dpcheck trains with
-  atomic,     // mutant: every element added with atomicAdd, in whatever order the scheduler picks
-  skip_tail,  // mutant: the tail tile's bound is off by one, so the last column is never written when
-              // the width is not a multiple of the tile
-};
 
 struct EngineOptions {
   bool tf32 = false;  // TF32 tensor cores for the matrix products (u = 2^-11 in the bound)
