@@ -16,7 +16,6 @@
 #include <utility>
 #include <vector>
 
-#include "src/builtin_names.hpp"
 #include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
 #include "src/io/json_limits.hpp"
@@ -27,182 +26,6 @@
 namespace dpcheck {
 
 namespace {
-
-constexpr std::array<MutantInfo, 64> kMutants{{
-    {"allreduce-sum-no-average", "gradient_average_matches_whole_batch",
-     "the all-reduce sums the gradients but never divides by the world size"},
-    {"allreduce-rank-order", "replicas_bitwise_synchronized",
-     "each rank sums the all-reduce starting from its own rank, so the last bits differ between ranks"},
-    {"mean-of-means", "uneven_shares_match_whole_batch",
-     "every rank's mean gradient gets the same weight, however many examples its share holds"},
-    {"drop-one-sample", "gradient_average_matches_whole_batch",
-     "the last rank leaves the last example of its share out of the forward pass"},
-    {"accumulate-sum-of-means", "accumulation_matches_whole_batch",
-     "gradient accumulation adds the micro-batches' mean gradients without dividing by their number"},
-    {"sampler-rank-seed", "sampler_shards_disjoint", "each rank shuffles with seed + rank instead of the shared seed"},
-    {"sampler-off-by-one", "sampler_shards_disjoint",
-     "each rank after the first starts its share one example early, repeating its neighbour's last example "
-     "and leaving out its own last"},
-    {"optimizer-rank-perturb", "replicas_bitwise_synchronized",
-     "the last rank's learning rate is one ULP larger than everyone else's", {}, true},
-    {"writer-all-ranks", "only_rank0_writes", "the checkpoint writer does not check the rank: every rank writes"},
-    {"side-channel-log", "only_rank0_writes",
-     "every rank but 0 fopen()s a log file of its own, bypassing the writer"},
-    {"resume-skips-optimizer-state", "checkpoint_resume_bitwise",
-     "resuming restores the parameters and the step but starts the optimizer state afresh"},
-    {"bias-grad-atomic", "checkpoint_resume_bitwise",
-     "the bias-gradient kernel adds with atomicAdd, so the order -- and the last bits -- change from run to run",
-     builtin::cuda},
-    {"bias-grad-skip-tail", "gradient_average_matches_whole_batch",
-     "the bias-gradient kernel never writes the last column when the width is not a multiple of its tile", builtin::cuda},
-    {"sampler-epoch-frozen", "gradient_average_matches_whole_batch",
-     "the trainer never advances the sampler's epoch: every epoch visits the examples in the first epoch's order"},
-    {"short-last-step-dropped", "gradient_average_matches_whole_batch",
-     "an epoch has floor(share / slice) steps, so a short last step is never taken and its examples never trained"},
-    {"resume-restarts-epoch", "checkpoint_resume_bitwise",
-     "resuming from a checkpoint taken mid-epoch starts that epoch over instead of continuing it"},
-    {"loss-mean-of-rank-means", "reported_loss_is_global_mean",
-     "the reported loss averages the ranks' mean losses, whatever their shares' sizes"},
-    {"adam-step-count-stuck", "optimizer_update_matches_formula",
-     "Adam's step count never advances, so every step uses the first step's bias corrections", builtin::cpu},
-    {"momentum-dampened", "optimizer_update_matches_formula",
-     "SGD momentum keeps an average, buf = m buf + (1 - m) grad, instead of PyTorch's buf = m buf + grad", builtin::cpu},
-    {"allreduce-large-message-tail", "gradient_average_matches_whole_batch",
-     "an all-reduce larger than the backend's largest algorithm threshold leaves its last element unreduced", {}, true},
-    {"allreduce-arrival-order", "checkpoint_resume_bitwise",
-     "the all-reduce sums the ranks in the order they arrive, so every rank agrees but runs differ from each other"},
-    {"resume-cleanup-every-rank", "only_rank0_writes",
-     "every rank deletes the checkpoints that do not verify once training starts, not rank 0 alone"},
-    {"rank-nan-gradient", "gradient_average_matches_whole_batch",
-     "from step 1 on, the last rank's local gradient picks up a NaN (as an uninitialised buffer or a bad kernel leaves "
-     "one) before the all-reduce spreads it to every replica"},
-    {"allreduce-corrupt-one", "replicas_bitwise_synchronized",
-     "the second gradient all-reduce leaves one element (the last) of rank 0's result at rank 0's own input, unreduced"},
-    {"bf16-accumulate", "gradient_average_matches_whole_batch",
-     "the matrix products round every partial sum to bf16, as a kernel with a 16-bit accumulator does, where "
-     "autocast accumulates in float32", builtin::cpu, false, "bf16"},
-    {"allreduce-bf16-silently", "gradient_average_matches_whole_batch",
-     "the gradient all-reduce rounds its result to bf16, as a backend that halves its traffic unasked does, while "
-     "the bound assumes float32", {}, false, "bf16"},
-    {"fp16-no-scaling", "gradient_average_matches_whole_batch",
-     "the backward pass ignores the loss scaler and runs at scale 1, so fp16 deltas below 2^-14 lose their bits "
-     "(and the smallest underflow to zero) where the scaled ones keep them", {}, true, "fp16", true},
-    {"unscale-after-allreduce", "gradient_average_matches_whole_batch",
-     "each rank scales its loss by a scale of its own (rank r: the scaler's times 2^r, as scalers restored from "
-     "different checkpoints have) and unscales after the all-reduce by its own", {}, false, "fp16"},
-    {"scaler-local-skip", "replicas_survive_overflow",
-     "each rank decides from its own local gradient whether to skip a step, without agreeing: the rank that "
-     "overflowed skips, the others step with the non-finite average", {}, false, "fp16"},
-    {"bucket-boundary-off-by-one", "bucketing_preserves_bits",
-     "each gradient bucket's all-reduce stops one element short, so the last element of every bucket keeps the "
-     "rank's own gradient"},
-    {"bucket-reduced-before-ready", "bucketing_preserves_bits",
-     "a bucket starts once the layer above its lowest one is done (the first bucket before the backward pass), so "
-     "it is reduced from the values its last layer held before this step wrote them", builtin::cpu},
-    {"bound-without-kink-term", "bound_holds_for_any_summation_order",
-     "the derived bound forgets that a ReLU within rounding of its kink may take either side in two float paths"},
-    {"bound-three-times-loose", "bound_holds_for_any_summation_order",
-     "every bound is three times what rounding needs: every check passes, and proves less"},
-    {"scaler-growth-late", "loss_scaler_follows_gradscaler",
-     "the loss scaler compares its count of good steps with the growth interval before counting the step, so the "
-     "scale grows one good step late"},
-    {"scaler-backoff-keeps-count", "loss_scaler_follows_gradscaler",
-     "a skipped step backs the scale off but leaves the count of good steps where it was, so the next growth comes "
-     "early"},
-    {"warmup-one-step-early", "lr_schedule_follows_goyal",
-     "the warm-up counts steps from 1: every step takes the next step's rate, and the full rate comes a step early"},
-    {"warmup-forgets-scaling", "lr_schedule_follows_goyal",
-     "once the warm-up is over the learning rate falls back to --lr instead of staying at the linearly scaled rate"},
-    {"shuffle-sattolo", "shuffle_follows_recipe",
-     "the shuffle draws each swap partner from [0, i) instead of [0, i] (Sattolo's algorithm): every order is one "
-     "cycle, no example ever keeps its place, and the shares are still disjoint and covering"},
-    {"shuffle-modulo", "shuffle_follows_recipe",
-     "the shuffle reduces 64 random bits modulo i + 1 instead of the recipe's multiply-and-reject: a valid, "
-     "nearly unbiased permutation, but not the one another loader following the recipe draws"},
-    // The write audit's own judgement (src/audit/audit_preload.cpp, "mutants"): the audit library in every
-    // audited process takes the mutant from the property (audit::AuditOptions::mutant).
-    {"audit-rdwr-not-a-write", "audit_sees_every_write",
-     "the write audit takes an open with O_RDWR but no O_CREAT, O_TRUNC or O_APPEND for a read, missing an "
-     "in-place rewrite and a shared writable mmap"},
-    {"audit-fopen-plus-ignored", "audit_sees_every_write",
-     "the write audit takes every fopen mode that starts with 'r' for a read, \"r+\" included"},
-    // The divergence tools' own (properties/tools.cpp).
-    {"trace-digest-prefix", "divergence_tools_name_the_difference",
-     "the trace hashes a tensor's (and an index list's) element count in bytes, not its size in bytes: the "
-     "digest covers the first quarter of a tensor, so a difference late in it goes unseen"},
-    {"replay-same-place-ignores-element", "divergence_tools_name_the_difference",
-     "replay's \"same place\" compares the kind, step and rank of the failures but not the element, so a "
-     "failure elsewhere in the same tensor counts as reproduced"},
-    {"drift-judges-update-only", "divergence_tools_name_the_difference",
-     "drift calls a step a bug only when the optimizer's update leaves the bound, so a bug in the gradient "
-     "(whose update is right for the wrong gradient) is called rounding"},
-    {"bundle-precision-not-read-back", "divergence_tools_name_the_difference",
-     "a bundle's recorded precision is not read back, so a bf16 or fp16 run's failing step replays in float32",
-     {}, false, "bf16"},
-    {"live-gradient-whole-batch-bound", "divergence_tools_name_the_difference",
-     "train's live gradient check holds the all-reduced gradient to the whole batch's bound, which counts neither "
-     "the shards' roundings nor a bf16 all-reduce's: a correct run with a bf16 all-reduce and "
-     "--check-gradient-every fails (bf16 products show it too: their shards' deltas round at N times the whole batch's scale)",
-     {}, false, "bf16"},
-    {"live-finite-simulated-rank0", "divergence_tools_name_the_difference",
-     "train's live finite check on simulated ranks judges on rank 0's pass, which holds copies of its own verdict "
-     "in the places of the ranks still to come: a NaN on any other rank passes", {}, false, {}, false, true},
-    {"abi3-zero-op-mask-none", "plugin_abi_rules_hold",
-     "an ABI-3 table whose op mask is 0 is read as taking no op, where plugin.h says a mask of 0 means ABI 1's "
-     "ops: every all-reduce of such a plugin is refused"},
-    {"abi1-handed-16bit", "plugin_abi_rules_hold",
-     "bfloat16 and float16 collectives are handed to a plugin of ABI 1, which knows no dtype past int64 "
-     "(dpcheck_dtype_t's values 3 and 4 came with ABI 2)"},
-    {"abi2-reads-past-table", "plugin_abi_rules_hold",
-     "the masks are read from tables of ABI 2 as well (abi >= 2, not >= 3): past the end of the table, whatever "
-     "memory follows it decides what the plugin is handed"},
-    {"plugin-finalize-before-barrier", "plugin_abi_rules_hold",
-     "a run's end finalizes each rank before the ranks' barrier, not after it: a rank's finalize may free what a "
-     "peer still inside its last collective reads"},
-    {"audit-openat-unrecorded", "audit_sees_every_write",
-     "the write audit interposes openat but records nothing for it, as if programs called only open"},
-    // Bugs that only scale shows (MutantInfo::scale): verify's scale class of worlds finds them.
-    {"sampler-index-32bit", "sampler_shards_disjoint",
-     "the sampler computes a share's positions in 32-bit integers, as code written for data sets that fit an "
-     "int does: past 2^31 examples a position wraps negative", {}, false, {}, false, true},
-    {"allreduce-tree-drops-rank", "gradient_average_matches_whole_batch",
-     "the all-reduce chains the ranks of each node of 8 and joins the nodes in a binary tree built for a power "
-     "of two: when the node count is not one (65 ranks, 1000), the last node's first rank is never added",
-     {}, false, {}, false, true},
-    {"allreduce-hierarchical-group-means", "gradient_average_matches_whole_batch",
-     "the hierarchical all-reduce averages within each group of 8 ranks, then averages the group means: right "
-     "while every group is full, wrong when N is no multiple of 8 (63, 65, 1000)", {}, false, {}, false, true},
-    {"allreduce-ring-chunk-start-off-by-one", "gradient_average_matches_whole_batch",
-     "the ring's reduce-scatter starts chunk c at rank c + 1 instead of rank c and stops after N - 1 ranks, so "
-     "chunk c never receives rank c's part"},
-    {"bound-ring-depth-as-tree", "allreduce_schedules_within_bound",
-     "the bound counts a ring's roundings as a double binary tree's, about 2 log2 N, where each chunk's partial sum "
-     "is rounded at N - 1 hops: near enough up to 8 ranks, too tight past them", {}, false, {}, false, true},
-    {"schedule-halving-highest-bit-first", "allreduce_schedules_within_bound",
-     "the halving-doubling emulation pairs the ranks that differ in the highest bit first, where MPICH and Gloo "
-     "pair bit 0 first: the same depth and the same bound, other bits, so --schedule halving-doubling judges a "
-     "correct library wrong and a wrong one right"},
-    {"conform-same-inputs-every-rank", "conform_rows_catch_broken_communicators",
-     "conform's same-bits and run-to-run checks draw the same random values on every rank, so ranks that sum in "
-     "orders of their own agree anyway: the row passes a correct library and a broken one alike"},
-    {"conform-avg-allowance-16bit", "conform_rows_catch_broken_communicators",
-     "conform's allowance for an average's rounding takes bfloat16's unit roundoff for every dtype: float32 and "
-     "float64 averages may be off by a 16-bit rounding, as a scale of 1/N kept in bfloat16 leaves them"},
-    {"conform-replay-drops-world-size", "conform_rows_catch_broken_communicators",
-     "a failing conform row's replay line leaves out --world-size, so run as printed it replays on conform's "
-     "default worlds instead of the N ranks it failed on"},
-    {"conform-kernel-whole-tiles", "conform_rows_catch_broken_communicators",
-     "conform's kernel checks draw every size as a whole number of tiles of 8, as a check written beside a "
-     "kernel tiled by 8 would: a kernel that drops the tail of a dot product or of a vector passes every row"},
-    {"trainer-slot-32bit", "share_weights_match_global_batch",
-     "the trainer computes a step's slot of a share in 32-bit integers: past 2^31 examples a share (a data set of "
-     "tokens over few ranks) wraps negative, and the rank trains on the wrong examples or none",
-     {}, false, {}, false, true},
-    {"share-weight-float32", "share_weights_match_global_batch",
-     "the share weight b_r N / B is computed from counts held in float32, as a global batch counted in a float "
-     "tensor is: exact up to 2^24 examples, past that B and b_r N round before the division", {}, false, {}, false,
-     true},
-}};
 
 class SumNoAverage final : public ForwardingCommunicator {
  public:
@@ -216,13 +39,14 @@ class SumNoAverage final : public ForwardingCommunicator {
 // float16 are rounded to the format after every addition, as a ring that starts where it likes does
 // (src/comm.hpp): summed in float32 and rounded once, another order would almost never change the
 // result, and the mutant would break nothing.
-template <class T>
-void sum_in_order(const T* all, std::size_t count, const std::vector<std::size_t>& order, ReduceOp op, DType dtype,
-                  T* out) {
+template <class T> void sum_in_order(const T* all, std::size_t count, const std::vector<std::size_t>& order,
+                                     ReduceOp op, DType dtype, T* out) {
   const auto n = order.size();
   for (std::size_t i = 0; i < count; ++i) {
     if constexpr (std::is_same_v<T, std::uint16_t>) {
-      const auto widen = [&](std::uint16_t h) { return dtype == DType::bf16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h); };
+      const auto widen = [&](std::uint16_t h) {
+        return dtype == DType::bf16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+      };
       const auto narrow = [&](float f) { return dtype == DType::bf16 ? float_to_bf16_bits(f) : float_to_fp16_bits(f); };
       std::uint16_t acc = all[order[0] * count + i];
       for (std::size_t k = 1; k < n; ++k) acc = narrow(widen(acc) + widen(all[order[k] * count + i]));
@@ -245,15 +69,13 @@ class RankOrderSum final : public ForwardingCommunicator {
       reduce_from_own_rank(static_cast<double*>(buf), count, op, dtype);
     else if (is_16bit_float(dtype) && (op == ReduceOp::sum || op == ReduceOp::avg))
       reduce_from_own_rank(static_cast<std::uint16_t*>(buf), count, op, dtype);
-    else
-      inner_.allreduce(buf, count, dtype, op);
+    else inner_.allreduce(buf, count, dtype, op);
   }
 
  private:
   // Works on host copies (staged from and back to the device for GPU backends), gathered through the
   // host communicator.
-  template <class T>
-  void reduce_from_own_rank(T* buf, std::size_t count, ReduceOp op, DType dtype) {
+  template <class T> void reduce_from_own_rank(T* buf, std::size_t count, ReduceOp op, DType dtype) {
     const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
     std::vector<T> mine(count), all(count * n);
     inner_.to_host(buf, mine.data(), count * sizeof(T));
@@ -307,8 +129,7 @@ class OffByOneSampler final : public DistributedSampler {
 
 // The shuffle as a contributor might rewrite it: Sattolo's partner in [0, i), or the bits modulo i + 1.
 enum class ShuffleSlip { sattolo, modulo };
-template <ShuffleSlip slip>
-class SlippedShuffleSampler final : public DistributedSampler {
+template <ShuffleSlip slip> class SlippedShuffleSampler final : public DistributedSampler {
  public:
   using DistributedSampler::DistributedSampler;
   std::vector<std::int64_t> indices(int rank, std::int64_t epoch) const override {
@@ -317,7 +138,8 @@ class SlippedShuffleSampler final : public DistributedSampler {
     if (config().shuffle) {
       const std::uint64_t key = mix_key(config().seed, static_cast<std::uint64_t>(epoch));
       for (std::size_t i = order.size() > 0 ? order.size() - 1 : 0; i >= 1; --i) {
-        const std::uint64_t j = slip == ShuffleSlip::sattolo ? random_below(key, 0, i, i) : random_u64(key, 0, i) % (i + 1);
+        const std::uint64_t j =
+            slip == ShuffleSlip::sattolo ? random_below(key, 0, i, i) : random_u64(key, 0, i) % (i + 1);
         std::swap(order[i], order[static_cast<std::size_t>(j)]);
       }
     }
@@ -407,8 +229,8 @@ class SideChannelLogWriter final : public RankZeroWriter {
     RankZeroWriter::log(record);
     if (comm_.rank() == 0) return;
     // The bug: a rank keeps a log of its own with plain stdio, bypassing the writer.
-    const std::string path =
-        (log_path().empty() ? std::string("dpcheck-train.log") : log_path().string()) + ".rank" + std::to_string(comm_.rank());
+    const std::string path = (log_path().empty() ? std::string("dpcheck-train.log") : log_path().string()) + ".rank" +
+                             std::to_string(comm_.rank());
     if (std::FILE* f = std::fopen(path.c_str(), "a")) {
       std::fputs((record.dump() + "\n").c_str(), f);
       std::fclose(f);
@@ -537,13 +359,10 @@ class ArrivalOrderCommunicator final : public ForwardingCommunicator {
     const std::vector<std::int64_t> stamps = inner_.host().allgather_value(stamp);
     std::vector<std::size_t> order(stamps.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return stamps[a] != stamps[b] ? stamps[a] < stamps[b] : a < b;
-    });
-    if (dtype == DType::f32)
-      reduce_in(order, static_cast<float*>(buf), count, op, dtype);
-    else
-      reduce_in(order, static_cast<std::uint16_t*>(buf), count, op, dtype);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return stamps[a] != stamps[b] ? stamps[a] < stamps[b] : a < b; });
+    if (dtype == DType::f32) reduce_in(order, static_cast<float*>(buf), count, op, dtype);
+    else reduce_in(order, static_cast<std::uint16_t*>(buf), count, op, dtype);
   }
 
  private:
@@ -607,25 +426,6 @@ class ResumeCleanupEveryRankWriter final : public RankZeroWriter {
 };
 
 }  // namespace
-
-std::span<const MutantInfo> mutants() { return kMutants; }
-
-std::string audit_mutant(std::string_view mutant) {
-  return mutant.starts_with("audit-") && find_mutant(mutant) != nullptr ? std::string(mutant) : std::string();
-}
-
-const MutantInfo* find_mutant(std::string_view name) {
-  for (const MutantInfo& m : kMutants)
-    if (m.name == name) return &m;
-  return nullptr;
-}
-
-void require_known_mutant(std::string_view name) {
-  if (name.empty() || find_mutant(name)) return;
-  std::string names;
-  for (const MutantInfo& m : kMutants) names += (names.empty() ? "" : ", ") + std::string(m.name);
-  throw UsageError("unknown mutant '" + std::string(name) + "' (known: " + names + ")");
-}
 
 MutantTraits mutant_traits(std::string_view name) {
   require_known_mutant(name);
@@ -726,7 +526,7 @@ class MisweighingCommunicator : public ForwardingCommunicator {
   }
 
  protected:
-  static constexpr int kNode = 8;  // ranks of a node, or of a group
+  static constexpr int kNode = 8;                       // ranks of a node, or of a group
   virtual bool misweighs(std::size_t count) const = 0;  // whether this rank's part changes in this call
   virtual double part(std::size_t i, std::size_t count) const = 0;
 };
@@ -816,9 +616,9 @@ OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig
 
 namespace {
 
-template <class T>
-std::unique_ptr<Trainer> trainer_of(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
-                                    const DistributedSampler& sampler, const Dataset& data) {
+template <class T> std::unique_ptr<Trainer> trainer_of(const TrainConfig& config, Communicator& comm, Engine& engine,
+                                                       Optimizer& optimizer, const DistributedSampler& sampler,
+                                                       const Dataset& data) {
   return std::make_unique<T>(config, comm, engine, optimizer, sampler, data);
 }
 
@@ -971,8 +771,7 @@ std::unique_ptr<RankZeroWriter> mutant_writer(std::string_view mutant, Communica
                                               const std::filesystem::path& checkpoint_dir,
                                               const std::filesystem::path& log_path, int keep) {
   if (mutant == "writer-all-ranks") return std::make_unique<AllRanksWriter>(comm, checkpoint_dir, log_path, keep);
-  if (mutant == "side-channel-log")
-    return std::make_unique<SideChannelLogWriter>(comm, checkpoint_dir, log_path, keep);
+  if (mutant == "side-channel-log") return std::make_unique<SideChannelLogWriter>(comm, checkpoint_dir, log_path, keep);
   if (mutant == "resume-cleanup-every-rank")
     return std::make_unique<ResumeCleanupEveryRankWriter>(comm, checkpoint_dir, log_path, keep);
   return nullptr;

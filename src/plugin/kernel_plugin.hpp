@@ -26,10 +26,10 @@ enum class KernelOp {
   momentum_step,
   adam_step,
 };
-inline constexpr KernelOp kernel_ops[] = {KernelOp::linear_forward,      KernelOp::linear_backward,
-                                          KernelOp::activation_forward,  KernelOp::activation_backward,
+inline constexpr KernelOp kernel_ops[] = {KernelOp::linear_forward,        KernelOp::linear_backward,
+                                          KernelOp::activation_forward,    KernelOp::activation_backward,
                                           KernelOp::loss_forward_backward, KernelOp::sgd_step,
-                                          KernelOp::momentum_step,       KernelOp::adam_step};
+                                          KernelOp::momentum_step,         KernelOp::adam_step};
 std::string_view kernel_op_name(KernelOp op);  // the entry's name in the table: "linear_forward"
 
 class KernelPlugin {
@@ -50,11 +50,6 @@ class KernelPlugin {
   friend const KernelPlugin& load_kernel_plugin(const std::string& path);
   friend const KernelPlugin& in_process_kernel_plugin(const std::string& label, const dpcheck_kernel_plugin_t* table);
 
-// A table that lives in this process rather than in a shared object, checked as a loaded one is and
-// kept under `label`, so that load_kernel_plugin(label) returns it for the rest of the process: how a
-// property hands conform a kernel of its own (conform_rows_catch_broken_communicators' broken kernels).
-// The same label twice must be the same table.
-const KernelPlugin& in_process_kernel_plugin(const std::string& label, const dpcheck_kernel_plugin_t* table);
   KernelPlugin(std::string path, const dpcheck_kernel_plugin_t* table) : path_(std::move(path)), table_(table) {}
   std::string path_;
   const dpcheck_kernel_plugin_t* table_;
@@ -103,8 +98,7 @@ class Kernels {
                  double eps, std::int64_t step, void* stream = nullptr) const;
 
  private:
-  template <class F>
-  void call(std::string_view entry, F&& f) const;
+  template <class F> void call(std::string_view entry, F&& f) const;
 
   const KernelPlugin& plugin_;
   int rank_;
