@@ -14,6 +14,7 @@ packages=(
   python3  # ci/validate-libraries.sh reads conform's JSON reports
   python3-torch python3-numpy pybind11-dev python3-dev  # dpcheck.torch (python/): PyTorch 1.13 with gloo, and its C++ core's binding
   clang libclang-rt-14-dev llvm-14  # the sanitize and fuzz presets: clang, the sanitizers' and libFuzzer's runtimes, llvm-symbolizer
+  clang-format  # ci/format.sh: the sources follow .clang-format (a ctest test)
   lld  # the ci and sanitizer presets link with it: GNU ld took 2.5 times as long over the sanitizers' 150 MB programs, twice as long over the ci build's
 )
 

@@ -70,16 +70,17 @@ std::vector<ConformRow> conform_properties(const Target& target, const ConformOp
       row.verdict = ConformVerdict::fail;
       // A case that failed before its promise could be judged blames what failed, not the promise.
       row.promise = r.not_judged ? "what the property runs completes, so that its promise can be judged (this "
-                                   "failure is not a break of: " + std::string(p.promise) + ")"
+                                   "failure is not a break of: " +
+                                       std::string(p.promise) + ")"
                                  : std::string(p.promise);
-      row.detail = r.failure + (r.flaky() ? " (fails " + std::to_string(r.failing_runs) + " of " +
-                                                std::to_string(r.runs) + " runs)"
-                                          : std::string());
+      row.detail = r.failure +
+                   (r.flaky() ? " (fails " + std::to_string(r.failing_runs) + " of " + std::to_string(r.runs) + " runs)"
+                              : std::string());
       // A verdict over all the cases (the check's power, the bound's tightness, too many discards) has
       // no one case to replay: the row's own check replays it.
-      row.minimal = r.counterexample.empty() ? "none: the verdict is over all " + std::to_string(r.cases) +
-                                                   " cases, not one"
-                                             : r.counterexample;
+      row.minimal = r.counterexample.empty()
+                        ? "none: the verdict is over all " + std::to_string(r.cases) + " cases, not one"
+                        : r.counterexample;
       row.replay = r.reproduce.empty() ? o.replay_prefix + " --check '" + check + "'" : failure_replay(target, r);
     }
     if (o.on_row) o.on_row(row);

@@ -44,9 +44,9 @@ struct ConformOptions {
   std::uint64_t seed = 1;
   int cases = 100;  // per property of verify; random shapes per kernel check
   std::chrono::milliseconds timeout = Communicator::default_timeout;
-  std::string check;      // non-empty: run that check alone
-  std::string case_text;  // with check: that one case (a row's `minimal`)
-  bool properties = true; // run verify's properties after the plugin's own checks
+  std::string check;                              // non-empty: run that check alone
+  std::string case_text;                          // with check: that one case (a row's `minimal`)
+  bool properties = true;                         // run verify's properties after the plugin's own checks
   std::size_t max_bytes = std::size_t{64} << 20;  // the largest buffer a collective check passes
   // Kernel checks: the largest dimension (rows, in, out) a drawn shape reaches.
   int max_kernel_size = 1024;

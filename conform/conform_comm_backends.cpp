@@ -129,18 +129,18 @@ template <class T> void check_sum_min_max(Failures& f, Communicator& c, std::siz
   for (std::size_t j = 0; j < len; ++j) buf[j] = contribution<T>(r, j);
   c.allreduce(std::span<T>(buf), ReduceOp::sum);
   const auto un = static_cast<std::size_t>(n);
-  expect_elements<T>(f, buf, [&](std::size_t j) { return static_cast<T>(un * j + 1000 * (un * (un - 1) / 2)); },
-                     what + " sum");
+  expect_elements<T>(
+      f, buf, [&](std::size_t j) { return static_cast<T>(un * j + 1000 * (un * (un - 1) / 2)); }, what + " sum");
 
   for (std::size_t j = 0; j < len; ++j) buf[j] = minmax_value<T>(r, n, j);
   c.allreduce(std::span<T>(buf), ReduceOp::min);
-  expect_elements<T>(f, buf, [&](std::size_t j) { return minmax_value<T>(rank_holding(0, n, j), n, j); },
-                     what + " min");
+  expect_elements<T>(
+      f, buf, [&](std::size_t j) { return minmax_value<T>(rank_holding(0, n, j), n, j); }, what + " min");
 
   for (std::size_t j = 0; j < len; ++j) buf[j] = minmax_value<T>(r, n, j);
   c.allreduce(std::span<T>(buf), ReduceOp::max);
-  expect_elements<T>(f, buf, [&](std::size_t j) { return minmax_value<T>(rank_holding(n - 1, n, j), n, j); },
-                     what + " max");
+  expect_elements<T>(
+      f, buf, [&](std::size_t j) { return minmax_value<T>(rank_holding(n - 1, n, j), n, j); }, what + " max");
 }
 
 template <class T> void check_avg(Failures& f, Communicator& c, std::size_t len) {
@@ -149,8 +149,9 @@ template <class T> void check_avg(Failures& f, Communicator& c, std::size_t len)
   for (std::size_t j = 0; j < len; ++j) buf[j] = contribution<T>(c.rank(), j);
   c.allreduce(std::span<T>(buf), ReduceOp::avg);
   // The mean j + 500(N-1) is exact in binary, and so is the sum it is divided from.
-  expect_elements<T>(f, buf, [&](std::size_t j) { return static_cast<T>(j) + static_cast<T>(500 * (n - 1)); },
-                     label(dtype_of<T>(), len) + " avg");
+  expect_elements<T>(
+      f, buf, [&](std::size_t j) { return static_cast<T>(j) + static_cast<T>(500 * (n - 1)); },
+      label(dtype_of<T>(), len) + " avg");
 }
 
 // Random floats over many binades, so that the order of additions changes the rounded result. A pure
@@ -236,13 +237,14 @@ template <class H> void check_16bit_exact(Failures& f, Communicator& c, std::siz
   std::vector<H> buf(len);
   for (std::size_t j = 0; j < len; ++j) buf[j] = narrow16<H>(contribution16<H>(r, n, j));
   c.allreduce(std::span<H>(buf), ReduceOp::sum);
-  expect_bits<H>(f, buf, [&](std::size_t j) { return narrow16<H>(exact_sum16<H>(n, j)); }, what + " sum");
+  expect_bits<H>(
+      f, buf, [&](std::size_t j) { return narrow16<H>(exact_sum16<H>(n, j)); }, what + " sum");
 
   // avg: the exact float32 sum divided by N in float32, then rounded once.
   for (std::size_t j = 0; j < len; ++j) buf[j] = narrow16<H>(contribution16<H>(r, n, j));
   c.allreduce(std::span<H>(buf), ReduceOp::avg);
-  expect_bits<H>(f, buf, [&](std::size_t j) { return narrow16<H>(exact_sum16<H>(n, j) / static_cast<float>(n)); },
-                 what + " avg");
+  expect_bits<H>(
+      f, buf, [&](std::size_t j) { return narrow16<H>(exact_sum16<H>(n, j) / static_cast<float>(n)); }, what + " avg");
 
   // min and max over minmax_value's small integers (either sign), scaled: exact, and one of the inputs.
   const auto mm = [&](int rank, std::size_t j) {
@@ -251,14 +253,17 @@ template <class H> void check_16bit_exact(Failures& f, Communicator& c, std::siz
   for (const ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
     for (std::size_t j = 0; j < len; ++j) buf[j] = mm(r, j);
     c.allreduce(std::span<H>(buf), op);
-    expect_bits<H>(f, buf, [&](std::size_t j) {
-      H best = mm(0, j);
-      for (int q = 1; q < n; ++q) {
-        const H v = mm(q, j);
-        if (op == ReduceOp::min ? widen16(v) < widen16(best) : widen16(v) > widen16(best)) best = v;
-      }
-      return best;
-    }, what + " " + std::string(reduce_op_name(op)));
+    expect_bits<H>(
+        f, buf,
+        [&](std::size_t j) {
+          H best = mm(0, j);
+          for (int q = 1; q < n; ++q) {
+            const H v = mm(q, j);
+            if (op == ReduceOp::min ? widen16(v) < widen16(best) : widen16(v) > widen16(best)) best = v;
+          }
+          return best;
+        },
+        what + " " + std::string(reduce_op_name(op)));
   }
 }
 
@@ -283,14 +288,18 @@ template <class H> void check_16bit_rounds_once(Failures& f, Communicator& c) {
     std::vector<H> buf(len);
     for (std::size_t j = 0; j < len; ++j) buf[j] = narrow16<H>(rounding_input<H>(c.rank(), j));
     c.allreduce(std::span<H>(buf), op);
-    expect_bits<H>(f, buf, [&](std::size_t j) {
-      return narrow16<H>(op == ReduceOp::avg ? float_sum(j) / static_cast<float>(n) : float_sum(j));
-    }, what + " " + std::string(reduce_op_name(op)) + ": not the float32 sum rounded once");
+    expect_bits<H>(
+        f, buf,
+        [&](std::size_t j) {
+          return narrow16<H>(op == ReduceOp::avg ? float_sum(j) / static_cast<float>(n) : float_sum(j));
+        },
+        what + " " + std::string(reduce_op_name(op)) + ": not the float32 sum rounded once");
   }
   // The example of round to nearest, ties to even, that the comment above gives.
   const auto bits = [](int v) { return narrow16<H>(static_cast<float>(v)).bits; };
   f.expect(bits(exact_integers<H>() + 1) == bits(exact_integers<H>()), what + ": 2^k + 1 does not round to 2^k");
-  f.expect(bits(exact_integers<H>() + 3) == bits(exact_integers<H>() + 4), what + ": 2^k + 3 does not round to 2^k + 4");
+  f.expect(bits(exact_integers<H>() + 3) == bits(exact_integers<H>() + 4),
+           what + ": 2^k + 3 does not round to 2^k + 4");
   // Shows the check could fail: rounding after every addition gives other bits.
   if (n >= 3 && c.rank() == 0) {
     std::size_t differ = 0;
@@ -310,8 +319,8 @@ std::string rank_and_size(Communicator& c) {
   f.expect(c.rank() >= 0 && c.rank() < c.size(),
            "rank " + std::to_string(c.rank()) + " is outside [0, " + std::to_string(c.size()) + ")");
   const std::vector<std::int32_t> ranks = c.allgather_value<std::int32_t>(c.rank());
-  expect_elements<std::int32_t>(f, ranks, [](std::size_t j) { return static_cast<std::int32_t>(j); },
-                                "ranks in rank order");
+  expect_elements<std::int32_t>(
+      f, ranks, [](std::size_t j) { return static_cast<std::int32_t>(j); }, "ranks in rank order");
   return f.text();
 }
 
@@ -428,12 +437,13 @@ std::string all_and_allgather_value(Communicator& c) {
   f.expect(!c.all(c.rank() != 0), "all() is true with rank 0's false");
 
   const std::vector<std::int32_t> got = c.allgather_value<std::int32_t>(c.rank() * 10 - 3);
-  expect_elements<std::int32_t>(f, got, [](std::size_t r) { return static_cast<std::int32_t>(r) * 10 - 3; },
-                                "allgather_value int32");
+  expect_elements<std::int32_t>(
+      f, got, [](std::size_t r) { return static_cast<std::int32_t>(r) * 10 - 3; }, "allgather_value int32");
   f.expect(got.size() == static_cast<std::size_t>(n), "allgather_value gave " + std::to_string(got.size()) + " values");
 
   const std::vector<double> dv = c.allgather_value<double>(0.5 + c.rank());
-  expect_elements<double>(f, dv, [](std::size_t r) { return 0.5 + static_cast<double>(r); }, "allgather_value float64");
+  expect_elements<double>(
+      f, dv, [](std::size_t r) { return 0.5 + static_cast<double>(r); }, "allgather_value float64");
   return f.text();
 }
 
@@ -449,7 +459,8 @@ template <class Fn> void expect_error(Failures& f, const Fn& fn, const std::stri
 std::string unsupported_reductions_throw_on_every_rank(Communicator& c) {
   Failures f;
   std::vector<std::uint8_t> bytes(4, 1);
-  expect_error(f, [&] { c.allreduce(std::span<std::uint8_t>(bytes), ReduceOp::sum); }, "a sum of uint8");
+  expect_error(
+      f, [&] { c.allreduce(std::span<std::uint8_t>(bytes), ReduceOp::sum); }, "a sum of uint8");
   std::vector<std::int32_t> ints(4, 1);
   try {
     c.allreduce(std::span<std::int32_t>(ints), ReduceOp::avg);
@@ -459,8 +470,10 @@ std::string unsupported_reductions_throw_on_every_rank(Communicator& c) {
              "avg of int32: the error does not say avg: " + std::string(e.what()));
   }
   std::vector<float> v(4, 1.0f);
-  expect_error(f, [&] { c.broadcast(std::span<float>(v), c.size()); }, "a broadcast from root N");
-  expect_error(f, [&] { c.broadcast(std::span<float>(v), -1); }, "a broadcast from root -1");
+  expect_error(
+      f, [&] { c.broadcast(std::span<float>(v), c.size()); }, "a broadcast from root N");
+  expect_error(
+      f, [&] { c.broadcast(std::span<float>(v), -1); }, "a broadcast from root -1");
   // The world is still usable afterwards.
   c.allreduce(std::span<float>(v), ReduceOp::sum);
   f.expect(v[0] == static_cast<float>(c.size()), "the sum after the refusals is " + std::to_string(v[0]));
@@ -509,10 +522,8 @@ std::string different_collectives_or_roots_are_a_mismatch(Communicator& c) {
     expect_in(f, e.what(), ranks_text({n - 1}) + " called broadcast(count 4, float64, root 1)");
   }
   try {
-    if (c.rank() == 0)
-      c.barrier();
-    else
-      c.allreduce(std::span<double>(buf), ReduceOp::max);
+    if (c.rank() == 0) c.barrier();
+    else c.allreduce(std::span<double>(buf), ReduceOp::max);
     f.add("barrier against allreduce did not throw");
   } catch (const Error& e) {
     expect_in(f, e.what(), "rank 0 called barrier()");
@@ -527,10 +538,8 @@ std::string different_collectives_or_roots_are_a_mismatch(Communicator& c) {
   try {  // bfloat16 against float16: the same count and element size
     std::vector<Bf16> b(4, narrow16<Bf16>(1.0f));
     std::vector<Fp16> h(4, narrow16<Fp16>(1.0f));
-    if (c.rank() == 0)
-      c.allreduce(std::span<Fp16>(h), ReduceOp::sum);
-    else
-      c.allreduce(std::span<Bf16>(b), ReduceOp::sum);
+    if (c.rank() == 0) c.allreduce(std::span<Fp16>(h), ReduceOp::sum);
+    else c.allreduce(std::span<Bf16>(b), ReduceOp::sum);
     f.add("bfloat16 against float16 did not throw");
   } catch (const Error& e) {
     expect_in(f, e.what(), "rank 0 called allreduce(count 4, float16, sum)");
@@ -538,10 +547,8 @@ std::string different_collectives_or_roots_are_a_mismatch(Communicator& c) {
   }
   try {  // the same count and element size, another dtype
     std::vector<std::int64_t> ints(4, 1);
-    if (c.rank() == n - 1)
-      c.allreduce(std::span<std::int64_t>(ints), ReduceOp::sum);
-    else
-      c.allreduce(std::span<double>(buf), ReduceOp::sum);
+    if (c.rank() == n - 1) c.allreduce(std::span<std::int64_t>(ints), ReduceOp::sum);
+    else c.allreduce(std::span<double>(buf), ReduceOp::sum);
     f.add("dtypes differ but allreduce did not throw");
   } catch (const Error& e) {
     expect_in(f, e.what(), ranks_text({n - 1}) + " called allreduce(count 4, int64, sum)");
@@ -567,8 +574,7 @@ const std::vector<BackendCommCheck>& backend_comm_checks() {
        allreduce_sum_min_max_every_type},
       {"allreduce avg is the sum divided by N", "avg of float32 and float64 is the exact sum divided by N",
        allreduce_avg_divides_the_sum_by_n},
-      {"signed integer sum wraps", "an int32 sum wraps around as two's complement does",
-       signed_integer_sum_wraps},
+      {"signed integer sum wraps", "an int32 sum wraps around as two's complement does", signed_integer_sum_wraps},
       {"float sum is the serial fixed-order sum",
        "a float32 or float64 sum or avg is bit for bit ((b0 + b1) + b2) + ..., in rank order",
        float_sum_is_bitwise_the_fixed_order_sum},

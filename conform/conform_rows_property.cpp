@@ -39,37 +39,41 @@ namespace dpcheck {
 namespace {
 
 enum class Kind {
-  local,              // dpcheck's own (rank order)
-  reverse_order,      // exact in another order: every rank sums from rank N - 1 down
-  own_order,          // each rank sums starting from itself
-  call_order,         // the order turns by one rank each call, the same on every rank
-  some_ranks_turn,    // every other call each rank sums from itself: rank 0's bits never change, the others' do
-  pow2_tree,          // a tree built for powers of two: ranks past the largest power of two are never added
-  chunk_off_by_one,   // each chunk after the first starts one element late: its first element misses a rank
-  avg_wrong_n,        // avg divides by N rounded up to a power of two (a buffer count padded)
-  avg_bf16_scale,     // avg multiplies by 1/N held in bfloat16 (a scale factor kept in the 16-bit format)
-  f16_as_integers,    // float16 added as the integers of its bit patterns (gloo::float16's bug)
-  bf16_as_f16,        // bfloat16 declared, but its buffers read and written as float16
-  f64_in_f32,         // float64 declared, but summed in float32
-  max_as_unsigned,    // 16-bit max compares the bit patterns as unsigned integers: negatives lose
+  local,             // dpcheck's own (rank order)
+  reverse_order,     // exact in another order: every rank sums from rank N - 1 down
+  own_order,         // each rank sums starting from itself
+  call_order,        // the order turns by one rank each call, the same on every rank
+  some_ranks_turn,   // every other call each rank sums from itself: rank 0's bits never change, the others' do
+  pow2_tree,         // a tree built for powers of two: ranks past the largest power of two are never added
+  chunk_off_by_one,  // each chunk after the first starts one element late: its first element misses a rank
+  avg_wrong_n,       // avg divides by N rounded up to a power of two (a buffer count padded)
+  avg_bf16_scale,    // avg multiplies by 1/N held in bfloat16 (a scale factor kept in the 16-bit format)
+  f16_as_integers,   // float16 added as the integers of its bit patterns (gloo::float16's bug)
+  bf16_as_f16,       // bfloat16 declared, but its buffers read and written as float16
+  f64_in_f32,        // float64 declared, but summed in float32
+  max_as_unsigned,   // 16-bit max compares the bit patterns as unsigned integers: negatives lose
 };
 
 struct Defect {
   Kind kind;
   std::string_view name;
-  std::string_view row;       // the conform row that must fail it; "" for a correct communicator
-  std::string_view schedule;  // the schedule it claims (--schedule), "" for none
-  int min_world = 2;          // the smallest world that shows it
+  std::string_view row;           // the conform row that must fail it; "" for a correct communicator
+  std::string_view schedule;      // the schedule it claims (--schedule), "" for none
+  int min_world = 2;              // the smallest world that shows it
   bool not_power_of_two = false;  // shows only where N is no power of two
-  bool shows(int n) const { return n >= min_world && (!not_power_of_two || !std::has_single_bit(static_cast<unsigned>(n))); }
+  bool shows(int n) const {
+    return n >= min_world && (!not_power_of_two || !std::has_single_bit(static_cast<unsigned>(n)));
+  }
 };
 
 constexpr Defect kDefects[] = {
     {Kind::local, "dpcheck's own communicator", "", ""},
     {Kind::local, "dpcheck's own communicator, claiming the rank-order schedule it follows", "", "rank-order"},
     {Kind::reverse_order, "a communicator that sums from the last rank down on every rank", "", ""},
-    {Kind::own_order, "a communicator whose ranks each sum from themselves", "same bits on every rank float32 sum", "", 3},
-    {Kind::own_order, "a communicator whose ranks each sum from themselves", "same bits on every rank bfloat16 sum", "", 3},
+    {Kind::own_order, "a communicator whose ranks each sum from themselves", "same bits on every rank float32 sum", "",
+     3},
+    {Kind::own_order, "a communicator whose ranks each sum from themselves", "same bits on every rank bfloat16 sum", "",
+     3},
     {Kind::call_order, "a communicator whose order turns with every call", "run-to-run float32 sum", "", 3},
     {Kind::some_ranks_turn, "a communicator whose ranks but rank 0 sum from themselves every other call",
      "run-to-run float32 sum", "", 3},
@@ -85,12 +89,20 @@ constexpr Defect kDefects[] = {
 };
 
 // The rows a correct communicator is held to (and, for one claiming its schedule, the schedule's).
-constexpr std::string_view kCorrectRows[] = {
-    "allreduce float32 sum",        "allreduce float32 avg",           "allreduce float64 sum",
-    "allreduce float64 avg",        "allreduce bfloat16 sum",          "allreduce bfloat16 avg",
-    "allreduce float16 sum",        "allreduce float16 avg",           "allreduce bfloat16 max",
-    "allreduce float16 max",        "same bits on every rank float32 sum", "same bits on every rank bfloat16 avg",
-    "run-to-run float32 sum",       "run-to-run float16 sum"};
+constexpr std::string_view kCorrectRows[] = {"allreduce float32 sum",
+                                             "allreduce float32 avg",
+                                             "allreduce float64 sum",
+                                             "allreduce float64 avg",
+                                             "allreduce bfloat16 sum",
+                                             "allreduce bfloat16 avg",
+                                             "allreduce float16 sum",
+                                             "allreduce float16 avg",
+                                             "allreduce bfloat16 max",
+                                             "allreduce float16 max",
+                                             "same bits on every rank float32 sum",
+                                             "same bits on every rank bfloat16 avg",
+                                             "run-to-run float32 sum",
+                                             "run-to-run float16 sum"};
 constexpr std::string_view kScheduleRows[] = {"schedule float32 sum", "schedule bfloat16 avg", "schedule float16 sum"};
 
 // The defect's all-reduce on host copies of every rank's buffer, gathered through the host
@@ -151,7 +163,8 @@ class DefectiveComm final : public ForwardingCommunicator {
         std::memcpy(&v, p + 8 * k, 8);
         return v;
       }
-      case DType::bf16: return kind_ == Kind::bf16_as_f16 ? fp16_bits_to_float(bits16(p, k)) : bf16_bits_to_float(bits16(p, k));
+      case DType::bf16:
+        return kind_ == Kind::bf16_as_f16 ? fp16_bits_to_float(bits16(p, k)) : bf16_bits_to_float(bits16(p, k));
       default: return fp16_bits_to_float(bits16(p, k));
     }
   }
@@ -212,18 +225,21 @@ class DefectiveComm final : public ForwardingCommunicator {
     if (kind_ == Kind::pow2_tree) order.resize(std::bit_floor(n));
     if (kind_ == Kind::chunk_off_by_one)
       for (std::size_t c = 1; c < n; ++c) {
-        const std::size_t begin = count / n * c + std::min(c, count % n), end = count / n * (c + 1) + std::min(c + 1, count % n);
+        const std::size_t begin = count / n * c + std::min(c, count % n),
+                          end = count / n * (c + 1) + std::min(c + 1, count % n);
         if (i == begin && begin < end) order.erase(std::find(order.begin(), order.end(), c - 1));
       }
     double acc = get(at(order[0]), i, dtype);
     for (std::size_t k = 1; k < order.size(); ++k) acc = rounded(acc + get(at(order[k]), i, dtype), dtype);
     if (op != ReduceOp::avg) return acc;
     if (kind_ == Kind::avg_bf16_scale)
-      return rounded(acc * static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(1.0f / static_cast<float>(n)))), dtype);
+      return rounded(acc * static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(1.0f / static_cast<float>(n)))),
+                     dtype);
     const double divisor = kind_ == Kind::avg_wrong_n ? static_cast<double>(std::bit_ceil(n)) : static_cast<double>(n);
-    return rounded(dtype == DType::f64 && kind_ != Kind::f64_in_f32 ? acc / divisor
-                                                                  : static_cast<double>(static_cast<float>(acc) / static_cast<float>(divisor)),
-                 dtype);
+    return rounded(dtype == DType::f64 && kind_ != Kind::f64_in_f32
+                       ? acc / divisor
+                       : static_cast<double>(static_cast<float>(acc) / static_cast<float>(divisor)),
+                   dtype);
   }
 
   Kind kind_;
@@ -285,15 +301,16 @@ struct KernelDefect {
 };
 
 constexpr KernelDefect kKernelDefects[] = {
-    {KernelKind::four_partial_sums, "a linear forward in four partial sums (another order, correct)", "linear_forward", true},
-    {KernelKind::dot_drops_tail, "a linear forward unrolled by four that drops the last in % 4 terms", "linear_forward", false},
+    {KernelKind::four_partial_sums, "a linear forward in four partial sums (another order, correct)", "linear_forward",
+     true},
+    {KernelKind::dot_drops_tail, "a linear forward unrolled by four that drops the last in % 4 terms", "linear_forward",
+     false},
     {KernelKind::activation_drops_tail, "an activation forward by eights that leaves the last n % 8 unwritten",
      "activation_forward", false},
 };
 
-template <KernelKind kKind>
-int defect_linear_forward(void*, const float* x, const float* w, const float* b, float* y, std::int64_t rows,
-                          std::int64_t in, std::int64_t out, void*) {
+template <KernelKind kKind> int defect_linear_forward(void*, const float* x, const float* w, const float* b, float* y,
+                                                      std::int64_t rows, std::int64_t in, std::int64_t out, void*) {
   const std::int64_t body = in - in % 4;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t o = 0; o < out; ++o) {
@@ -353,7 +370,8 @@ std::string run_kernel_row(const KernelDefect& d, const ConformOptions& options,
   o.check = std::string(d.row);
   o.properties = false;
   const std::vector<ConformRow> rows = conform_kernels(target, o);
-  if (rows.size() != 1) fail_case("conform --kernels --check '" + o.check + "' gave " + std::to_string(rows.size()) + " rows");
+  if (rows.size() != 1)
+    fail_case("conform --kernels --check '" + o.check + "' gave " + std::to_string(rows.size()) + " rows");
   const ConformRow& row = rows.front();
   if (replay) *replay = row.replay;
   if (row.verdict == ConformVerdict::pass) return "";
@@ -428,7 +446,10 @@ void check_conform_case(const ConformCase& c, const Target& target) {
                                    case_text = flag_value(line, "--case");
   if (!world || !check || !case_text)
     fail_case("conform failed " + what + " at case '" + minimal + "', and its replay line names no " +
-              (!world ? "world size" : !check ? "check" : "case") + ": " + line);
+              (!world   ? "world size"
+               : !check ? "check"
+                        : "case") +
+              ": " + line);
   if (world->empty() || world->find_first_not_of("0123456789") != std::string::npos || world->size() > 4)
     fail_case("the replay line of " + what + " names the world size '" + *world + "': " + line);
   options.case_text = *case_text;

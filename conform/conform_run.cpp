@@ -71,9 +71,17 @@ ConformOptions conform_options(const Target& target, int world, const ConformReq
   } else {
     // The probe runs in a child: a plugin that hangs there ends the child (the watchdog), not this run.
     const auto probe_timeout = std::min(co.timeout, std::chrono::milliseconds(5000));
-    co.absent_rank_command = {self_executable().string(), "conform", "--engine", target.engine, "--comm",
-                              target.comm, "--world-size", std::to_string(world), "--timeout",
-                              float_text(static_cast<double>(probe_timeout.count()) / 1000.0), "--absent-rank-probe"};
+    co.absent_rank_command = {self_executable().string(),
+                              "conform",
+                              "--engine",
+                              target.engine,
+                              "--comm",
+                              target.comm,
+                              "--world-size",
+                              std::to_string(world),
+                              "--timeout",
+                              float_text(static_cast<double>(probe_timeout.count()) / 1000.0),
+                              "--absent-rank-probe"};
   }
   return co;
 }
@@ -104,7 +112,8 @@ ConformSummary conform_summary(const std::vector<ConformRow>& rows) {
   std::ostringstream details;
   for (const ConformRow& r : rows)
     if (r.verdict == ConformVerdict::info || r.verdict == ConformVerdict::switches)
-      details << "\n" << r.check << (r.verdict == ConformVerdict::switches ? " (switches): " : ": ") << r.detail << "\n";
+      details << "\n"
+              << r.check << (r.verdict == ConformVerdict::switches ? " (switches): " : ": ") << r.detail << "\n";
   for (const ConformRow& r : rows) {
     if (r.verdict != ConformVerdict::fail) continue;
     s.passed = false;
@@ -126,16 +135,17 @@ nlohmann::json conform_rows_json(const std::vector<ConformRow>& rows) {
   for (const ConformRow& r : rows) {
     nlohmann::json classes = nlohmann::json::object();
     for (const auto& [name, ratio] : r.ratio_by_shape_class) classes[name] = ratio;
-    checks.push_back({{"section", r.section},
-                      {"check", r.check},
-                      {"verdict", r.verdict == ConformVerdict::fail ? std::string("fail")
-                                                                    : std::string(conform_verdict_name(r.verdict))},
-                      {"detail", r.detail},
-                      {"promise", or_null(r.promise)},
-                      {"minimal_case", or_null(r.minimal)},
-                      {"replay", or_null(r.replay)},
-                      {"largest_ratio_by_shape_class", r.ratio_by_shape_class.empty() ? nlohmann::json(nullptr) : classes},
-                      {"seconds", r.seconds}});
+    checks.push_back(
+        {{"section", r.section},
+         {"check", r.check},
+         {"verdict",
+          r.verdict == ConformVerdict::fail ? std::string("fail") : std::string(conform_verdict_name(r.verdict))},
+         {"detail", r.detail},
+         {"promise", or_null(r.promise)},
+         {"minimal_case", or_null(r.minimal)},
+         {"replay", or_null(r.replay)},
+         {"largest_ratio_by_shape_class", r.ratio_by_shape_class.empty() ? nlohmann::json(nullptr) : classes},
+         {"seconds", r.seconds}});
   }
   return checks;
 }

@@ -24,7 +24,7 @@ struct ConformRequest {
   int max_size = 1024;
   bool max_size_given = false;
   bool world_size_given = false;
-  std::string schedule;  // --schedule
+  std::string schedule;         // --schedule
   bool allreduce_only = false;  // --allreduce-only
 };
 

@@ -71,8 +71,7 @@ EnvValues env_field(const nlohmann::json& j, const std::string& key, const std::
     if (!is_variable_name(name)) bad_field(where + key, "names \"" + name + "\", which is not an environment variable");
     if (value.is_string()) out[name] = value.get<std::string>();
     else if (value.is_null() && allow_unset) out[name] = std::nullopt;
-    else
-      bad_field(where + key + "." + name, "is " + value.dump() + ", not a string" + (allow_unset ? " or null" : ""));
+    else bad_field(where + key + "." + name, "is " + value.dump() + ", not a string" + (allow_unset ? " or null" : ""));
   }
   return out;
 }
@@ -112,7 +111,7 @@ EnvValues env_with_prefixes(const std::vector<std::string>& prefixes) {
 // XXH3 of a plugin's file, once per file as long as its size and time stay (verify's tools property
 // writes a bundle per case).
 std::string plugin_file_xxh3(const fs::path& file) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(file.c_str(), &st) != 0) throw UsageError(file.string() + ": cannot be read to record it in the bundle");
   using Key = std::tuple<std::string, off_t, std::int64_t, std::int64_t>;
   const Key key{file.string(), st.st_size, static_cast<std::int64_t>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec};

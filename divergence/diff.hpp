@@ -80,8 +80,8 @@ struct TraceDiff {
   std::vector<std::string> notes;  // what was left uncompared, and why
   bool comparable = true;          // false when the traces hold different tensors: no step compared
   std::int64_t steps_a = 0, steps_b = 0;
-  std::int64_t steps_compared = 0;          // steps both hold (paired by step number)
-  std::int64_t items_compared = 0;          // over all those steps
+  std::int64_t steps_compared = 0;            // steps both hold (paired by step number)
+  std::int64_t items_compared = 0;            // over all those steps
   std::int64_t only_in_a = 0, only_in_b = 0;  // steps one trace holds and the other does not
   std::int64_t first_only_in_a = -1, first_only_in_b = -1;
   // Every mismatch of the first step that has one, in walk order: the first of them is THE first
@@ -90,9 +90,7 @@ struct TraceDiff {
   std::vector<TraceStepCount> differing_steps;  // every step with a mismatch, in order
 
   const TraceMismatch* first() const { return first_step.empty() ? nullptr : &first_step.front(); }
-  bool identical() const {
-    return comparable && differing_steps.empty() && only_in_a == 0 && only_in_b == 0;
-  }
+  bool identical() const { return comparable && differing_steps.empty() && only_in_a == 0 && only_in_b == 0; }
 };
 
 // Reads both traces whole (a step at a time). UsageError naming the file (and line) for a missing
@@ -127,12 +125,12 @@ struct TensorDiff {
   Status status = Status::compared;
   DType dtype_a = DType::f32, dtype_b = DType::f32;
   std::vector<std::int64_t> shape_a, shape_b;
-  std::int64_t count = 0;      // elements compared
-  std::int64_t differing = 0;  // elements whose bits differ
-  std::uint64_t max_ulp = 0;   // largest ULP distance (floats; infinite_ulp when a NaN meets a number)
-  double max_rel = 0;          // largest |a - b| / max(|a|, |b|) (floats; infinity likewise)
-  std::int64_t first = -1;     // flat index of the first element whose bits differ
-  std::string first_index;     // the same as NumPy indexes it: "[3, 1]"
+  std::int64_t count = 0;        // elements compared
+  std::int64_t differing = 0;    // elements whose bits differ
+  std::uint64_t max_ulp = 0;     // largest ULP distance (floats; infinite_ulp when a NaN meets a number)
+  double max_rel = 0;            // largest |a - b| / max(|a|, |b|) (floats; infinity likewise)
+  std::int64_t first = -1;       // flat index of the first element whose bits differ
+  std::string first_index;       // the same as NumPy indexes it: "[3, 1]"
   std::string first_a, first_b;  // both values there, with their bits for floats
   bool passed = false;
 

@@ -3,12 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "divergence/trace.hpp"
@@ -54,7 +54,8 @@ std::int64_t int_field(const nlohmann::json& j, const std::string& key, const st
                        std::int64_t hi) {
   const nlohmann::json& v = field(j, key, where);
   if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
-    bad_field(where + key, "is " + v.dump() + ", not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    bad_field(where + key,
+              "is " + v.dump() + ", not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return v.get<std::int64_t>();
 }
 
@@ -103,7 +104,8 @@ bool StepFailure::same_place(const StepFailure& o, std::string_view mutant) cons
          (element == o.element || mutant == "replay-same-place-ignores-element");
 }
 
-ReplayVerdict replay_verdict(const StepFailure& recorded, const std::optional<StepFailure>& replayed, std::string_view mutant) {
+ReplayVerdict replay_verdict(const StepFailure& recorded, const std::optional<StepFailure>& replayed,
+                             std::string_view mutant) {
   if (!replayed || !replayed->same_place(recorded, mutant)) return ReplayVerdict::not_reproduced;
   return replayed->message == recorded.message ? ReplayVerdict::bit_for_bit : ReplayVerdict::same_place;
 }
@@ -146,7 +148,8 @@ StepFailure non_finite_state_failure(std::int64_t step, std::span<const float> p
   f.kind = "non-finite";
   f.step = step;
   const auto find = [](std::span<const float> v) {
-    return static_cast<std::size_t>(std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }) - v.begin());
+    return static_cast<std::size_t>(std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }) -
+                                    v.begin());
   };
   float value = 0;
   if (const std::size_t i = find(params); i < params.size()) {
@@ -156,7 +159,8 @@ StepFailure non_finite_state_failure(std::int64_t step, std::span<const float> p
     f.element = "optimizer state of " + layout.describe_element(j % layout.size());
     value = state[j];
   }
-  f.message = "after step " + std::to_string(step) + " " + f.element + " is " + float_text(value) + ", not finite" + suffix;
+  f.message =
+      "after step " + std::to_string(step) + " " + f.element + " is " + float_text(value) + ", not finite" + suffix;
   return f;
 }
 
@@ -207,8 +211,8 @@ void LiveChecks::local_gradient(Trainer& trainer, std::int64_t step, double loss
   f.step = step;
   f.rank = bad_ranks[0];
   f.element = first.substr(0, first.find('\t'));
-  f.message = "step " + std::to_string(step) + ": rank " + std::to_string(f.rank) + ": " + first.substr(first.find('\t') + 1) +
-              ", before the all-reduce";
+  f.message = "step " + std::to_string(step) + ": rank " + std::to_string(f.rank) + ": " +
+              first.substr(first.find('\t') + 1) + ", before the all-reduce";
   if (bad_ranks.size() > 1) {
     f.message += " (non-finite on ranks";
     for (int r : bad_ranks) f.message += " " + std::to_string(r);
@@ -264,7 +268,8 @@ LiveGradientCheck check_step_gradient(const Target& target, Trainer& trainer, st
     char buf[256];
     std::snprintf(buf, sizeof buf, "float32 %.9g, float64 reference %.17g, error ratio %.6g", worst.worst_value,
                   worst.worst_reference, worst.max_ratio);
-    out.message = "step " + std::to_string(step) + ": the " + which + " gradient at " + out.element + " leaves the bound: " + buf;
+    out.message =
+        "step " + std::to_string(step) + ": the " + which + " gradient at " + out.element + " leaves the bound: " + buf;
   }
   return out;
 }
@@ -287,8 +292,10 @@ void LiveChecks::reduced_gradient(Trainer& trainer, std::int64_t step) {
     try {
       if (!whole_) whole_ = make_engine(target_, trainer.config().model);
       const LiveGradientCheck c = check_step_gradient(target_, trainer, step, params, reduced, whole_.get());
-      mine = nlohmann::json{{"ratio", c.ratio}, {"whole", c.whole_batch_ratio}, {"element", c.element}, {"message", c.message}}
-                 .dump();
+      mine =
+          nlohmann::json{
+              {"ratio", c.ratio}, {"whole", c.whole_batch_ratio}, {"element", c.element}, {"message", c.message}}
+              .dump();
     } catch (const std::exception& error) {
       mine = nlohmann::json{{"error", error.what()}}.dump();
     }
@@ -297,7 +304,8 @@ void LiveChecks::reduced_gradient(Trainer& trainer, std::int64_t step) {
   // costs about one float64 forward and backward pass of the global batch.)
   const nlohmann::json verdict = nlohmann::json::parse(allgather_strings(trainer.comm().host(), mine)[0]);
   if (verdict.contains("error"))
-    throw Error("step " + std::to_string(step) + ": the live gradient check failed to run: " + verdict["error"].get<std::string>());
+    throw Error("step " + std::to_string(step) +
+                ": the live gradient check failed to run: " + verdict["error"].get<std::string>());
   last_["gradient_ratio"] = verdict.at("ratio");
   last_["whole_batch_ratio"] = verdict.at("whole");
   const std::string message = verdict.at("message").get<std::string>();
@@ -318,13 +326,13 @@ nlohmann::json BundleManifest::to_json() const {
   nlohmann::json data = x.empty() ? nlohmann::json{{"synthetic", true}}
                                   : nlohmann::json{{"x", x}, {"y", y}, {"x_xxh3", x_xxh3}, {"y_xxh3", y_xxh3}};
   nlohmann::json j = {{"dpcheck_bundle", kBundleVersion},
-                     {"dpcheck_version", version},
-                     {"command_line", command_line},
-                     {"config", config.to_json(world_size)},
-                     {"target", recorded_target},
-                     {"checks", {{"finite", checks.finite}, {"gradient_every", checks.gradient_every}}},
-                     {"data", std::move(data)},
-                     {"failure", failure.to_json()}};
+                      {"dpcheck_version", version},
+                      {"command_line", command_line},
+                      {"config", config.to_json(world_size)},
+                      {"target", recorded_target},
+                      {"checks", {{"finite", checks.finite}, {"gradient_every", checks.gradient_every}}},
+                      {"data", std::move(data)},
+                      {"failure", failure.to_json()}};
   if (backend) j["backend"] = backend->to_json();
   return j;
 }
@@ -334,7 +342,8 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw UsageError("the manifest is " + std::string(j.type_name()) + ", not an object");
   const std::int64_t v = int_field(j, "dpcheck_bundle", "", 0, 1 << 20);
   if (v != kBundleVersion)
-    throw UsageError("bundle version " + std::to_string(v) + ": this dpcheck reads version " + std::to_string(kBundleVersion));
+    throw UsageError("bundle version " + std::to_string(v) + ": this dpcheck reads version " +
+                     std::to_string(kBundleVersion));
   m.version = text_field(j, "dpcheck_version", "");
   const nlohmann::json& cmd = field(j, "command_line", "");
   if (!cmd.is_array()) bad_field("command_line", "is not a list");
@@ -356,7 +365,8 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   // with no name, would replay on data other than the run's without a word.
   if (!d.is_object()) bad_field("data", "is " + d.dump() + ", not an object");
   if (d.contains("synthetic")) {
-    if (!bool_field(d, "synthetic", "data.")) bad_field("data.synthetic", "is false: name the files in data.x and data.y");
+    if (!bool_field(d, "synthetic", "data."))
+      bad_field("data.synthetic", "is false: name the files in data.x and data.y");
     if (d.size() != 1) bad_field("data", "is synthetic and also names files: it must be one or the other");
   } else {
     m.x = text_field(d, "x", "data.");
@@ -367,8 +377,8 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
   }
   m.failure = StepFailure::from_json(field(j, "failure", ""));
   if (m.failure.rank >= m.world_size)
-    bad_field("failure.rank", "is " + std::to_string(m.failure.rank) + ", but the run had " + std::to_string(m.world_size) +
-                                  (m.world_size == 1 ? " rank" : " ranks"));
+    bad_field("failure.rank", "is " + std::to_string(m.failure.rank) + ", but the run had " +
+                                  std::to_string(m.world_size) + (m.world_size == 1 ? " rank" : " ranks"));
   // Written since bundles name their backend; an older bundle has none, and replays without the comparison.
   if (j.contains("backend")) m.backend = BackendRecord::from_json(j.at("backend"));
   return m;
@@ -378,7 +388,8 @@ fs::path fresh_bundle_path(const fs::path& parent, std::int64_t step) {
   const std::string base = "dpcheck-bundle-" + checkpoint_name(step);
   fs::path p = (parent / base).lexically_normal();
   std::error_code ec;
-  for (int k = 2; fs::exists(fs::symlink_status(p, ec)); ++k) p = (parent / (base + "-" + std::to_string(k))).lexically_normal();
+  for (int k = 2; fs::exists(fs::symlink_status(p, ec)); ++k)
+    p = (parent / (base + "-" + std::to_string(k))).lexically_normal();
   return p;
 }
 
@@ -461,12 +472,14 @@ Bundle read_bundle(const fs::path& dir) {
   const nlohmann::json idx = parse_json_file(dir / "indices.json");
   const nlohmann::json& ranks = field(idx, "ranks", "indices.json: ");
   if (!ranks.is_array() || static_cast<int>(ranks.size()) != b.manifest.world_size)
-    throw UsageError((dir / "indices.json").string() + ": \"ranks\" must list " + std::to_string(b.manifest.world_size) + " ranks");
+    throw UsageError((dir / "indices.json").string() + ": \"ranks\" must list " +
+                     std::to_string(b.manifest.world_size) + " ranks");
   for (const nlohmann::json& r : ranks) {
     std::vector<std::int64_t> v;
     if (!r.is_array()) throw UsageError((dir / "indices.json").string() + ": a rank's indices are not a list");
     for (const nlohmann::json& i : r) {
-      if (!i.is_number_integer()) throw UsageError((dir / "indices.json").string() + ": " + i.dump() + " is not an index");
+      if (!i.is_number_integer())
+        throw UsageError((dir / "indices.json").string() + ": " + i.dump() + " is not an index");
       if (i.get<std::int64_t>() < 0 || i.get<std::int64_t>() >= b.manifest.config.data_size())
         throw UsageError((dir / "indices.json").string() + ": index " + i.dump() + " is outside the run's " +
                          std::to_string(b.manifest.config.data_size()) + " examples");
@@ -520,8 +533,8 @@ class Capture final : public StepObserver {
     bool seen = false;  // the rank passed (a pass that threw leaves the later ones unplayed)
   };
   std::vector<Pass> played;  // simulated ranks: each rank's local gradient and examples
-  float loss_scale = 1;  // the scaler's scale at the step: the local gradient is scaled by it
-  bool skipped = false;  // the loss scaler found the gradient non-finite: the step takes no update
+  float loss_scale = 1;      // the scaler's scale at the step: the local gradient is scaled by it
+  bool skipped = false;      // the loss scaler found the gradient non-finite: the step takes no update
   std::int64_t steps_before = 0;
 };
 
@@ -538,7 +551,9 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
   const auto r = static_cast<std::size_t>(rank);
   nlohmann::json row = nlohmann::json::array();
   const auto add = [&](const char* phase, double ratio, const std::string& element) {
-    row.push_back({{"phase", phase}, {"rank", rank}, {"ratio", std::isfinite(ratio) ? nlohmann::json(ratio) : nlohmann::json("inf")},
+    row.push_back({{"phase", phase},
+                   {"rank", rank},
+                   {"ratio", std::isfinite(ratio) ? nlohmann::json(ratio) : nlohmann::json("inf")},
                    {"element", element}});
   };
   // data: the examples the rank used, against the configuration's sampler and the recorded ones.
@@ -595,15 +610,18 @@ nlohmann::json attribute_rank(const Target& target, const ReplayInput& in, const
     const reference::OptimizerStepBound want_step =
         reference::optimizer_step_bound(oc, cap.params_before, cap.reduced, cap.state_before, cap.steps_before);
     WorstElement worst;
-    worst_against_formula(cap.params, want_step.params, want_step.params_bound, "parameter",
-                          [&](std::size_t i) { return layout.describe_element(i); }, worst);
+    worst_against_formula(
+        cap.params, want_step.params, want_step.params_bound, "parameter",
+        [&](std::size_t i) { return layout.describe_element(i); }, worst);
     const std::size_t n = layout.size();
     WorstElement state;
-    worst_against_formula(cap.state, want_step.state, want_step.state_bound, "state",
-                          [&](std::size_t i) { return layout.describe_element(i % n); }, state);
+    worst_against_formula(
+        cap.state, want_step.state, want_step.state_bound, "state",
+        [&](std::size_t i) { return layout.describe_element(i % n); }, state);
     const bool in_state = state.ratio > worst.ratio;
     const std::size_t i = in_state ? state.index % n : worst.index;
-    add("optimizer", std::max(worst.ratio, state.ratio), (in_state ? "optimizer state at " : "") + layout.describe_element(i));
+    add("optimizer", std::max(worst.ratio, state.ratio),
+        (in_state ? "optimizer state at " : "") + layout.describe_element(i));
   }
   if (replicas) {
     const bool minority =
@@ -657,7 +675,8 @@ ReplayResult replay_step(const Target& target, const ReplayInput& in) {
       }
     } else {
       const std::vector<std::int64_t> used = rt.trainer->local_indices(step);
-      const nlohmann::json row = attribute_rank(target, in, ex, used, cap, replicas ? &*replicas : nullptr, comm.rank());
+      const nlohmann::json row =
+          attribute_rank(target, in, ex, used, cap, replicas ? &*replicas : nullptr, comm.rank());
       all = allgather_strings(comm.host(), row.dump());
     }
     if (!records(target, comm)) return;
@@ -679,8 +698,8 @@ ReplayResult replay_step(const Target& target, const ReplayInput& in) {
           pr.ratio = p.at("ratio").is_string() ? INFINITY : p.at("ratio").get<double>();
           pr.element = p.at("element").get<std::string>();
           if (result.first_out_of_bound.empty() && pr.ratio > 1.0)
-            result.first_out_of_bound = pr.phase + " on rank " + std::to_string(pr.rank) +
-                                        (pr.element.empty() ? "" : " at " + pr.element);
+            result.first_out_of_bound =
+                pr.phase + " on rank " + std::to_string(pr.rank) + (pr.element.empty() ? "" : " at " + pr.element);
           result.phases.push_back(std::move(pr));
         }
   return result;
@@ -706,14 +725,18 @@ CheckpointRun read_checkpoint_run(const fs::path& dir) {
       continue;  // not a usable checkpoint: read_checkpoint says why when it is needed
     }
   }
-  if (!have_config) throw UsageError("no checkpoint in " + dir.string() + " (a directory written by train --checkpoint-dir)");
+  if (!have_config)
+    throw UsageError("no checkpoint in " + dir.string() + " (a directory written by train --checkpoint-dir)");
   std::sort(run.steps.begin(), run.steps.end());
   return run;
 }
 
-DriftReport rounding_or_bug(const Target targets[2], const CheckpointRun runs[2], const Dataset* const data[2], std::int64_t from) {
+DriftReport rounding_or_bug(const Target targets[2], const CheckpointRun runs[2], const Dataset* const data[2],
+                            std::int64_t from) {
   DriftReport report;
-  const auto holds = [](const CheckpointRun& r, std::int64_t s) { return std::binary_search(r.steps.begin(), r.steps.end(), s); };
+  const auto holds = [](const CheckpointRun& r, std::int64_t s) {
+    return std::binary_search(r.steps.begin(), r.steps.end(), s);
+  };
   const auto load = [](const CheckpointRun& r, std::int64_t s) {
     std::string why;
     std::optional<Checkpoint> c = read_checkpoint(r.dir / checkpoint_name(s), r.config.model, &why);
@@ -740,7 +763,8 @@ DriftReport rounding_or_bug(const Target targets[2], const CheckpointRun runs[2]
       if (t.mutant == "drift-judges-update-only") {
         row.where[k].clear();
         for (const PhaseRatio& p : r.phases)
-          if (row.where[k].empty() && p.phase == "optimizer" && p.ratio > 1.0) row.where[k] = "optimizer on rank " + std::to_string(p.rank);
+          if (row.where[k].empty() && p.phase == "optimizer" && p.ratio > 1.0)
+            row.where[k] = "optimizer on rank " + std::to_string(p.rank);
       }
       const Checkpoint next = load(runs[k], s + 1);
       row.same_bits[k] = r.params_after == next.params && r.state_after == next.optimizer_state;
@@ -756,7 +780,8 @@ DriftReport rounding_or_bug(const Target targets[2], const CheckpointRun runs[2]
       }
     }
     if (after[0].size() == after[1].size())
-      for (std::size_t i = 0; i < after[0].size(); ++i) row.apart_ulp = std::max(row.apart_ulp, ulp_distance(after[0][i], after[1][i]));
+      for (std::size_t i = 0; i < after[0].size(); ++i)
+        row.apart_ulp = std::max(row.apart_ulp, ulp_distance(after[0][i], after[1][i]));
     report.steps.push_back(row);
   }
   return report;

@@ -34,11 +34,11 @@ namespace dpcheck {
 
 // What a failed check found, and where.
 struct StepFailure {
-  std::string kind;      // "non-finite" | "gradient-bound" | "replicas" | "loss" | "timeout"
+  std::string kind;  // "non-finite" | "gradient-bound" | "replicas" | "loss" | "timeout"
   std::int64_t step = 0;
-  int rank = -1;         // the rank it names; -1: every rank (a bound, a loss) or none
-  std::string element;   // "layers.0.weight[3, 1]", "loss", or "" (a timeout)
-  std::string message;   // the full text
+  int rank = -1;        // the rank it names; -1: every rank (a bound, a loss) or none
+  std::string element;  // "layers.0.weight[3, 1]", "loss", or "" (a timeout)
+  std::string message;  // the full text
 
   nlohmann::json to_json() const;
   static StepFailure from_json(const nlohmann::json& j);  // UsageError naming the field
@@ -78,8 +78,8 @@ struct CheckedStep {
 CheckedStep checked_step(Trainer& trainer);
 
 struct LiveCheckOptions {
-  bool finite = false;        // --check-finite
-  int gradient_every = 0;     // --check-gradient-every K (0: never)
+  bool finite = false;     // --check-finite
+  int gradient_every = 0;  // --check-gradient-every K (0: never)
 };
 
 // The live checks as a StepObserver. Every rank must hold one (they agree over comm.host()).
@@ -122,12 +122,12 @@ inline constexpr int kBundleVersion = 1;
 struct BundleManifest {
   TrainConfig config;
   int world_size = 1;
-  Target target;                  // engine, comm, kernels, mutant, tf32, timeout
+  Target target;  // engine, comm, kernels, mutant, tf32, timeout
   LiveCheckOptions checks;
   std::vector<std::string> command_line;
-  std::string x, y;               // --x / --y as absolute paths, or empty for synthetic data
-  std::string x_xxh3, y_xxh3;     // their hashes when written
-  std::string version;            // dpcheck's
+  std::string x, y;            // --x / --y as absolute paths, or empty for synthetic data
+  std::string x_xxh3, y_xxh3;  // their hashes when written
+  std::string version;         // dpcheck's
   StepFailure failure;
   std::vector<std::vector<std::int64_t>> indices;  // per rank, the failing step's examples
   // The plugins' files and tables and the variables that choose the algorithm (backend_record.hpp);
@@ -177,9 +177,9 @@ Bundle read_bundle(const std::filesystem::path& dir);
 
 // One phase of the step on one rank against the float64 reference.
 struct PhaseRatio {
-  std::string phase;   // "data" | "local gradient" | "all-reduce" | "optimizer" | "replicas"
+  std::string phase;  // "data" | "local gradient" | "all-reduce" | "optimizer" | "replicas"
   int rank = 0;
-  double ratio = 0;    // error / bound at the worst element (data and replicas: 0 agree, inf differ)
+  double ratio = 0;  // error / bound at the worst element (data and replicas: 0 agree, inf differ)
   std::string element;
 };
 
@@ -195,8 +195,8 @@ struct ReplayInput {
   TrainConfig config;
   int world_size = 1;
   LiveCheckOptions checks;
-  Checkpoint before;                   // the state training starts from (the bundle's: just before `step`)
-  std::int64_t step = 0;               // the step replayed, at or after before.step
+  Checkpoint before;      // the state training starts from (the bundle's: just before `step`)
+  std::int64_t step = 0;  // the step replayed, at or after before.step
   const Dataset* data = nullptr;
   std::vector<std::vector<std::int64_t>> indices;  // recorded per-rank examples (empty: not recorded)
 };
@@ -228,18 +228,18 @@ CheckpointRun read_checkpoint_run(const std::filesystem::path& dir);
 // against the float64 reference, and whether the replay gives the bits the run recorded next.
 struct DriftStep {
   std::int64_t step = 0;
-  double ratio[2] = {0, 0};       // the largest error ratio of any phase on any rank
-  std::string where[2];           // the first phase out of the bound, or ""
+  double ratio[2] = {0, 0};            // the largest error ratio of any phase on any rank
+  std::string where[2];                // the first phase out of the bound, or ""
   bool same_bits[2] = {false, false};  // replayed parameters and state == the run's next checkpoint
-  std::uint64_t apart_ulp = 0;    // largest distance between the two runs' parameters after the step
+  std::uint64_t apart_ulp = 0;         // largest distance between the two runs' parameters after the step
 };
 
 struct DriftReport {
   std::vector<DriftStep> steps;
-  int bug_run = -1;               // 0 or 1: the run whose step left the bound first; -1: none did
+  int bug_run = -1;  // 0 or 1: the run whose step left the bound first; -1: none did
   std::int64_t bug_step = -1;
   std::string bug_where;
-  int unreproduced_run = -1;      // a run whose recorded step the target does not give bit for bit
+  int unreproduced_run = -1;  // a run whose recorded step the target does not give bit for bit
   std::int64_t unreproduced_step = -1;
 };
 

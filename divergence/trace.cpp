@@ -146,8 +146,8 @@ nlohmann::json TraceRecorder::rank_part(int rank) const {
   for (const auto& block : state_) state.push_back(to_json(block));
   nlohmann::json calls = nlohmann::json::array();
   for (const CollectiveRecord& c : calls_) {
-    nlohmann::json j = {{"seq", c.seq}, {"call", c.call}, {"dtype", dtype_name(c.dtype)}, {"count", c.count},
-                        {"in", digest_hex(c.in)}, {"out", digest_hex(c.out)}};
+    nlohmann::json j = {{"seq", c.seq},     {"call", c.call},         {"dtype", dtype_name(c.dtype)},
+                        {"count", c.count}, {"in", digest_hex(c.in)}, {"out", digest_hex(c.out)}};
     if (!c.op.empty()) j["op"] = c.op;
     calls.push_back(std::move(j));
   }
@@ -191,7 +191,8 @@ nlohmann::json TraceRecorder::finish_step(Communicator& host, std::int64_t step,
       }
       nlohmann::json mine = {{"in", calls[k]["in"]}, {"out", calls[k]["out"]}};
       for (const char* key : {"call", "op", "dtype", "count"})
-        if (calls[k].value(key, nlohmann::json()) != collectives[k].value(key, nlohmann::json())) mine[key] = calls[k][key];
+        if (calls[k].value(key, nlohmann::json()) != collectives[k].value(key, nlohmann::json()))
+          mine[key] = calls[k][key];
       while (collectives[k]["ranks"].size() < r) collectives[k]["ranks"].push_back(nullptr);  // a rank that skipped it
       collectives[k]["ranks"].push_back(std::move(mine));
     }
@@ -209,9 +210,14 @@ nlohmann::json trace_header(const nlohmann::json& config, const nlohmann::json& 
   nlohmann::json names = nlohmann::json::array();
   const ParamLayout layout(model);
   for (const Slice& s : layout.slices()) names.push_back(s.name);
-  return {{"dpcheck_trace", kTraceVersion}, {"dpcheck_version", DPCHECK_VERSION}, {"config", config},
-          {"target", target}, {"world_size", world_size}, {"digest", "xxh3"},
-          {"tensors", std::move(names)}, {"state", state_names}};
+  return {{"dpcheck_trace", kTraceVersion},
+          {"dpcheck_version", DPCHECK_VERSION},
+          {"config", config},
+          {"target", target},
+          {"world_size", world_size},
+          {"digest", "xxh3"},
+          {"tensors", std::move(names)},
+          {"state", state_names}};
 }
 
 std::uint64_t TracingCommunicator::digest(const void* buf, std::size_t bytes) {

@@ -29,9 +29,9 @@ namespace dpcheck {
 inline constexpr int kTraceVersion = 1;
 
 struct TensorSummary {
-  std::uint64_t digest = 0;   // XXH3-64 of the float32 bytes
-  double max_abs = 0;         // over the finite elements
-  double sum = 0;             // over the finite elements
+  std::uint64_t digest = 0;  // XXH3-64 of the float32 bytes
+  double max_abs = 0;        // over the finite elements
+  double sum = 0;            // over the finite elements
   std::int64_t non_finite = 0;
 };
 TensorSummary summarize(std::span<const float> values);
@@ -41,9 +41,9 @@ std::string digest_hex(std::uint64_t digest);
 
 // One data collective as one rank saw it.
 struct CollectiveRecord {
-  std::int64_t seq = 0;       // calls on this communicator since the run began
-  std::string call;           // allreduce | broadcast | allgather
-  std::string op;             // allreduce's reduction; empty otherwise
+  std::int64_t seq = 0;  // calls on this communicator since the run began
+  std::string call;      // allreduce | broadcast | allgather
+  std::string op;        // allreduce's reduction; empty otherwise
   DType dtype = DType::f32;
   std::size_t count = 0;
   std::uint64_t in = 0, out = 0;
@@ -95,7 +95,8 @@ class TraceRecorder final : public StepObserver {
 // output buffers, into the recorder. host() stays the inner one's: control messages are not traced.
 class TracingCommunicator final : public ForwardingCommunicator {
  public:
-  TracingCommunicator(Communicator& inner, TraceRecorder& recorder) : ForwardingCommunicator(inner), recorder_(recorder) {}
+  TracingCommunicator(Communicator& inner, TraceRecorder& recorder)
+      : ForwardingCommunicator(inner), recorder_(recorder) {}
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override;

@@ -51,12 +51,13 @@ nlohmann::json log_record(const TrainConfig& t, const StepResult& r, const nlohm
 
 // The row of rank 0's report for a step.
 nlohmann::json report_row(const StepResult& r, const nlohmann::json& checks) {
-  return {{"step", r.step},
-          {"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json(nullptr)},
-          {"skipped", r.skipped},
-          {"loss_scale", r.loss_scale},
-          {"replicas_identical", r.replicas.synchronized},
-          {"gradient_error_ratio", checks.contains("gradient_ratio") ? checks["gradient_ratio"] : nlohmann::json(nullptr)}};
+  return {
+      {"step", r.step},
+      {"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json(nullptr)},
+      {"skipped", r.skipped},
+      {"loss_scale", r.loss_scale},
+      {"replicas_identical", r.replicas.synchronized},
+      {"gradient_error_ratio", checks.contains("gradient_ratio") ? checks["gradient_ratio"] : nlohmann::json(nullptr)}};
 }
 
 // One rank's part of the run.
@@ -64,10 +65,18 @@ class RankRun {
  public:
   RankRun(const Target& target, const TrainConfig& config, int world, const Dataset& data, const TrainingRunOptions& o,
           TrainingRunListener& listener, RunShared& shared, Communicator& world_comm)
-      : target_(target), t_(config), world_(world), o_(o), listener_(listener), shared_(shared),
-        state_names_(make_cpu_optimizer(config.optimizer, 0)->state_names()), recorder_(config.model, state_names_),
+      : target_(target),
+        t_(config),
+        world_(world),
+        o_(o),
+        listener_(listener),
+        shared_(shared),
+        state_names_(make_cpu_optimizer(config.optimizer, 0)->state_names()),
+        recorder_(config.model, state_names_),
         comm_(o.trace.empty() ? world_comm : traced_.emplace(world_comm, recorder_)),
-        rt_(make_rank_trainer(target, config, comm_, data)), checks_(target, o.checks), speaks_(comm_.rank() == 0),
+        rt_(make_rank_trainer(target, config, comm_, data)),
+        checks_(target, o.checks),
+        speaks_(comm_.rank() == 0),
         bundles_(o.bundle && speaks_) {
     recorder_.set_digest_prefix(trace_digest_prefix(target));
   }
@@ -144,8 +153,8 @@ void RankRun::fail(const StepFailure& f, bool collective) {
     // Rank 0 alone, so that a bundle it cannot write (a full disk, a read-only directory) costs the
     // bundle and not a hang of the others in a collective.
     write_bundle(target_, comm_, path, m, before_, start_, o_.trace, false);
-    shared_.failure += "\nrepro bundle " + path.string() + "; replay it with: " +
-                       bundle_replay_command(target_, path, &*m.backend);
+    shared_.failure +=
+        "\nrepro bundle " + path.string() + "; replay it with: " + bundle_replay_command(target_, path, &*m.backend);
   } catch (const std::exception& e) {
     shared_.failure += std::string("\nno repro bundle: ") + e.what();
   }
@@ -198,7 +207,8 @@ bool RankRun::finish_step(const StepResult& r) {
   writer_->log(log_record(t_, r, checks_.last()));
   const std::int64_t done = rt_.trainer->next_step();
   const ParamLayout layout(t_.model);
-  if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == t_.steps)) {
+  if (!o_.checkpoint_dir.empty() &&
+      ((o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == t_.steps)) {
     const Checkpoint c = rt_.trainer->checkpoint();
     if (has_non_finite(c.params) || has_non_finite(c.optimizer_state)) {
       fail(non_finite_state_failure(r.step, c.params, c.optimizer_state, layout, ""), true);

@@ -25,9 +25,9 @@ struct TrainingRunOptions {
   std::string log;             // one JSON line a step (rank 0); "" none
   std::string trace;           // a value-level trace (rank 0); "" none
   LiveCheckOptions checks;
-  bool bundle = true;          // leave a repro bundle when a check fails
+  bool bundle = true;  // leave a repro bundle when a check fails
   std::string bundle_dir = ".";
-  std::string x, y;            // the data files, for the bundle; "" for synthetic data
+  std::string x, y;                       // the data files, for the bundle; "" for synthetic data
   std::vector<std::string> command_line;  // for the bundle
   // Testing the dead-rank paths: "kill" (SIGKILL) or "stall" (stop answering) on fault_rank at fault_step.
   std::string fault;
@@ -50,7 +50,7 @@ class TrainingRunListener {
 
 struct TrainingOutcome {
   bool passed = true;
-  std::string failure;  // rank 0's account: what failed, and the bundle or why there is none
+  std::string failure;                             // rank 0's account: what failed, and the bundle or why there is none
   nlohmann::json steps = nlohmann::json::array();  // rank 0's steps, for a report
 };
 

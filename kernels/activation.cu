@@ -27,12 +27,10 @@ __global__ void activation_backward_kernel(const float* __restrict__ h, const fl
                                            int act) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    if (act == 0)
-      delta[i] = z[i] > 0.0f ? h[i] : 0.0f;
+    if (act == 0) delta[i] = z[i] > 0.0f ? h[i] : 0.0f;
     else if (act == 1)
       delta[i] = h[i] * (1.0f - a[i] * a[i]);  // a fused multiply-add only rounds less than the bound counts
-    else
-      delta[i] = h[i];
+    else delta[i] = h[i];
   }
 }
 

@@ -22,13 +22,9 @@ namespace dpcheck::cuda {
 namespace {
 
 // Pointers travel in the kernel's parameters: no device array to copy for every call.
-template <class T>
-struct Buffers {
-  T* p[kMaxLocalReplicas];
-};
+template <class T> struct Buffers { T* p[kMaxLocalReplicas]; };
 
-template <class T>
-__device__ T apply(ReduceOp op, T a, T b) {
+template <class T> __device__ T apply(ReduceOp op, T a, T b) {
   switch (op) {
     case ReduceOp::min: return b < a ? b : a;
     case ReduceOp::max: return b > a ? b : a;
@@ -43,8 +39,7 @@ __device__ T apply(ReduceOp op, T a, T b) {
   }
 }
 
-template <class T>
-__global__ void reduce_kernel(Buffers<T> bufs, int n, long long lo, long long hi, ReduceOp op) {
+template <class T> __global__ void reduce_kernel(Buffers<T> bufs, int n, long long lo, long long hi, ReduceOp op) {
   for (long long i = lo + blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < hi;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     T acc = bufs.p[0][i];
@@ -60,8 +55,7 @@ template <class H> __device__ H narrow(float f);
 template <> __device__ inline __nv_bfloat16 narrow<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
 template <> __device__ inline __half narrow<__half>(float f) { return __float2half_rn(f); }
 
-template <class H>
-__global__ void reduce16_kernel(Buffers<H> bufs, int n, long long lo, long long hi, ReduceOp op) {
+template <class H> __global__ void reduce16_kernel(Buffers<H> bufs, int n, long long lo, long long hi, ReduceOp op) {
   for (long long i = lo + blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < hi;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     float acc = widen(bufs.p[0][i]);
@@ -77,8 +71,8 @@ void launch(void* const* buffers, int n, std::size_t lo, std::size_t hi, ReduceO
   Buffers<T> b{};
   for (int r = 0; r < n; ++r) b.p[r] = static_cast<T*>(buffers[r]);
   const auto count = static_cast<long long>(hi - lo);
-  reduce_kernel<T><<<grid_for(count), kBlock, 0, stream>>>(b, n, static_cast<long long>(lo),
-                                                           static_cast<long long>(hi), op);
+  reduce_kernel<T>
+      <<<grid_for(count), kBlock, 0, stream>>>(b, n, static_cast<long long>(lo), static_cast<long long>(hi), op);
   DPCHECK_LAUNCH_CHECK();
 }
 
@@ -87,34 +81,30 @@ void launch16(void* const* buffers, int n, std::size_t lo, std::size_t hi, Reduc
   Buffers<H> b{};
   for (int r = 0; r < n; ++r) b.p[r] = static_cast<H*>(buffers[r]);
   const auto count = static_cast<long long>(hi - lo);
-  reduce16_kernel<H><<<grid_for(count), kBlock, 0, stream>>>(b, n, static_cast<long long>(lo),
-                                                             static_cast<long long>(hi), op);
+  reduce16_kernel<H>
+      <<<grid_for(count), kBlock, 0, stream>>>(b, n, static_cast<long long>(lo), static_cast<long long>(hi), op);
   DPCHECK_LAUNCH_CHECK();
 }
 
-template <class H>
-__global__ void divide16_kernel(H* p, long long n, float d) {
+template <class H> __global__ void divide16_kernel(H* p, long long n, float d) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
     p[i] = narrow<H>(widen(p[i]) / d);
 }
 
-template <class H>
-void launch_divide16(void* buf, std::size_t count, int n, cudaStream_t stream) {
+template <class H> void launch_divide16(void* buf, std::size_t count, int n, cudaStream_t stream) {
   const auto c = static_cast<long long>(count);
   divide16_kernel<H><<<grid_for(c), kBlock, 0, stream>>>(static_cast<H*>(buf), c, static_cast<float>(n));
   DPCHECK_LAUNCH_CHECK();
 }
 
-template <class T>
-__global__ void divide_kernel(T* p, long long n, T d) {
+template <class T> __global__ void divide_kernel(T* p, long long n, T d) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
     p[i] = p[i] / d;
 }
 
-template <class T>
-void launch_divide(void* buf, std::size_t count, int n, cudaStream_t stream) {
+template <class T> void launch_divide(void* buf, std::size_t count, int n, cudaStream_t stream) {
   const auto c = static_cast<long long>(count);
   divide_kernel<T><<<grid_for(c), kBlock, 0, stream>>>(static_cast<T*>(buf), c, static_cast<T>(n));
   DPCHECK_LAUNCH_CHECK();

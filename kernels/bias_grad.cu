@@ -36,10 +36,8 @@ __global__ void bias_grad_chunks(const float* __restrict__ delta, float* __restr
   }
   if (threadIdx.y != 0 || col >= end) return;
   const float total = part[0][threadIdx.x];
-  if (single)
-    out[col] = accumulate ? out[col] + total : total;
-  else
-    out[static_cast<long long>(blockIdx.y) * cols + col] = total;
+  if (single) out[col] = accumulate ? out[col] + total : total;
+  else out[static_cast<long long>(blockIdx.y) * cols + col] = total;
 }
 
 __global__ void bias_grad_join(const float* __restrict__ chunks, float* __restrict__ gb, int nchunks, int cols,

@@ -51,8 +51,7 @@ void* open_library() {
   throw Error("cuBLAS could not be opened: " + why + dlerror());
 }
 
-template <class F>
-void resolve(void* library, const char* name, F& entry) {
+template <class F> void resolve(void* library, const char* name, F& entry) {
   void* symbol = dlsym(library, name);
   if (!symbol) throw Error(std::string("cuBLAS (") + kSoname + ") has no " + name);
   entry = reinterpret_cast<F>(symbol);

@@ -13,19 +13,19 @@ const char* cublas_status_text(cublasStatus_t s);
 
 }  // namespace dpcheck::cuda
 
-#define DPCHECK_CUDA_CHECK(call)                                                                         \
-  do {                                                                                                   \
-    const cudaError_t dpcheck_err_ = (call);                                                             \
-    if (dpcheck_err_ != cudaSuccess)                                                                     \
-      ::dpcheck::throw_call_error(#call, static_cast<long>(dpcheck_err_), cudaGetErrorString(dpcheck_err_), \
-                                  __FILE__, __LINE__);                                                   \
+#define DPCHECK_CUDA_CHECK(call)                                                                                      \
+  do {                                                                                                                \
+    const cudaError_t dpcheck_err_ = (call);                                                                          \
+    if (dpcheck_err_ != cudaSuccess)                                                                                  \
+      ::dpcheck::throw_call_error(#call, static_cast<long>(dpcheck_err_), cudaGetErrorString(dpcheck_err_), __FILE__, \
+                                  __LINE__);                                                                          \
   } while (0)
 
-#define DPCHECK_CUBLAS_CHECK(call)                                                                     \
-  do {                                                                                                 \
-    const cublasStatus_t dpcheck_st_ = (call);                                                         \
-    if (dpcheck_st_ != CUBLAS_STATUS_SUCCESS)                                                          \
-      ::dpcheck::throw_call_error(#call, static_cast<long>(dpcheck_st_),                               \
+#define DPCHECK_CUBLAS_CHECK(call)                                                                       \
+  do {                                                                                                   \
+    const cublasStatus_t dpcheck_st_ = (call);                                                           \
+    if (dpcheck_st_ != CUBLAS_STATUS_SUCCESS)                                                            \
+      ::dpcheck::throw_call_error(#call, static_cast<long>(dpcheck_st_),                                 \
                                   ::dpcheck::cuda::cublas_status_text(dpcheck_st_), __FILE__, __LINE__); \
   } while (0)
 

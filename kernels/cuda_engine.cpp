@@ -11,8 +11,14 @@
 namespace dpcheck::cuda {
 
 CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
-    : model_(model), layout_(model), options_(options), blas_(stream_.get(), options.tf32), memory_(stream_.get()),
-      params_(layout_.size()), grads_(layout_.size()), z_(static_cast<std::size_t>(model.layers())),
+    : model_(model),
+      layout_(model),
+      options_(options),
+      blas_(stream_.get(), options.tf32),
+      memory_(stream_.get()),
+      params_(layout_.size()),
+      grads_(layout_.size()),
+      z_(static_cast<std::size_t>(model.layers())),
       a_(static_cast<std::size_t>(model.layers())) {
   DPCHECK_CUDA_CHECK(cudaGetDevice(&device_));  // the device its stream and buffers were made on
   widest_ = *std::max_element(model.dims.begin(), model.dims.end());
@@ -68,15 +74,14 @@ void CudaEngine::ensure_rows(int rows) {
   next_.resize(widest);
   h_.resize(widest);
   x_.resize(r * static_cast<std::size_t>(model_.in_dim()));
-  if (model_.loss == Loss::mse)
-    y_.resize(r * static_cast<std::size_t>(model_.out_dim()));
-  else
-    labels_.resize(r);
+  if (model_.loss == Loss::mse) y_.resize(r * static_cast<std::size_t>(model_.out_dim()));
+  else labels_.resize(r);
   row_loss_.resize(r);
   bias_workspace_.resize(bias_grad_workspace(rows, widest_));
   if (low_precision()) {
     for (int l = 0; l < model_.layers(); ++l)
-      low_in_[static_cast<std::size_t>(l)].resize(r * static_cast<std::size_t>(model_.dims[static_cast<std::size_t>(l)]));
+      low_in_[static_cast<std::size_t>(l)].resize(r *
+                                                  static_cast<std::size_t>(model_.dims[static_cast<std::size_t>(l)]));
     low_delta_.resize(widest);
   }
   capacity_rows_ = rows;
@@ -88,9 +93,11 @@ void CudaEngine::upload(const Batch& batch) {
   ensure_rows(rows);
   cudaStream_t s = stream_.get();
   if (rows > 0) {
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(x_.get(), batch.x.data(), batch.x.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+    DPCHECK_CUDA_CHECK(
+        cudaMemcpyAsync(x_.get(), batch.x.data(), batch.x.size() * sizeof(float), cudaMemcpyHostToDevice, s));
     if (model_.loss == Loss::mse)
-      DPCHECK_CUDA_CHECK(cudaMemcpyAsync(y_.get(), batch.y.data(), batch.y.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+      DPCHECK_CUDA_CHECK(
+          cudaMemcpyAsync(y_.get(), batch.y.data(), batch.y.size() * sizeof(float), cudaMemcpyHostToDevice, s));
     else
       DPCHECK_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), batch.labels.data(), batch.labels.size() * sizeof(std::int64_t),
                                          cudaMemcpyHostToDevice, s));
@@ -121,7 +128,8 @@ double CudaEngine::forward_backward(const Batch& batch, float scale, bool accumu
                                      cudaMemcpyDeviceToHost, stream_.get()));
   stream_.synchronize();
   const double sum = std::accumulate(losses.begin(), losses.end(), 0.0);
-  const double per = model_.loss == Loss::mse ? static_cast<double>(rows) * model_.out_dim() : static_cast<double>(rows);
+  const double per =
+      model_.loss == Loss::mse ? static_cast<double>(rows) * model_.out_dim() : static_cast<double>(rows);
   return sum / per;
 }
 
@@ -202,7 +210,8 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
       bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
       layer_ready(l);
       if (l > 0)
-        linear_input_grad_low(h, low_delta_.get(), low_w_[li].get(), h_.get(), rows, dim(l), dim(l + 1), options_.precision);
+        linear_input_grad_low(h, low_delta_.get(), low_w_[li].get(), h_.get(), rows, dim(l), dim(l + 1),
+                              options_.precision);
     } else {
       linear_weight_grad(h, delta, input_of(l), gw, rows, dim(l), dim(l + 1), accumulate);
       bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
@@ -214,8 +223,7 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
       const float* a = a_[static_cast<std::size_t>(l) - 1].get();
       if (plugin_activation_backward)
         k->activation_backward(model_.activation, z, a, h_.get(), next, static_cast<std::int64_t>(rows) * dim(l), s);
-      else
-        activation_backward(h_.get(), z, a, next, rows, dim(l), model_.activation, s);
+      else activation_backward(h_.get(), z, a, next, rows, dim(l), model_.activation, s);
       std::swap(delta, next);
     }
   }

@@ -6,12 +6,12 @@
 #include <memory>
 #include <vector>
 
-#include "src/cuda_api.hpp"
 #include "kernels/bias_grad.hpp"
 #include "kernels/cuda_memory.hpp"
 #include "kernels/device.hpp"
 #include "kernels/hash.hpp"
 #include "src/builtin_names.hpp"
+#include "src/cuda_api.hpp"
 #include "src/engine.hpp"
 
 namespace dpcheck::cuda {
@@ -56,7 +56,7 @@ class CudaEngine final : public Engine {
   CudaMemory memory_;
   DeviceBuffer<float> params_, grads_;
   std::vector<DeviceBuffer<float>> z_, a_;  // per layer, rows x width
-  DeviceBuffer<float> delta_, next_, h_;     // rows x widest
+  DeviceBuffer<float> delta_, next_, h_;    // rows x widest
   DeviceBuffer<float> x_, y_;
   DeviceBuffer<std::int64_t> labels_;
   DeviceBuffer<double> row_loss_;
@@ -65,7 +65,7 @@ class CudaEngine final : public Engine {
   // --precision: per layer, the product's input and weights rounded to the format; the rounded delta.
   std::vector<DeviceBuffer<std::uint16_t>> low_in_, low_w_;
   DeviceBuffer<std::uint16_t> low_delta_;
-  double plugin_loss_ = 0;     // the mean loss a plugin's loss_forward_backward returned
+  double plugin_loss_ = 0;  // the mean loss a plugin's loss_forward_backward returned
   int capacity_rows_ = 0;
   int uploaded_rows_ = 0;
   int widest_ = 0;

@@ -21,8 +21,7 @@ bool device_available(std::string* why = nullptr);
 // Throws UsageError("no CUDA device: <reason>") when there is none.
 void require_device();
 
-template <class T>
-class DeviceBuffer {
+template <class T> class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(std::size_t n) { resize(n); }

@@ -29,9 +29,8 @@ std::size_t first_difference(const float* a, const float* b, std::size_t n, cuda
   const unsigned long long none = n;
   DPCHECK_CUDA_CHECK(cudaMemcpyAsync(first.get(), &none, sizeof none, cudaMemcpyHostToDevice, stream));
   const auto count = static_cast<long long>(n);
-  first_difference_kernel<<<grid_for(count), kBlock, 0, stream>>>(reinterpret_cast<const unsigned*>(a),
-                                                                  reinterpret_cast<const unsigned*>(b), count,
-                                                                  first.get());
+  first_difference_kernel<<<grid_for(count), kBlock, 0, stream>>>(
+      reinterpret_cast<const unsigned*>(a), reinterpret_cast<const unsigned*>(b), count, first.get());
   DPCHECK_LAUNCH_CHECK();
   unsigned long long found = n;
   DPCHECK_CUDA_CHECK(cudaMemcpyAsync(&found, first.get(), sizeof found, cudaMemcpyDeviceToHost, stream));

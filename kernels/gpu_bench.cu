@@ -33,8 +33,7 @@ class Events {
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
   }
-  template <class Work>
-  double time_ms(cudaStream_t s, Work&& work) {
+  template <class Work> double time_ms(cudaStream_t s, Work&& work) {
     DPCHECK_CUDA_CHECK(cudaEventRecord(start_, s));
     work();
     DPCHECK_CUDA_CHECK(cudaEventRecord(stop_, s));
@@ -53,8 +52,7 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-template <class Work>
-double median_ms(cudaStream_t s, int warmup, int repeats, Work&& work) {
+template <class Work> double median_ms(cudaStream_t s, int warmup, int repeats, Work&& work) {
   for (int i = 0; i < warmup; ++i) work();
   DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
   Events ev;
@@ -68,8 +66,9 @@ double torch_step_ms(const StepBenchOptions& o, const StepModel& m, std::string*
   std::string dims;
   for (int d : m.dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
   ChildOptions child;
-  child.argv = {o.python, o.torch_script, "--dims", dims, "--batch", std::to_string(m.batch),
-                "--warmup", std::to_string(o.warmup), "--repeats", std::to_string(o.repeats)};
+  child.argv = {o.python,    o.torch_script,           "--dims",   dims,
+                "--batch",   std::to_string(m.batch),  "--warmup", std::to_string(o.warmup),
+                "--repeats", std::to_string(o.repeats)};
   child.search_path = true;
   child.out = ChildOptions::Output::capture;
   child.err = ChildOptions::Output::to_stdout;

@@ -16,5 +16,4 @@ std::vector<StepBenchRow> bench_step(const StepBenchOptions& options);
 
 HashBenchRow bench_hash(std::size_t bytes, int repeats);
 
-
 }  // namespace dpcheck::cuda

@@ -17,12 +17,12 @@
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
 
-#define DPCHECK_NCCL_CHECK(call)                                                                           \
-  do {                                                                                                     \
-    const ncclResult_t dpcheck_nr_ = (call);                                                               \
-    if (dpcheck_nr_ != ncclSuccess)                                                                        \
-      ::dpcheck::throw_call_error(#call, static_cast<long>(dpcheck_nr_), ncclGetErrorString(dpcheck_nr_),  \
-                                  __FILE__, __LINE__);                                                     \
+#define DPCHECK_NCCL_CHECK(call)                                                                                    \
+  do {                                                                                                              \
+    const ncclResult_t dpcheck_nr_ = (call);                                                                        \
+    if (dpcheck_nr_ != ncclSuccess)                                                                                 \
+      ::dpcheck::throw_call_error(#call, static_cast<long>(dpcheck_nr_), ncclGetErrorString(dpcheck_nr_), __FILE__, \
+                                  __LINE__);                                                                        \
   } while (0)
 
 namespace dpcheck::cuda {
@@ -146,7 +146,8 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
 
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     sync();
-    const std::vector<Peer> peers = agree(CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, buf, nullptr);
+    const std::vector<Peer> peers =
+        agree(CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, buf, nullptr);
     finish(CallKind::broadcast, [&] {
       if (rank() != root && count > 0)
         DPCHECK_CUDA_CHECK(cudaMemcpyAsync(buf, peers[static_cast<std::size_t>(root)].buf, count * dtype_size(dtype),
@@ -156,8 +157,7 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
 
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     sync();
-    const std::vector<Peer> peers =
-        agree(CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, recv, send);
+    const std::vector<Peer> peers = agree(CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, recv, send);
     finish(CallKind::allgather, [&] {
       const std::size_t bytes = count * dtype_size(dtype);
       for (std::size_t r = 0; r < peers.size() && bytes > 0; ++r) {
@@ -180,8 +180,7 @@ class CudaLocalCommunicator final : public DeviceCommunicator {
   // replica throws, since its buffer may hold a slice that was never reduced. The failing replica still
   // waits for its stream and takes part in the vote before its error leaves: its caller may free the
   // buffers, and the peers' kernels may still be using them.
-  template <class Body>
-  void finish(CallKind kind, Body&& body) {
+  template <class Body> void finish(CallKind kind, Body&& body) {
     std::exception_ptr error;
     try {
       body();
@@ -263,10 +262,8 @@ class NcclCommunicator final : public DeviceCommunicator {
       if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
       if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    if (state == ncclSuccess)
-      ncclCommDestroy(comm_);
-    else
-      ncclCommAbort(comm_);
+    if (state == ncclSuccess) ncclCommDestroy(comm_);
+    else ncclCommAbort(comm_);
   }
   std::string_view backend() const override { return builtin::nccl; }
   // Each rank's buffers live on its own GPU: even as threads of one process, no rank may read another's
@@ -308,8 +305,8 @@ class NcclCommunicator final : public DeviceCommunicator {
       ncclResult_t state = ncclSuccess;
       DPCHECK_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(what + " on rank " + std::to_string(rank()) + " failed in NCCL: " +
-                                        ncclGetErrorString(state));
+      if (state != ncclInProgress)
+        fail(what + " on rank " + std::to_string(rank()) + " failed in NCCL: " + ncclGetErrorString(state));
       if (std::chrono::steady_clock::now() > deadline) time_out(what);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -334,8 +331,7 @@ class NcclCommunicator final : public DeviceCommunicator {
   // throws on every rank instead of hanging inside NCCL), then waits for NCCL within the timeout,
   // watching for asynchronous errors; on expiry the communicator is aborted. Nothing is enqueued for
   // zero elements, whose buffers may be null.
-  template <class Enqueue>
-  void run(const CallDesc& desc, void* buf, const void* send, Enqueue&& enqueue) {
+  template <class Enqueue> void run(const CallDesc& desc, void* buf, const void* send, Enqueue&& enqueue) {
     const std::string call(kind_name(desc.kind));
     if (aborted_) throw Error(call + " on rank " + std::to_string(rank()) + ": the NCCL communicator was aborted");
     DPCHECK_CUDA_CHECK(cudaSetDevice(device_));
@@ -381,13 +377,17 @@ int device_count() {
 void run_cuda_local(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
   // A size outside 1..64 is wrong with or without a GPU: say so before asking for one.
   if (n < 1 || n > kMaxLocalReplicas)
-    throw UsageError("cuda-local runs 1 to " + std::to_string(kMaxLocalReplicas) + " replicas, not " + std::to_string(n));
+    throw UsageError("cuda-local runs 1 to " + std::to_string(kMaxLocalReplicas) + " replicas, not " +
+                     std::to_string(n));
   require_device();
-  run_local(n, [&](Communicator& host) {
-    DPCHECK_CUDA_CHECK(cudaSetDevice(0));
-    CudaLocalCommunicator comm(host, 0);
-    fn(comm);
-  }, timeout);
+  run_local(
+      n,
+      [&](Communicator& host) {
+        DPCHECK_CUDA_CHECK(cudaSetDevice(0));
+        CudaLocalCommunicator comm(host, 0);
+        fn(comm);
+      },
+      timeout);
 }
 
 void run_nccl_threads(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
@@ -400,10 +400,13 @@ void run_nccl_threads(int n, const std::function<void(Communicator&)>& fn, std::
   // its own thread and nonblocking, so that set-up and every call end within the timeout.
   ncclUniqueId id{};
   DPCHECK_NCCL_CHECK(ncclGetUniqueId(&id));
-  run_local(n, [&](Communicator& host) {
-    NcclCommunicator comm(host, host.rank(), id);
-    fn(comm);
-  }, timeout);
+  run_local(
+      n,
+      [&](Communicator& host) {
+        NcclCommunicator comm(host, host.rank(), id);
+        fn(comm);
+      },
+      timeout);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, int device) {

@@ -46,9 +46,9 @@ __global__ void __launch_bounds__(kThreads) hash_lanes(const uint4* __restrict__
   if (threadIdx.x == 0) partial[blockIdx.x] = values[0];
 }
 
-__global__ void __launch_bounds__(kBlocks) hash_blocks(const std::uint64_t* __restrict__ partial,
-                                                       const unsigned char* __restrict__ tail, int tail_bytes,
-                                                       std::uint64_t total_bytes, std::uint64_t* result) {
+__global__ void __launch_bounds__(kBlocks)
+    hash_blocks(const std::uint64_t* __restrict__ partial, const unsigned char* __restrict__ tail, int tail_bytes,
+                std::uint64_t total_bytes, std::uint64_t* result) {
   __shared__ std::uint64_t values[kBlocks];
   values[threadIdx.x] = partial[threadIdx.x];
   __syncthreads();

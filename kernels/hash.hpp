@@ -26,7 +26,7 @@ class DeviceHasher {
  private:
   std::uint64_t* partial_ = nullptr;  // one per block
   std::uint64_t* result_ = nullptr;
-  std::uint64_t* host_ = nullptr;     // pinned
+  std::uint64_t* host_ = nullptr;  // pinned
 };
 
 }  // namespace dpcheck::cuda

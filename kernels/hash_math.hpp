@@ -21,7 +21,7 @@ inline constexpr std::uint64_t kPrime3 = 0x165667B19E3779F9ull;
 inline constexpr std::uint64_t kPrime4 = 0x85EBCA77C2B2AE63ull;
 inline constexpr std::uint64_t kPrime5 = 0x27D4EB2F165667C5ull;
 
-inline constexpr int kBlocks = 1024;         // fixed: the lane of every word depends on nothing else
+inline constexpr int kBlocks = 1024;  // fixed: the lane of every word depends on nothing else
 inline constexpr int kThreads = 256;
 inline constexpr std::uint64_t kLanes = static_cast<std::uint64_t>(kBlocks) * kThreads;
 

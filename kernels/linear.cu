@@ -83,8 +83,7 @@ void round_to_low(const float* src, std::uint16_t* dst, std::size_t n, Precision
   const auto count = static_cast<long long>(n);
   if (p == Precision::bf16)
     round_bf16_kernel<<<grid_for(count), kBlock, 0, s>>>(src, reinterpret_cast<__nv_bfloat16*>(dst), count);
-  else
-    round_fp16_kernel<<<grid_for(count), kBlock, 0, s>>>(src, reinterpret_cast<__half*>(dst), count);
+  else round_fp16_kernel<<<grid_for(count), kBlock, 0, s>>>(src, reinterpret_cast<__half*>(dst), count);
   DPCHECK_CUDA_CHECK(cudaGetLastError());
 }
 

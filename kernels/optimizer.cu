@@ -88,9 +88,7 @@ class CudaOptimizer final : public Optimizer {
       }
     }
     switch (config_.kind) {
-      case OptimizerKind::sgd:
-        sgd_update(params, grads, n, neg_lr, stream_);
-        break;
+      case OptimizerKind::sgd: sgd_update(params, grads, n, neg_lr, stream_); break;
       case OptimizerKind::momentum:
         momentum_update(params, grads, state_.get(), n, neg_lr, static_cast<float>(config_.momentum), steps_ == 1,
                         stream_);

@@ -1,10 +1,10 @@
 // The CUDA plugin's entry: the table of functions dpcheck calls through (src/cuda_api.hpp).
-#include "src/cuda_api.hpp"
 #include "kernels/cuda_engine.hpp"
 #include "kernels/device.hpp"
 #include "kernels/gpu_bench.hpp"
 #include "kernels/gpu_comm.hpp"
 #include "kernels/optimizer.hpp"
+#include "src/cuda_api.hpp"
 
 namespace dpcheck::cuda {
 
@@ -30,18 +30,8 @@ std::unique_ptr<Optimizer> optimizer(const OptimizerConfig& config, std::size_t 
 
 extern "C" __attribute__((visibility("default"))) const dpcheck::cuda::Plugin* dpcheck_cuda_plugin() {
   using namespace dpcheck::cuda;
-  static const Plugin plugin{kPluginAbi,
-                             sizeof(Plugin),
-                             available,
-                             device_count,
-                             make_engine,
-                             optimizer,
-                             run_cuda_local,
-                             run_nccl_threads,
-                             make_nccl_communicator,
-                             bench_step,
-                             bench_hash,
-                             alloc,
-                             release};
+  static const Plugin plugin{kPluginAbi, sizeof(Plugin), available,        device_count,           make_engine,
+                             optimizer,  run_cuda_local, run_nccl_threads, make_nccl_communicator, bench_step,
+                             bench_hash, alloc,          release};
   return &plugin;
 }

@@ -20,8 +20,7 @@ namespace {
 // ---- orders ------------------------------------------------------------------------------------
 
 enum class Kind { sequential, reversed, pairwise, blocked, tree, magnitude };
-constexpr const char* kKindNames[] = {"sequential", "reversed", "pairwise", "blocked", "random tree",
-                                      "largest first"};
+constexpr const char* kKindNames[] = {"sequential", "reversed", "pairwise", "blocked", "random tree", "largest first"};
 
 // How one family of sums is evaluated: the association, fused multiply-adds, and where the addend
 // (a bias, or the gradient accumulated so far) joins.
@@ -42,20 +41,29 @@ std::string describe(const Order& o) {
 }
 
 // The phases of one evaluation, each with its own order.
-enum Phase { forward_phase, softmax_phase, weight_grad_phase, bias_grad_phase, backprop_phase, allreduce_phase, phases };
-constexpr const char* kPhaseNames[] = {"forward", "softmax sum", "weight gradient", "bias gradient", "backward",
-                                       "all-reduce"};
+enum Phase {
+  forward_phase,
+  softmax_phase,
+  weight_grad_phase,
+  bias_grad_phase,
+  backprop_phase,
+  allreduce_phase,
+  phases
+};
+constexpr const char* kPhaseNames[] = {"forward",       "softmax sum", "weight gradient",
+                                       "bias gradient", "backward",    "all-reduce"};
 
 // How one evaluation scales and reduces, besides its orders.
 struct Plan {
   Order order[phases];
-  bool scale_after = false;      // the micro-batch's weight multiplies its gradient, not its delta
-  bool reciprocal_avg = false;   // the all-reduce multiplies by float(1/N) instead of dividing by N
+  bool scale_after = false;          // the micro-batch's weight multiplies its gradient, not its delta
+  bool reciprocal_avg = false;       // the all-reduce multiplies by float(1/N) instead of dividing by N
   bool accumulate_in_place = false;  // micro-batches add their terms straight into the accumulated gradient
 
   std::string describe() const {
     std::string s;
-    for (int p = 0; p < phases; ++p) s += (p ? "; " : "") + std::string(kPhaseNames[p]) + " " + dpcheck::describe(order[p]);
+    for (int p = 0; p < phases; ++p)
+      s += (p ? "; " : "") + std::string(kPhaseNames[p]) + " " + dpcheck::describe(order[p]);
     if (scale_after) s += "; weights applied to the gradient";
     if (reciprocal_avg) s += "; average by the reciprocal";
     if (accumulate_in_place) s += "; micro-batches accumulated in place";
@@ -101,9 +109,7 @@ class Summer {
     switch (o_.kind) {
       case Kind::sequential:
       case Kind::reversed:
-      case Kind::magnitude:
-        acc = run(0, n, first ? addend : 0.0f);
-        break;
+      case Kind::magnitude: acc = run(0, n, first ? addend : 0.0f); break;
       case Kind::blocked: {
         acc = first ? addend : 0.0f;
         for (std::size_t lo = 0; lo < n; lo += static_cast<std::size_t>(o_.block))
@@ -207,7 +213,8 @@ class Evaluator {
           std::vector<float> ai(n);
           for (std::size_t k = 0; k < n; ++k) ai[k] = in[li][k][static_cast<std::size_t>(i)];
           float& g = grads[ws.offset + static_cast<std::size_t>(j * fan_in + i)];
-          g = accumulate(g, dj, ai, scale, weight_grad_phase, li, static_cast<std::size_t>(j), static_cast<std::size_t>(i));
+          g = accumulate(g, dj, ai, scale, weight_grad_phase, li, static_cast<std::size_t>(j),
+                         static_cast<std::size_t>(i));
         }
         float& gb = grads[bs.offset + static_cast<std::size_t>(j)];
         gb = accumulate(gb, dj, {}, scale, bias_grad_phase, li, static_cast<std::size_t>(j), 0);
@@ -262,7 +269,8 @@ class Evaluator {
     return h;
   }
 
-  std::vector<std::vector<float>> output_delta(const std::vector<std::vector<float>>& z, const Batch& batch, float scale) {
+  std::vector<std::vector<float>> output_delta(const std::vector<std::vector<float>>& z, const Batch& batch,
+                                               float scale) {
     const std::size_t n = z.size(), d = z.empty() ? 0 : z[0].size();
     std::vector<std::vector<float>> delta(n, std::vector<float>(d));
     if (model_.loss == Loss::mse) {
@@ -340,7 +348,7 @@ std::string AnyOrderCase::describe() const {
   os << "model " << dims_string(model.dims) << " " << activation_name(model.activation) << " " << loss_name(model.loss)
      << " | batch " << batch << " | " << shares << (shares == 1 ? " share" : " shares") << " of " << micro
      << " micro-batches | inputs "
-     << (spread == 0   ? std::string("synthetic")
+     << (spread == 0  ? std::string("synthetic")
          : spread > 0 ? "spread 2^+-" + std::to_string(spread)
                       : "tiny 2^" + std::to_string(spread - 25) + "..2^" + std::to_string(spread))
      << (near_kink ? " | a unit at its kink" : "") << " | " << orders << " orders | seed " << seed;
@@ -380,7 +388,8 @@ std::vector<float> any_order_params(const AnyOrderCase& c) {
   const Slice& w = layout.weight(0);
   double dot = 0;
   for (int i = 0; i < c.model.dims[0]; ++i)
-    dot += static_cast<double>(params[w.offset + static_cast<std::size_t>(i)]) * static_cast<double>(b.x[static_cast<std::size_t>(i)]);
+    dot += static_cast<double>(params[w.offset + static_cast<std::size_t>(i)]) *
+           static_cast<double>(b.x[static_cast<std::size_t>(i)]);
   params[layout.bias(0).offset] = static_cast<float>(-dot);
   return params;
 }
@@ -418,8 +427,8 @@ AnyOrderOutcome check_any_order(const AnyOrderCase& c, const reference::BoundOpt
   for (int e = 0; e < c.orders; ++e) {
     const Plan plan = draw_plan(c.seed, e);
     for (const bool sharded : {false, true}) {
-      const std::vector<float> g = sharded ? evaluate(c, params, batch, plan, c.shares, c.micro)
-                                           : evaluate(c, params, batch, plan, 1, 1);
+      const std::vector<float> g =
+          sharded ? evaluate(c, params, batch, plan, c.shares, c.micro) : evaluate(c, params, batch, plan, 1, 1);
       const std::int64_t m = sharded ? m_sharded : m_whole;
       const reference::Comparison cmp = reference::compare(g, bound, m);
       // The same comparison with the elements that carry a kink term taken out (set to the value
@@ -458,8 +467,7 @@ void any_order_body(const Target& target, CaseRecord& record) {
   RC_CLASSIFY(o.uncertain_units > 0, "a ReLU within rounding of its kink");
   RC_CLASSIFY(c.spread > 0, "inputs spread over many binades");
   RC_CLASSIFY(c.spread < 0, "subnormal inputs");
-  if (!agree(target, o.passed))
-    fail_case("a correct float32 evaluation leaves the bound: " + o.worst);
+  if (!agree(target, o.passed)) fail_case("a correct float32 evaluation leaves the bound: " + o.worst);
 }
 
 }  // namespace dpcheck

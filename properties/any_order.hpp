@@ -28,11 +28,11 @@ namespace dpcheck {
 struct AnyOrderCase {
   ModelConfig model;
   std::int64_t batch = 1;
-  int shares = 1;      // ranks the batch is split among (contiguous, sizes as array_split)
-  int micro = 1;       // micro-batches per share
-  int spread = 0;      // inputs span 2^-spread .. 2^spread, full mantissas (0: the synthetic data)
+  int shares = 1;          // ranks the batch is split among (contiguous, sizes as array_split)
+  int micro = 1;           // micro-batches per share
+  int spread = 0;          // inputs span 2^-spread .. 2^spread, full mantissas (0: the synthetic data)
   bool near_kink = false;  // one first-layer unit's bias cancels one example's dot product
-  int orders = 12;     // evaluations, each in its own drawn orders
+  int orders = 12;         // evaluations, each in its own drawn orders
   std::uint64_t seed = 0;
 
   std::string describe() const;
@@ -47,11 +47,11 @@ Batch any_order_batch(const AnyOrderCase& c);
 
 struct AnyOrderOutcome {
   bool passed = true;
-  double max_ratio = 0;       // largest error / bound over every evaluation
+  double max_ratio = 0;  // largest error / bound over every evaluation
   // The same over the elements whose bound has no kink term, whole-batch and sharded: how close plain
   // rounding comes to it.
   double rounding_ratio[2] = {0, 0};
-  std::string worst;          // the evaluation and element where it was largest, and the bound's terms
+  std::string worst;  // the evaluation and element where it was largest, and the bound's terms
   std::int64_t uncertain_units = 0;
 };
 AnyOrderOutcome check_any_order(const AnyOrderCase& c, const reference::BoundOptions& options);

@@ -50,8 +50,9 @@ void showValue(const PlantCase& c, std::ostream& os) {
 rc::Seq<std::vector<std::size_t>> halves_then_chunks(const std::vector<std::size_t>& v) {
   if (v.size() < 2) return rc::shrink::removeChunks(v);
   const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  return rc::seq::concat(rc::seq::just(std::vector<std::size_t>(v.begin(), mid), std::vector<std::size_t>(mid, v.end())),
-                         rc::shrink::removeChunks(v));
+  return rc::seq::concat(
+      rc::seq::just(std::vector<std::size_t>(v.begin(), mid), std::vector<std::size_t>(mid, v.end())),
+      rc::shrink::removeChunks(v));
 }
 
 // Every index of a list at first; shrinking removes them, down to the few a failure needs.
@@ -133,8 +134,9 @@ WriteAuditOutcome check_audit_sees(const PlantCase& c, const Target& target) {
   fs::create_directories(dir);
   audit::prepare_plants(dir, c.plants);
 
-  std::vector<std::string> argv{find_mpi_launcher(), "-np", std::to_string(c.world_size), dpcheck_executable(),
-                                "plant-writes", "--dir", dir.string()};
+  std::vector<std::string> argv{find_mpi_launcher(),  "-np",          std::to_string(c.world_size),
+                                dpcheck_executable(), "plant-writes", "--dir",
+                                dir.string()};
   for (const audit::Plant& p : c.plants) argv.insert(argv.end(), {"--plant", audit::plant_text(p)});
   audit::AuditOptions options;
   options.extra_env = launcher_env();  // as only_rank0_writes launches
@@ -196,7 +198,8 @@ WriteAuditOutcome check_audit_sees(const PlantCase& c, const Target& target) {
     for (const audit::Record* r : of_path) seen += (seen.empty() ? "" : "; ") + record_text(*r);
     if (!kind.writes) {
       if (!of_path.empty())
-        failures.push_back("false alarm: " + describe(p, path) + " only reads, and the audit recorded a write: " + seen);
+        failures.push_back("false alarm: " + describe(p, path) +
+                           " only reads, and the audit recorded a write: " + seen);
       continue;
     }
     const auto it = std::find_if(of_path.begin(), of_path.end(), [&](const audit::Record* r) {
@@ -223,9 +226,9 @@ WriteAuditOutcome check_audit_sees(const PlantCase& c, const Target& target) {
       }
 
   if (!failures.empty())
-    o.message = failures.front() + (failures.size() > 1 ? " (and " + std::to_string(failures.size() - 1) +
-                                                              " more failures in this case)"
-                                                        : std::string());
+    o.message = failures.front() +
+                (failures.size() > 1 ? " (and " + std::to_string(failures.size() - 1) + " more failures in this case)"
+                                     : std::string());
   o.passed = failures.empty();
   std::error_code ec;
   fs::remove_all(scratch, ec);

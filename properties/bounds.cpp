@@ -32,13 +32,15 @@ std::int64_t allreduce_roundings(const reference::BoundOptions& options, int wor
   s.format = options.allreduce_format;
   s.average = true;
   const reference::ScheduleDepth d = reference::schedule_depth(s, world_size);
-  const auto per_rounding = static_cast<std::int64_t>(precision_unit_roundoff(options.allreduce_format) / options.unit_roundoff);
+  const auto per_rounding =
+      static_cast<std::int64_t>(precision_unit_roundoff(options.allreduce_format) / options.unit_roundoff);
   return (1 + d.format) * per_rounding + d.float32;
 }
 
 reference::BoundOptions sharded_bound_options(reference::BoundOptions options, int world_size) {
   if (options.input_format != Precision::fp32) options.delta_scale *= world_size;
-  if (options.allreduce_format != Precision::fp32) options.allreduce_roundings = allreduce_roundings(options, world_size);
+  if (options.allreduce_format != Precision::fp32)
+    options.allreduce_roundings = allreduce_roundings(options, world_size);
   return options;
 }
 

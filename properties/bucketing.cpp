@@ -57,8 +57,8 @@ RunRecord train_recorded(const Scenario& s, const Target& target, const Dataset&
     // Where the communicator takes calls from a communication thread and the engine's gradient lives
     // beside its buffers (a host gradient, copied at the hook; a GPU's, through its staging), the
     // buckets must overlap: judged from the target, not from the trainer's own word.
-    mine.overlapped = bucket_mb > 0 && comm.callable_from_any_thread() &&
-                      rt.engine->memory_space() == comm.memory_space();
+    mine.overlapped =
+        bucket_mb > 0 && comm.callable_from_any_thread() && rt.engine->memory_space() == comm.memory_space();
     while (rt.trainer->next_step() < c.steps) {
       const StepResult r = rt.trainer->step();
       // Every bucket's lowest layer is done inside the last micro-batch's backward pass, so each must
@@ -106,8 +106,7 @@ BucketingOutcome check_bucketing(const Scenario& s, const Target& target, std::s
   BucketingOutcome o;
   const std::vector<GradientBucket> plan = plan_buckets(layout, bucket_elements);
   o.buckets = plan.size();
-  for (const GradientBucket& b : plan)
-    o.splits_tensor |= b.lo > 0 && layout.slice_at(b.lo).offset != b.lo;
+  for (const GradientBucket& b : plan) o.splits_tensor |= b.lo > 0 && layout.slice_at(b.lo).offset != b.lo;
 
   const RunRecord one = train_recorded(s, target, data, 0);
   const RunRecord bucketed = train_recorded(s, target, data, bucket_mb);
@@ -121,7 +120,8 @@ BucketingOutcome check_bucketing(const Scenario& s, const Target& target, std::s
   };
   if (bucketed.out_of_sync >= 0) {
     o.passed = false;
-    o.message = with + "step " + std::to_string(bucketed.out_of_sync) + " left the replicas out of sync: " + bucketed.replicas;
+    o.message =
+        with + "step " + std::to_string(bucketed.out_of_sync) + " left the replicas out of sync: " + bucketed.replicas;
     return o;
   }
   for (std::size_t t = 0; t < one.params.size() && o.passed; ++t) {
@@ -141,7 +141,8 @@ BucketingOutcome check_bucketing(const Scenario& s, const Target& target, std::s
       o.message = at + "parameter " + layout.describe_element(i) + " is " +
                   value_text(bucketed.params[t][i], one.params[t][i]) + in_bucket(i);
     } else if (std::size_t j = first_bit_difference(bucketed.state[t], one.state[t]); j < one.state[t].size()) {
-      o.message = at + "the optimizer state at " + std::to_string(j) + " is " + value_text(bucketed.state[t][j], one.state[t][j]);
+      o.message = at + "the optimizer state at " + std::to_string(j) + " is " +
+                  value_text(bucketed.state[t][j], one.state[t][j]);
     } else if (std::bit_cast<std::uint64_t>(bucketed.losses[t]) != std::bit_cast<std::uint64_t>(one.losses[t])) {
       o.message = at + "the step's reported loss is " + std::to_string(bucketed.losses[t]) + " instead of " +
                   std::to_string(one.losses[t]);
@@ -174,26 +175,22 @@ void bucketing_body(const Target& target, CaseRecord& record) {
   // or one bucket for the whole gradient.
   std::size_t cap = 1;
   switch (*rc::gen::inRange(0, 4)) {
-    case 0:
-      cap = *rc::gen::inRange<std::size_t>(1, total + 1);
-      break;
-    case 1:
-      cap = *rc::gen::inRange<std::size_t>(1, std::min<std::size_t>(total, 64) + 1);
-      break;
+    case 0: cap = *rc::gen::inRange<std::size_t>(1, total + 1); break;
+    case 1: cap = *rc::gen::inRange<std::size_t>(1, std::min<std::size_t>(total, 64) + 1); break;
     case 2: {
       const auto k = *rc::gen::inRange<std::size_t>(1, layout.slices().size());
       cap = total - layout.slices()[k].offset;
       break;
     }
-    default:
-      cap = total + *rc::gen::inRange<std::size_t>(0, 3);
+    default: cap = total + *rc::gen::inRange<std::size_t>(0, 3);
   }
   const BucketingOutcome o = check_bucketing(s, target, cap);
   RC_CLASSIFY(o.buckets == 1, "one bucket");
   RC_CLASSIFY(o.splits_tensor, "a bucket splits a tensor");
   RC_CLASSIFY(o.overlapped, "overlapped with the backward pass");
   RC_CLASSIFY(s.train.accumulate > 1, "micro-batches");
-  if (!agree(target, o.passed)) fail_case(o.message.empty() ? "another rank found the bucketed run's bits differ" : o.message);
+  if (!agree(target, o.passed))
+    fail_case(o.message.empty() ? "another rank found the bucketed run's bits differ" : o.message);
 }
 
 }  // namespace dpcheck

@@ -98,8 +98,8 @@ std::filesystem::path make_scratch(const Target& target, const std::string& what
       in_memory && std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
           ? std::filesystem::path("/dev/shm")
           : std::filesystem::temp_directory_path();
-  const std::filesystem::path dir = base /
-                                    ("dpcheck-" + what + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]));
+  const std::filesystem::path dir =
+      base / ("dpcheck-" + what + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]));
   if (!target.process_world || target.process_world->rank() == 0) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
@@ -116,9 +116,9 @@ void remove_scratch(const Target& target, const std::filesystem::path& dir) {
   }
 }
 
-void worst_against_formula(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
-                           const std::string& what, const std::function<std::string(std::size_t)>& element,
-                           WorstElement& worst) {
+void worst_against_formula(std::span<const float> got, const std::vector<double>& want,
+                           const std::vector<double>& bound, const std::string& what,
+                           const std::function<std::string(std::size_t)>& element, WorstElement& worst) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double err = std::abs(static_cast<double>(got[i]) - want[i]);
     const double ratio = !std::isfinite(got[i]) ? INFINITY : err == 0 ? 0.0 : bound[i] > 0 ? err / bound[i] : INFINITY;

@@ -60,8 +60,8 @@ struct WorstElement {
   std::string where;
   std::size_t index = 0;
 };
-void worst_against_formula(std::span<const float> got, const std::vector<double>& want, const std::vector<double>& bound,
-                           const std::string& what, const std::function<std::string(std::size_t)>& element,
-                           WorstElement& worst);
+void worst_against_formula(std::span<const float> got, const std::vector<double>& want,
+                           const std::vector<double>& bound, const std::string& what,
+                           const std::function<std::string(std::size_t)>& element, WorstElement& worst);
 
 }  // namespace dpcheck

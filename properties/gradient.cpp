@@ -183,11 +183,12 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
   // round as the reference's do and only the missing example tells it apart.
   if (whole.size >= 2 && !(c.model.loss == Loss::cross_entropy && c.model.out_dim() == 1)) {
     const float probe_scale =
-        options.input_format == Precision::fp32 ? 1.0f : static_cast<float>(static_cast<double>(whole.size - 1) / static_cast<double>(whole.size));
-    o.probe_ratio =
-        reference::compare(gradient_of(*engine, whole.slice(0, whole.size - 1), probe_scale * loss_scale), bound,
-                           m_sharded, unscale)
-            .max_ratio;
+        options.input_format == Precision::fp32
+            ? 1.0f
+            : static_cast<float>(static_cast<double>(whole.size - 1) / static_cast<double>(whole.size));
+    o.probe_ratio = reference::compare(gradient_of(*engine, whole.slice(0, whole.size - 1), probe_scale * loss_scale),
+                                       bound, m_sharded, unscale)
+                        .max_ratio;
   }
 
   o.passed = sharded.passed() && whole_cmp.passed();
@@ -195,11 +196,13 @@ GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& tar
     o.message = "the " + describe("all-reduced", sharded, bound_sharded, layout, m_sharded) + "; it exceeds the bound";
   else if (!whole_cmp.passed() && !std::isfinite(whole_cmp.worst_reference) && std::isfinite(sharded.worst_value)) {
     char buf[160];
-    std::snprintf(buf, sizeof buf, "at the loss scale the scaler holds (%g), the whole batch's gradient overflows at %s",
+    std::snprintf(buf, sizeof buf,
+                  "at the loss scale the scaler holds (%g), the whole batch's gradient overflows at %s",
                   static_cast<double>(loss_scale), layout.describe_element(whole_cmp.worst).c_str());
-    o.message = std::string(buf) +
-                " (the float64 reference is not finite there either), yet the trainer's all-reduced gradient is finite: "
-                "its backward pass did not run at the scaler's scale";
+    o.message =
+        std::string(buf) +
+        " (the float64 reference is not finite there either), yet the trainer's all-reduced gradient is finite: "
+        "its backward pass did not run at the scaler's scale";
   } else if (!whole_cmp.passed())
     o.message = "the " + describe("whole-batch", whole_cmp, bound, layout, m_whole) + "; it exceeds the bound";
   if (detail) {

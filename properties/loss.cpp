@@ -34,8 +34,8 @@ StepOutcome check_reported_loss(const Scenario& s, const Target& target) {
   });
   const DistributedSampler sampler(c.sampler(s.world_size));
   const reference::StepExamples step = reference::step_examples(c, sampler, s.at_step);
-  const reference::GradientBound bound = reference::gradient_bound(c.model, params, data.gather(step.global()),
-                                                                   bound_options(target));
+  const reference::GradientBound bound =
+      reference::gradient_bound(c.model, params, data.gather(step.global()), bound_options(target));
   const double err = std::abs(loss - bound.loss);
   StepOutcome o;
   o.ratio = !std::isfinite(loss) ? INFINITY : err == 0 ? 0.0 : bound.loss_bound > 0 ? err / bound.loss_bound : INFINITY;

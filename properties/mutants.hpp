@@ -26,8 +26,8 @@ struct PluginRules;  // src/plugin/plugin_comm.hpp
 
 struct MutantInfo {
   std::string_view name;
-  std::string_view caught_by;  // the property aimed at it
-  std::string_view bug;        // what is broken
+  std::string_view caught_by;    // the property aimed at it
+  std::string_view bug;          // what is broken
   std::string_view engine = {};  // the engine whose part it breaks, when only one has it ("cuda")
   // The bug shows only in a wide model -- beyond a communicator's algorithm thresholds, or with enough
   // elements that a one-ulp difference reaches a bit -- so its minimal case keeps the width it needs.

@@ -4,10 +4,10 @@
 // PyTorch's formula evaluated in float64 from the same float32 inputs -- the parameters, the
 // all-reduced gradient and the state before the step -- within a derived float32 bound
 // (reference::optimizer_step_bound), and the step count must advance by one.
-#include <cstring>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "properties/common.hpp"
 #include "reference/optimizer.hpp"
@@ -51,27 +51,30 @@ StepOutcome check_optimizer_update(const Scenario& s, const Target& target) {
       rt.optimizer->store_state(st1);
       if (skipped) {
         // A step the loss scaler skips must leave the parameters, the state and the count as they were.
-        if (my_step_error.empty() && (std::memcmp(p0.data(), p1.data(), n * sizeof(float)) != 0 ||
-                                      // (SGD has no state: memcmp may not take its null data)
-                                      (k > 0 && std::memcmp(st0.data(), st1.data(), k * sizeof(float)) != 0) ||
-                                      rt.optimizer->steps() != t0))
+        if (my_step_error.empty() &&
+            (std::memcmp(p0.data(), p1.data(), n * sizeof(float)) != 0 ||
+             // (SGD has no state: memcmp may not take its null data)
+             (k > 0 && std::memcmp(st0.data(), st1.data(), k * sizeof(float)) != 0) || rt.optimizer->steps() != t0))
           my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) +
                           ": the loss scaler skipped the step, but the parameters, the optimizer state or its step "
                           "count changed";
         continue;
       }
       if (rt.optimizer->steps() != t0 + 1 && my_step_error.empty())
-        my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) + ": the optimizer counts " +
-                        std::to_string(rt.optimizer->steps()) + " steps after its step " + std::to_string(t0 + 1);
+        my_step_error = "rank " + std::to_string(comm.rank()) + " step " + std::to_string(step) +
+                        ": the optimizer counts " + std::to_string(rt.optimizer->steps()) + " steps after its step " +
+                        std::to_string(t0 + 1);
       OptimizerConfig at_step = config;
       // The rate of this step by Goyal et al.'s rule, restated (reference/training_rules.hpp).
       at_step.lr = reference::goyal_lr(c.optimizer.lr, c.linear_scaling, c.warmup_steps, step, s.world_size);
       const reference::OptimizerStepBound want = reference::optimizer_step_bound(at_step, p0, g, st0, t0);
       const std::string at = "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(step) + ": ";
-      worst_against_formula(p1, want.params, want.params_bound, at + "parameter", [&](std::size_t i) { return layout.describe_element(i); },
-              mine);
-      worst_against_formula(st1, want.state, want.state_bound, at + "optimizer state",
-              [&](std::size_t i) { return names[i / n] + " at " + layout.describe_element(i % n); }, mine);
+      worst_against_formula(
+          p1, want.params, want.params_bound, at + "parameter",
+          [&](std::size_t i) { return layout.describe_element(i); }, mine);
+      worst_against_formula(
+          st1, want.state, want.state_bound, at + "optimizer state",
+          [&](std::size_t i) { return names[i / n] + " at " + layout.describe_element(i % n); }, mine);
     }
     worst_of[static_cast<std::size_t>(comm.rank())] = std::move(mine);
     step_error_of[static_cast<std::size_t>(comm.rank())] = std::move(my_step_error);

@@ -109,7 +109,7 @@ rc::Gen<AbiCase> gen_abi_case() {
 // What one case's plugin saw, shared by its ranks (a plugin's state in one process).
 struct AbiWorld {
   std::mutex mutex;
-  std::atomic<int> inside{0};    // ranks inside a collective now
+  std::atomic<int> inside{0};  // ranks inside a collective now
   std::atomic<int> finalized{0};
   // Per rank, the collectives handed to it: "all-reduce float32 sum" as the plugin read its arguments.
   std::vector<std::vector<std::string>> handed;
@@ -139,7 +139,8 @@ int collective(AbiRank* me, std::string what, std::size_t bytes) {
     std::lock_guard lock(g_world->mutex);
     g_world->handed[static_cast<std::size_t>(me->rank)].push_back(std::move(what));
   }
-  std::vector<unsigned char> send(bytes, static_cast<unsigned char>(me->rank)), recv(bytes * static_cast<std::size_t>(me->boot->size));
+  std::vector<unsigned char> send(bytes, static_cast<unsigned char>(me->rank)),
+      recv(bytes * static_cast<std::size_t>(me->boot->size));
   const int rc = me->boot->allgather(me->boot->ctx, send.data(), recv.data(), bytes);
   std::this_thread::sleep_for(std::chrono::milliseconds(2 * me->rank));
   g_world->inside.fetch_sub(1);
@@ -160,7 +161,8 @@ int abi_allreduce(void* comm, void*, std::size_t count, dpcheck_dtype_t dtype, d
   std::string o = "op " + std::to_string(static_cast<int>(op));
   for (std::size_t k = 0; k < std::size(kAbiOps); ++k)
     if (kAbiOps[k] == op) o = std::string(reduce_op_name(kOps[k]));
-  return collective(static_cast<AbiRank*>(comm), "all-reduce " + abi_dtype_text(dtype) + " " + o, count * abi_size(dtype));
+  return collective(static_cast<AbiRank*>(comm), "all-reduce " + abi_dtype_text(dtype) + " " + o,
+                    count * abi_size(dtype));
 }
 
 int abi_broadcast(void* comm, void*, std::size_t count, dpcheck_dtype_t dtype, int, void*) {
@@ -225,19 +227,22 @@ void plugin_abi_body(const Target& target, CaseRecord& record) {
     g_world = &world;
     try {
       run_local(c.world, [&](Communicator& base) {
-        run_on_plugin(table, "abi-rules", base, [&](Communicator& comm) {
-          std::vector<std::string>& mine = outcome[static_cast<std::size_t>(comm.rank())];
-          for (const Call& call : c.calls) {
-            std::vector<std::uint64_t> buf(call.count, 0);  // room for count elements of any dtype
-            try {
-              if (call.op == kNoOp) comm.broadcast(buf.data(), call.count, kDtypes[call.dtype], 0);
-              else comm.allreduce(buf.data(), call.count, kDtypes[call.dtype], kOps[call.op]);
-              mine.push_back("handed");
-            } catch (const UsageError& e) {
-              mine.push_back(std::string("refused: ") + e.what());
-            }
-          }
-        }, rules);
+        run_on_plugin(
+            table, "abi-rules", base,
+            [&](Communicator& comm) {
+              std::vector<std::string>& mine = outcome[static_cast<std::size_t>(comm.rank())];
+              for (const Call& call : c.calls) {
+                std::vector<std::uint64_t> buf(call.count, 0);  // room for count elements of any dtype
+                try {
+                  if (call.op == kNoOp) comm.broadcast(buf.data(), call.count, kDtypes[call.dtype], 0);
+                  else comm.allreduce(buf.data(), call.count, kDtypes[call.dtype], kOps[call.op]);
+                  mine.push_back("handed");
+                } catch (const UsageError& e) {
+                  mine.push_back(std::string("refused: ") + e.what());
+                }
+              }
+            },
+            rules);
       });
     } catch (...) {
       g_world = nullptr;

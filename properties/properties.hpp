@@ -132,16 +132,16 @@ const PropertyDef& find_property(std::string_view name);  // UsageError listing 
 // The checks behind the properties, for one scenario; exposed for tests and for `dpcheck grad`.
 struct GradientOutcome {
   bool passed = true;
-  double sharded_ratio = 0;   // all-reduced gradient: max error / bound
-  double whole_ratio = 0;     // whole-batch float32 gradient: max error / bound
+  double sharded_ratio = 0;        // all-reduced gradient: max error / bound
+  double whole_ratio = 0;          // whole-batch float32 gradient: max error / bound
   double probabilistic_ratio = 0;  // the larger of the two over the probabilistic bound
-  double share_ratio = 0;     // rank 0's share alone against the whole-batch reference (non-vacuity)
-  double probe_ratio = -1;    // the whole batch without its last example (power); -1: not probed
+  double share_ratio = 0;          // rank 0's share alone against the whole-batch reference (non-vacuity)
+  double probe_ratio = -1;         // the whole batch without its last example (power); -1: not probed
   std::int64_t uncertain_units = 0;
   std::size_t parameters = 0;
-  bool overflowed = false;    // the loss scaler found the step's gradient non-finite: every rank passed it over
-  std::string message;        // why it failed
-  std::string note;           // where the ratio was largest, and the bound's terms there
+  bool overflowed = false;  // the loss scaler found the step's gradient non-finite: every rank passed it over
+  std::string message;      // why it failed
+  std::string note;         // where the ratio was largest, and the bound's terms there
 };
 GradientOutcome check_sharded_gradient(const Scenario& scenario, const Target& target);
 
@@ -156,14 +156,14 @@ struct GradientRun {
 };
 // What the check computed, for a report of it: the gradients beside the float64 reference and the bound.
 struct GradientDetail {
-  std::vector<float> averaged, whole;        // the all-reduced gradient; the engine's whole-batch gradient
-  std::vector<std::vector<float>> shares;    // each rank's share alone, through the same engine
+  std::vector<float> averaged, whole;      // the all-reduced gradient; the engine's whole-batch gradient
+  std::vector<std::vector<float>> shares;  // each rank's share alone, through the same engine
   std::vector<std::int64_t> share_sizes;
-  reference::GradientBound bound;            // the whole batch's reference and bound
+  reference::GradientBound bound;  // the whole batch's reference and bound
   // The all-reduced path's: with mixed precision its deltas round at N times the scale, and a bf16
   // all-reduce adds its roundings (the same as `bound` otherwise).
   reference::GradientBound bound_sharded;
-  std::int64_t m_sharded = 0, m_whole = 0;   // roundings per term of each path (the bound's gamma_m)
+  std::int64_t m_sharded = 0, m_whole = 0;  // roundings per term of each path (the bound's gamma_m)
   reference::Comparison sharded, whole_cmp;
 };
 GradientOutcome check_sharded_gradient(const GradientRun& run, const Target& target, GradientDetail* detail = nullptr);
@@ -190,9 +190,9 @@ ResumeOutcome check_checkpoint_resume(const Scenario& scenario, const Target& ta
 
 struct BucketingOutcome {
   bool passed = true;
-  bool overlapped = false;      // the buckets started during the backward pass (a communication thread)
-  std::size_t buckets = 0;      // buckets per step
-  bool splits_tensor = false;   // some bucket boundary falls inside a weight or a bias
+  bool overlapped = false;     // the buckets started during the backward pass (a communication thread)
+  std::size_t buckets = 0;     // buckets per step
+  bool splits_tensor = false;  // some bucket boundary falls inside a weight or a bias
   std::string message;
 };
 // Trains the scenario twice: with one all-reduce after the backward pass, and with the gradient in

@@ -5,8 +5,8 @@
 // code that runs on resume (loading, skipping, pruning, cleaning up) writes too. No rank but 0 may
 // write outside the allowed paths, rank 0 must have written the log and the final checkpoint, and
 // every run must succeed: a run that fails has not shown what it would have written.
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -29,7 +29,8 @@ bool corrupt_newest_checkpoint(const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::path newest;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().filename().string().rfind("step-", 0) == 0 && e.path().filename() > newest.filename()) newest = e.path();
+    if (e.path().filename().string().rfind("step-", 0) == 0 && e.path().filename() > newest.filename())
+      newest = e.path();
   if (newest.empty()) return false;
   const std::filesystem::path file = newest / "layers.0.weight.npy";
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -101,7 +102,8 @@ void rank0_writes_body(const Target& target, CaseRecord& record) {
     o.rank0_files = verdict[1];
     o.not_judged = verdict[2] == 1;
   }
-  RC_TAG(std::string("rank 0 wrote ") + (o.rank0_files >= 10 ? "10 or more" : std::to_string(o.rank0_files)) + " files");
+  RC_TAG(std::string("rank 0 wrote ") + (o.rank0_files >= 10 ? "10 or more" : std::to_string(o.rank0_files)) +
+         " files");
   RC_CLASSIFY(s.at_step > 0, corrupt ? "resumed past a corrupt checkpoint" : "resumed");
   record.not_judged = o.not_judged;
   if (!o.passed) fail_case(o.message.empty() ? "rank 0 found a write by another rank" : o.message);
@@ -122,10 +124,23 @@ std::vector<std::string> launcher_env() {
 
 std::string run_failure_reason(const std::string& output) {
   // What launchers print around a failing rank (Open MPI's mpirun, MPICH's mpiexec): never the reason.
-  static constexpr std::string_view boilerplate[] = {
-      "Primary job", "a non-zero exit code", "mpirun ", "mpiexec ", "the job to be terminated", "Process name:",
-      "Exit code:", "MPI_ABORT", "with errorcode", "NOTE: invoking", "You may or may not see", "exactly when Open MPI",
-      "process returned", "Per user-direction", "BAD TERMINATION", "=   ", "YOUR APPLICATION TERMINATED"};
+  static constexpr std::string_view boilerplate[] = {"Primary job",
+                                                     "a non-zero exit code",
+                                                     "mpirun ",
+                                                     "mpiexec ",
+                                                     "the job to be terminated",
+                                                     "Process name:",
+                                                     "Exit code:",
+                                                     "MPI_ABORT",
+                                                     "with errorcode",
+                                                     "NOTE: invoking",
+                                                     "You may or may not see",
+                                                     "exactly when Open MPI",
+                                                     "process returned",
+                                                     "Per user-direction",
+                                                     "BAD TERMINATION",
+                                                     "=   ",
+                                                     "YOUR APPLICATION TERMINATED"};
   std::vector<std::string> errors, others;
   std::istringstream in(output);
   for (std::string line; std::getline(in, line);) {
@@ -185,7 +200,8 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     if (!target.mutant.empty()) argv.insert(argv.end(), {"--mutant", target.mutant});
     // A kernel plugin runs in every rank's process: one that writes a file breaks the promise too.
     if (!target.kernels.empty()) argv.insert(argv.end(), {"--kernels", target.kernels});
-    if (target.precision != Precision::fp32) argv.insert(argv.end(), {"--precision", std::string(precision_name(target.precision))});
+    if (target.precision != Precision::fp32)
+      argv.insert(argv.end(), {"--precision", std::string(precision_name(target.precision))});
 
     audit::AuditOptions options;
     options.extra_env = launcher_env();
@@ -233,7 +249,8 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     if (!rank0_paths.contains(log.string()))
       return "in the " + which + " run, rank 0 never wrote the log " + log.string() + " (the audit saw " +
              std::to_string(rank0_paths.size()) + " files from rank 0)";
-    if (std::none_of(rank0_paths.begin(), rank0_paths.end(), [](const std::string& p) { return p.ends_with("/manifest.json"); }))
+    if (std::none_of(rank0_paths.begin(), rank0_paths.end(),
+                     [](const std::string& p) { return p.ends_with("/manifest.json"); }))
       return "the " + which + " run finished but rank 0 never wrote a checkpoint manifest";
     return std::nullopt;
   };
@@ -244,7 +261,8 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     why = audited_run(resume_at, false, "first");
     if (!why && corrupt_newest && !corrupt_newest_checkpoint(checkpoints))
       why = "the first run left no checkpoint to corrupt in " + checkpoints.string();
-    if (!why) why = audited_run(s.train.steps, true, corrupt_newest ? "resumed (newest checkpoint corrupt)" : "resumed");
+    if (!why)
+      why = audited_run(s.train.steps, true, corrupt_newest ? "resumed (newest checkpoint corrupt)" : "resumed");
   } else {
     why = audited_run(s.train.steps, false, "training");
   }

@@ -110,10 +110,10 @@ ReplayToken decode_replay(std::string_view text) {
   };
   if (text.empty()) throw bad("it is empty");
   const std::size_t first = text.find(':'), last = text.rfind(':');
-  if (first == std::string_view::npos || first == last)
-    throw bad("expected <property>:<case>:<check>");
+  if (first == std::string_view::npos || first == last) throw bad("expected <property>:<case>:<check>");
   const std::string_view signed_part = text.substr(0, last), check = text.substr(last + 1);
-  if (check != replay_check_digits(signed_part)) throw bad("its check digits do not match, so it was damaged or edited");
+  if (check != replay_check_digits(signed_part))
+    throw bad("its check digits do not match, so it was damaged or edited");
   ReplayToken token;
   token.property = std::string(text.substr(0, first));
   std::vector<std::uint8_t> bytes;

@@ -3,10 +3,9 @@
 // gather of every rank's final bytes, so a replica check that misses a difference is caught too.
 //
 // replicas_survive_overflow: the same with a dynamic loss scaler and drawn examples whose values
-// overflow on the rank that holds them (the scaled gradient, or in fp16 the forward pass already). Every rank must skip exactly the steps
-// that overflowed somewhere, so the parameters, the optimizer state and the scaler's scale, counter and
-// skipped steps stay bitwise identical; a rank that decides from its own gradient alone leaves the
-// others for good.
+// overflow on the rank that holds them (the scaled gradient, or in fp16 the forward pass already). Every rank must skip
+// exactly the steps that overflowed somewhere, so the parameters, the optimizer state and the scaler's scale, counter
+// and skipped steps stay bitwise identical; a rank that decides from its own gradient alone leaves the others for good.
 #include <algorithm>
 #include <bit>
 #include <mutex>
@@ -21,7 +20,8 @@ namespace {
 // data set's.
 class PoisonedDataset final : public Dataset {
  public:
-  PoisonedDataset(const Dataset& inner, std::vector<std::int64_t> poisoned) : inner_(inner), poisoned_(std::move(poisoned)) {}
+  PoisonedDataset(const Dataset& inner, std::vector<std::int64_t> poisoned)
+      : inner_(inner), poisoned_(std::move(poisoned)) {}
   std::int64_t size() const override { return inner_.size(); }
   int in_dim() const override { return inner_.in_dim(); }
   int out_dim() const override { return inner_.out_dim(); }
@@ -54,7 +54,8 @@ void overflow_body(const Target& target, CaseRecord& record) {
   const ReplicaOutcome o = check_replica_sync(s, target, poisoned);
   RC_CLASSIFY(o.skipped_steps > 0, "some step overflowed and every rank passed it over");
   RC_CLASSIFY(o.skipped_steps == 0, "no step overflowed (the poisoned example's gradient stayed finite)");
-  if (!agree(target, o.passed)) fail_case(o.message.empty() ? "another rank found the replicas out of sync" : o.message);
+  if (!agree(target, o.passed))
+    fail_case(o.message.empty() ? "another rank found the replicas out of sync" : o.message);
 }
 
 void replicas_body(const Target& target, CaseRecord& record) {
@@ -62,7 +63,8 @@ void replicas_body(const Target& target, CaseRecord& record) {
   record.size = size_of(s);
   const ReplicaOutcome o = check_replica_sync(s, target);
   RC_CLASSIFY(!o.parameters_moved, "parameters never moved");
-  if (!agree(target, o.passed)) fail_case(o.message.empty() ? "another rank found the replicas out of sync" : o.message);
+  if (!agree(target, o.passed))
+    fail_case(o.message.empty() ? "another rank found the replicas out of sync" : o.message);
 }
 
 ReplicaOutcome check_replica_sync(const Scenario& s, const Target& target, const std::vector<std::int64_t>& poisoned) {

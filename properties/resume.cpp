@@ -74,8 +74,8 @@ ResumeOutcome check_checkpoint_resume(const Scenario& s, const Target& target) {
     return float_bits_text(got) + " where the run that never stopped has " + float_bits_text(want) + " (" +
            std::to_string(ulp_distance(got, want)) + " ulp apart)";
   };
-  const std::string after = "after resuming at step " + std::to_string(stop_at) + " and training to step " +
-                            std::to_string(c.steps) + ", ";
+  const std::string after =
+      "after resuming at step " + std::to_string(stop_at) + " and training to step " + std::to_string(c.steps) + ", ";
   for (std::size_t r = 0; r < straight.size() && o.passed; ++r) {
     std::size_t at = 0;
     const Checkpoint& a = straight[r];

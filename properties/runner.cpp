@@ -22,8 +22,8 @@ using rc::detail::CaseDescription;
 using rc::detail::CaseResult;
 using CaseShrinkable = rc::Shrinkable<CaseDescription>;
 
-constexpr int kMaxSize = 100;          // RapidCheck's default max_size
-constexpr int kMaxDiscardRatio = 10;   // and max_discard_ratio
+constexpr int kMaxSize = 100;         // RapidCheck's default max_size
+constexpr int kMaxDiscardRatio = 10;  // and max_discard_ratio
 
 // RapidCheck's spread of case sizes over the cases: every size in [0, kMaxSize] in turn, and the
 // largest size always used.
@@ -87,8 +87,8 @@ void showValue(const CaseFormats& f, std::ostream& os) {
 rc::Gen<CaseFormats> gen_formats(const Target& target) {
   const std::vector<Precision> precisions =
       target.drawn_precisions.empty() ? std::vector<Precision>{target.precision} : target.drawn_precisions;
-  const std::vector<DType> dtypes =
-      target.drawn_allreduce_dtypes.empty() ? std::vector<DType>{target.allreduce_dtype} : target.drawn_allreduce_dtypes;
+  const std::vector<DType> dtypes = target.drawn_allreduce_dtypes.empty() ? std::vector<DType>{target.allreduce_dtype}
+                                                                          : target.drawn_allreduce_dtypes;
   return rc::gen::map(uniform(rc::gen::pair(rc::gen::inRange<std::size_t>(0, precisions.size()),
                                             rc::gen::inRange<std::size_t>(0, dtypes.size()))),
                       [precisions, dtypes](const std::pair<std::size_t, std::size_t>& i) {
@@ -102,7 +102,8 @@ class Search {
       : property_(rc::detail::toProperty([&property, &target, this] {
           if (fault_) std::rethrow_exception(fault_);  // no more cases, nor shrinking, once a plugin faulted
           try {
-            if (property.draws_formats && (!target.drawn_precisions.empty() || !target.drawn_allreduce_dtypes.empty())) {
+            if (property.draws_formats &&
+                (!target.drawn_precisions.empty() || !target.drawn_allreduce_dtypes.empty())) {
               // The formats drawn per case, as the first draw of the case: a failure shrinks towards
               // float32, and the replay token holds the case's formats.
               const CaseFormats f = *gen_formats(target);
@@ -336,8 +337,9 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
       throw UsageError("the --reproduce string replays a case of " + token->property + ", not of " + out.name);
   }
   if (const Backend* row = find_registered_backend(target.comm); !property.simulates && row && row->simulated) {
-    out.skipped = "it needs real ranks: simulated ones play every rank on one replica, which no other replica can "
-                  "differ from, and write no files of their own";
+    out.skipped =
+        "it needs real ranks: simulated ones play every rank on one replica, which no other replica can "
+        "differ from, and write no files of their own";
     out.passed = true;
     return out;
   }
@@ -361,7 +363,8 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  if (out.passed && !out.replayed && out.min_power > 0 && out.probed >= min_probed_cases && out.power() < out.min_power) {
+  if (out.passed && !out.replayed && out.min_power > 0 && out.probed >= min_probed_cases &&
+      out.power() < out.min_power) {
     out.passed = false;
     out.failure = "the check has lost its power: with one example dropped, the gradient left the bound in only " +
                   std::to_string(out.probe_caught) + " of " + std::to_string(out.probed) + " probed cases (" +

@@ -35,10 +35,10 @@ struct RunOptions {
 
 // The passing case whose error came nearest the bound.
 struct ClosestCall {
-  double ratio = -1;       // its error ratio (worst-case bound); negative: none measured
-  std::string note;        // where, and what the bound there is made of
-  std::string example;     // the case
-  std::string reproduce;   // replay token for RunOptions::reproduce (or --reproduce)
+  double ratio = -1;      // its error ratio (worst-case bound); negative: none measured
+  std::string note;       // where, and what the bound there is made of
+  std::string example;    // the case
+  std::string reproduce;  // replay token for RunOptions::reproduce (or --reproduce)
 };
 
 struct PropertyResult {
@@ -59,7 +59,7 @@ struct PropertyResult {
   // smallest probe ratio seen (how close a drop came to passing unnoticed).
   std::int64_t probed = 0, probe_caught = 0;
   double weakest_probe = 0;
-  double min_power = 0;        // the share the property requires
+  double min_power = 0;  // the share the property requires
   // Tightness (see CaseRecord): the largest rounding-only ratio on the whole-batch and sharded paths.
   double tightness[2] = {-1, -1};
   double min_tightness = 0;
@@ -67,13 +67,13 @@ struct PropertyResult {
   // "0.213 (whole batch) and 0.197 (sharded)": each measured path's tightness and name, joined by `and`.
   std::string tightness_text(std::string_view and_word = " and ") const;
   double seconds = 0;
-  std::string failure;         // why the minimal case failed
-  std::string counterexample;  // the minimal case
-  std::string reproduce;       // replay token of the minimal case
+  std::string failure;             // why the minimal case failed
+  std::string counterexample;      // the minimal case
+  std::string reproduce;           // replay token of the minimal case
   int failing_runs = 0, runs = 0;  // the minimal case failed failing_runs of runs times
-  bool replayed = false;       // this result replays one case (RunOptions::reproduce)
+  bool replayed = false;           // this result replays one case (RunOptions::reproduce)
   CaseRecord::Size failure_size;
-  bool not_judged = false;     // the failure is not of the promise (CaseRecord::not_judged)
+  bool not_judged = false;                  // the failure is not of the promise (CaseRecord::not_judged)
   std::map<std::string, int> distribution;  // classification tags -> cases
 
   bool flaky() const { return !passed && runs > 0 && failing_runs < runs; }

@@ -118,7 +118,8 @@ SamplerOutcome check_sampler(const SamplerScenario& s, const Target& target) {
         }
         all.assign(static_cast<std::size_t>(widest) * n, -1);
         for (std::size_t r = 0; r < n; ++r)
-          std::copy(shares[r].begin(), shares[r].end(), all.begin() + static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(widest)));
+          std::copy(shares[r].begin(), shares[r].end(),
+                    all.begin() + static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(widest)));
         views.push_back(view);
       } else {
         // Each rank computes its own share; the others learn it only through the communicator.
@@ -137,8 +138,8 @@ SamplerOutcome check_sampler(const SamplerScenario& s, const Target& target) {
         fail(at + "ranks disagree on the total, padding or dropped counts");
       for (std::size_t r = 0; r < n; ++r)
         if (sizes[r] != sampler->share_size(static_cast<int>(r)))
-          fail(at + "rank " + std::to_string(r) + " holds " + std::to_string(sizes[r]) + " examples but share_size says " +
-               std::to_string(sampler->share_size(static_cast<int>(r))));
+          fail(at + "rank " + std::to_string(r) + " holds " + std::to_string(sizes[r]) +
+               " examples but share_size says " + std::to_string(sampler->share_size(static_cast<int>(r))));
       // The counts dpcheck.torch holds a real job's shares to (src/train/shares.hpp).
       const ShareCount counted = count_shares({d, all, static_cast<std::size_t>(widest), sizes});
       if (counted.outside_rank >= 0)
@@ -158,7 +159,8 @@ SamplerOutcome check_sampler(const SamplerScenario& s, const Target& target) {
                  ") but the sampler reports " + std::to_string(sampler->padded()) + " padded");
           break;
         case Policy::drop_last:
-          if (lo != widest || widest != d / nn) fail(at + "drop-last shares should all hold floor(D/N) = " + std::to_string(d / nn));
+          if (lo != widest || widest != d / nn)
+            fail(at + "drop-last shares should all hold floor(D/N) = " + std::to_string(d / nn));
           if (repeats > 0) fail(at + "example " + std::to_string(first_repeat) + " is in more than one share");
           if (missing != sampler->dropped() || missing > nn - 1)
             fail(at + std::to_string(missing) + " examples are in no share (first: " + std::to_string(first_missing) +

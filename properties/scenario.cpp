@@ -23,10 +23,9 @@ std::string Scenario::describe() const {
      << loss_name(t.model.loss) << " | batch " << t.batch << " of " << t.data_size() << " | world " << world_size << " "
      << split_name(t.split) << " " << policy_name(t.policy) << (t.shuffle ? " shuffled" : " in order") << " | "
      << optimizer_name(t.optimizer.kind)
-     << (t.optimizer.kind == OptimizerKind::momentum ? " " + lr_string(t.optimizer.momentum) : std::string())
-     << " lr " << lr_string(t.optimizer.lr) << " | " << t.steps
-     << (t.steps == 1 ? " step" : " steps") << ", accumulate " << t.accumulate << ", at step " << at_step << " | seed "
-     << t.seed;
+     << (t.optimizer.kind == OptimizerKind::momentum ? " " + lr_string(t.optimizer.momentum) : std::string()) << " lr "
+     << lr_string(t.optimizer.lr) << " | " << t.steps << (t.steps == 1 ? " step" : " steps") << ", accumulate "
+     << t.accumulate << ", at step " << at_step << " | seed " << t.seed;
   if (simulated) os << " | simulated ranks";
   if (t.allreduce_dtype != DType::f32) os << " | all-reduce in " << allreduce_dtype_name(t.allreduce_dtype);
   if (t.loss_scaling.enabled()) {
@@ -43,15 +42,13 @@ std::string Scenario::describe() const {
 std::string Scenario::train_flags() const {
   const TrainConfig& t = train;
   std::ostringstream os;
-  os << "--model " << dims_string(t.model.dims) << " --activation " << activation_name(t.model.activation)
-     << " --loss " << loss_name(t.model.loss) << " --batch " << t.batch << " --dataset-size " << t.data_size()
-     << " --world-size " << world_size
-     << " --split " << split_name(t.split) << " --policy " << policy_name(t.policy)
+  os << "--model " << dims_string(t.model.dims) << " --activation " << activation_name(t.model.activation) << " --loss "
+     << loss_name(t.model.loss) << " --batch " << t.batch << " --dataset-size " << t.data_size() << " --world-size "
+     << world_size << " --split " << split_name(t.split) << " --policy " << policy_name(t.policy)
      << (t.shuffle ? "" : " --no-shuffle") << " --optimizer " << optimizer_name(t.optimizer.kind)
      << (t.optimizer.kind == OptimizerKind::momentum ? " --momentum " + lr_string(t.optimizer.momentum) : std::string())
-     << " --lr "
-     << lr_string(t.optimizer.lr) << " --steps " << t.steps << " --accumulate " << t.accumulate << " --seed "
-     << t.seed;
+     << " --lr " << lr_string(t.optimizer.lr) << " --steps " << t.steps << " --accumulate " << t.accumulate
+     << " --seed " << t.seed;
   if (t.allreduce_dtype != DType::f32) os << " --allreduce-dtype " << allreduce_dtype_name(t.allreduce_dtype);
   if (t.loss_scaling.enabled())
     os << " --loss-scale dynamic --loss-scale-init " << t.loss_scaling.init_scale << " --loss-scale-interval "
@@ -63,7 +60,6 @@ std::string Scenario::train_flags() const {
 }
 
 void showValue(const Scenario& s, std::ostream& os) { os << s.describe(); }
-
 
 namespace {
 
@@ -92,8 +88,8 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     TrainConfig& t = s.train;
     t.model.activation = *rc::gen::element(Activation::relu, Activation::tanh, Activation::identity);
     t.model.loss = *rc::gen::element(Loss::mse, Loss::cross_entropy);
-    s.world_size = space.world_size > 0 ? space.world_size
-                                        : *rc::gen::inRange(space.min_world_size, space.max_world_size + 1);
+    s.world_size =
+        space.world_size > 0 ? space.world_size : *rc::gen::inRange(space.min_world_size, space.max_world_size + 1);
     const std::int64_t n = s.world_size;
     t.policy = space.uneven_only ? Policy::uneven : *rc::gen::element(Policy::uneven, Policy::pad, Policy::drop_last);
     if (space.uneven_only && n > 1) {
@@ -136,10 +132,8 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
     for (int& w : widths) w = *rc::gen::inRange(1, space.max_width + 1);
     t.model.dims.assign(widths.begin(), widths.begin() + layers + 1);
     // A model the user fixed stays as it is (its draws are still made, so that the others keep their places).
-    if (!space.dims.empty())
-      t.model.dims = space.dims;
-    else if (past > 0)
-      grow_past(t.model.dims, limits[past - 1]);
+    if (!space.dims.empty()) t.model.dims = space.dims;
+    else if (past > 0) grow_past(t.model.dims, limits[past - 1]);
     t.allreduce_dtype = space.allreduce_dtype;
     // Momentum's coefficient: PyTorch's usual 0.9, one that forgets fast, one that barely forgets, and
     // 0 (plain SGD through the momentum path). Drawn last, so that earlier draws keep their positions.
@@ -177,9 +171,9 @@ rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space) {
 
 std::string SamplerScenario::describe() const {
   std::ostringstream os;
-  os << "data " << sampler.dataset_size << " | world " << sampler.world_size << " " << split_name(sampler.split)
-     << " " << policy_name(sampler.policy) << (sampler.shuffle ? " shuffled" : " in order") << " | seed "
-     << sampler.seed << " | " << epochs << (epochs == 1 ? " epoch" : " epochs");
+  os << "data " << sampler.dataset_size << " | world " << sampler.world_size << " " << split_name(sampler.split) << " "
+     << policy_name(sampler.policy) << (sampler.shuffle ? " shuffled" : " in order") << " | seed " << sampler.seed
+     << " | " << epochs << (epochs == 1 ? " epoch" : " epochs");
   if (simulated) os << " | simulated ranks";
   return os.str();
 }

@@ -3,8 +3,8 @@
 // smaller batches, fewer ranks and the first choice of every option.
 #pragma once
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -39,17 +39,17 @@ void showValue(const Scenario& s, std::ostream& os);  // how RapidCheck prints a
 
 // What a generator may draw.
 struct ScenarioSpace {
-  int world_size = 0;         // > 0: every scenario uses it (a process launcher fixed it)
-  int min_world_size = 1;     // otherwise drawn in [min_world_size, max_world_size]
+  int world_size = 0;      // > 0: every scenario uses it (a process launcher fixed it)
+  int min_world_size = 1;  // otherwise drawn in [min_world_size, max_world_size]
   int max_world_size = 8;
   int max_layers = 4;
   int max_width = 64;
   std::int64_t max_batch = 512;
-  bool uneven_only = false;   // policy uneven with a batch that N does not divide (when N > 1)
-  bool accumulate = false;    // 2 to 4 micro-batches per rank instead of 1
-  int min_steps = 1;          // steps are drawn in [min_steps, max_steps]
-  int max_steps = 7;          // with data sets up to 3 batches, two epochs or more
-  int min_at_step = 0;        // at_step is drawn in [min_at_step, steps - 1]
+  bool uneven_only = false;  // policy uneven with a batch that N does not divide (when N > 1)
+  bool accumulate = false;   // 2 to 4 micro-batches per rank instead of 1
+  int min_steps = 1;         // steps are drawn in [min_steps, max_steps]
+  int max_steps = 7;         // with data sets up to 3 batches, two epochs or more
+  int min_at_step = 0;       // at_step is drawn in [min_at_step, steps - 1]
   // Element counts at which the communicator under test changes its algorithm, for a world of the
   // given size (Communicator::algorithm_thresholds); the model's parameter count is drawn on both sides
   // of each, so that every run takes every path.
@@ -58,7 +58,7 @@ struct ScenarioSpace {
   // so that a few steps both back off and grow the scale).
   LossScalerConfig loss_scaling;
   DType allreduce_dtype = DType::f32;  // the gradient all-reduce's (--allreduce-dtype)
-  std::vector<int> dims;  // non-empty: every scenario's layer widths (verify --model), none drawn
+  std::vector<int> dims;               // non-empty: every scenario's layer widths (verify --model), none drawn
   // The scale class: in one case of `scale_one_in` (0: none) the world is one of these sizes, with a
   // model of at most two layers of at most 4 units, at most two steps, and a batch under 2N (so that
   // shares hold 0, 1 or 2 examples and some go empty). Such a case runs on simulated ranks.
@@ -73,16 +73,12 @@ inline const std::vector<int>& scale_class_worlds() {
   return worlds;
 }
 
-
 rc::Gen<Scenario> gen_scenario(const ScenarioSpace& space);
 
 // RapidCheck scales a range with the case's size, so early cases draw near its start: right for widths
 // and batches (small cases first), wrong for what every case should cover whatever its size (which step,
 // how many steps, which side of a threshold). Those draw from the whole range, and still shrink.
-template <class T>
-rc::Gen<T> uniform(rc::Gen<T> g) {
-  return rc::gen::resize(100, std::move(g));
-}
+template <class T> rc::Gen<T> uniform(rc::Gen<T> g) { return rc::gen::resize(100, std::move(g)); }
 
 // An index in [0, n), uniform whatever the case's size, that shrinks by trying every smaller index,
 // smallest first. RapidCheck's integers shrink by halving the distance to 0, which from the index of

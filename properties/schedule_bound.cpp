@@ -50,7 +50,8 @@ float half_spacing(Precision f) {
 // (half a spacing) on each rank whose value or partial sum meets it on its way, 0 elsewhere, so that
 // every addition on that way rounds an h away. `drawn` picks the start where the schedule leaves it
 // open (trees, halving-doubling).
-std::vector<float> chain_values(const ScheduleOptions& o, int world, std::size_t i, std::size_t count, int drawn, float h) {
+std::vector<float> chain_values(const ScheduleOptions& o, int world, std::size_t i, std::size_t count, int drawn,
+                                float h) {
   const auto n = static_cast<std::size_t>(world);
   std::vector<float> v(n, 0.0f);
   switch (o.schedule) {
@@ -60,8 +61,9 @@ std::vector<float> chain_values(const ScheduleOptions& o, int world, std::size_t
       // Every other rank is added to the partial that starts at rank 0 (rank order), at the chunk's rank
       // (ring) or at the last rank (linear).
       std::fill(v.begin(), v.end(), h);
-      v[o.schedule == AllreduceSchedule::ring ? chunk_of(i, count, n) : o.schedule == AllreduceSchedule::linear ? n - 1 : 0] =
-          1.0f;
+      v[o.schedule == AllreduceSchedule::ring     ? chunk_of(i, count, n)
+        : o.schedule == AllreduceSchedule::linear ? n - 1
+                                                  : 0] = 1.0f;
       break;
     }
     case AllreduceSchedule::hierarchical: {
@@ -242,11 +244,11 @@ void schedule_bound_body(const Target& target, CaseRecord& record) {
   const bool tree_like = o.schedule == AllreduceSchedule::tree || o.schedule == AllreduceSchedule::halving_doubling;
   if (chain) record.tightness[tree_like ? 1 : 0] = worst;
   char buf[320];
-  std::snprintf(buf, sizeof buf, "%s %s %s of %d ranks (%s), element %zu: %.9g against the exact %.17g, error %.3g, bound %.3g",
+  std::snprintf(buf, sizeof buf,
+                "%s %s %s of %d ranks (%s), element %zu: %.9g against the exact %.17g, error %.3g, bound %.3g",
                 reference::schedule_text(o).c_str(), std::string(precision_name(o.format)).c_str(),
-                o.average ? "avg" : "sum", world, chain ? "a chain" : "spread values", at,
-                static_cast<double>(got[at]), worst_exact, std::abs(static_cast<double>(got[at]) - worst_exact),
-                worst_bound);
+                o.average ? "avg" : "sum", world, chain ? "a chain" : "spread values", at, static_cast<double>(got[at]),
+                worst_exact, std::abs(static_cast<double>(got[at]) - worst_exact), worst_bound);
   record.note = buf;
   RC_CLASSIFY(world > 8, "the scale class");
   RC_CLASSIFY(chain, "a chain of half spacings");

@@ -50,12 +50,12 @@ constexpr const char* kChangeNames[] = {"the same fault", "another rank", "anoth
 
 struct ToolsCase {
   Scenario s;
-  Fault plant;            // the traces' one difference
-  Fault recorded;         // a NaN in a local gradient, which --check-finite fails on: the bundle's failure
+  Fault plant;     // the traces' one difference
+  Fault recorded;  // a NaN in a local gradient, which --check-finite fails on: the bundle's failure
   ReplayChange change = ReplayChange::none;
-  Fault replayed;         // what the replay plants
-  int world_b = 1;        // drift's second run: another world size, so that the two differ by rounding
-  int drift_bug = -1;     // the run (0, 1) with a bug planted in its local gradient, or -1
+  Fault replayed;      // what the replay plants
+  int world_b = 1;     // drift's second run: another world size, so that the two differ by rounding
+  int drift_bug = -1;  // the run (0, 1) with a bug planted in its local gradient, or -1
   Fault bug;
   // In one case of scale_one_in: a scenario of the scale class, on simulated ranks, with a NaN planted in
   // one rank's local gradient, which train's live finite check must find on that rank.
@@ -68,7 +68,8 @@ void showValue(const ToolsCase& k, std::ostream& os) {
   os << k.s.describe() << "\n  planted: " << k.plant.describe() << "\n  bundle: " << k.recorded.describe()
      << ", replayed with " << kChangeNames[static_cast<int>(k.change)] << ": " << k.replayed.describe()
      << "\n  drift: runs on " << k.s.world_size << " and " << k.world_b << " ranks, "
-     << (k.drift_bug < 0 ? std::string("no bug") : "run " + std::string(k.drift_bug == 0 ? "A" : "B") + " with " + k.bug.describe());
+     << (k.drift_bug < 0 ? std::string("no bug")
+                         : "run " + std::string(k.drift_bug == 0 ? "A" : "B") + " with " + k.bug.describe());
   if (k.simulated) os << "\n  simulated: " << k.sim.describe() << ", " << k.sim_nan.describe();
 }
 
@@ -126,8 +127,8 @@ rc::Gen<ToolsCase> gen_tools_case(const Target& target) {
     p.rank = ranks[*uniform(rc::gen::inRange<std::size_t>(0, ranks.size()))];
     if (p.phase == FaultPhase::data) {
       const std::size_t examples = ex.ranks[static_cast<std::size_t>(p.rank)].size();
-      p.element = *rc::gen::weightedOneOf<std::size_t>({{1, uniform(rc::gen::inRange<std::size_t>(0, examples))},
-                                                          {1, rc::gen::just(examples - 1)}});
+      p.element = *rc::gen::weightedOneOf<std::size_t>(
+          {{1, uniform(rc::gen::inRange<std::size_t>(0, examples))}, {1, rc::gen::just(examples - 1)}});
     } else {
       p.element = *gen_element(layout, p.phase == FaultPhase::optimizer_state ? state_blocks * n : n);
     }
@@ -149,8 +150,10 @@ rc::Gen<ToolsCase> gen_tools_case(const Target& target) {
       case ReplayChange::element: {
         // Within the same tensor where it has another element: the same tensor's name, another index.
         const Slice& t = layout.slice_at(f.element);
-        const std::size_t other = t.size() > 1 ? t.offset + (f.element - t.offset + *uniform(rc::gen::inRange<std::size_t>(1, t.size()))) % t.size()
-                                               : (f.element + 1) % n;
+        const std::size_t other =
+            t.size() > 1
+                ? t.offset + (f.element - t.offset + *uniform(rc::gen::inRange<std::size_t>(1, t.size()))) % t.size()
+                : (f.element + 1) % n;
         k.replayed.element = other;
         break;
       }
@@ -220,7 +223,8 @@ class PlantedBuffer final : public StepObserver {
 
 // Trains the scenario with the recorder on, and the fault when given; writes the trace to `file`
 // (rank 0), and returns the planted buffer of the plant's rank and step.
-std::vector<float> traced_run(const Target& target, const Scenario& s, const Fault& plant, bool planted, const fs::path& file) {
+std::vector<float> traced_run(const Target& target, const Scenario& s, const Fault& plant, bool planted,
+                              const fs::path& file) {
   Target t = target;
   if (planted) t.fault = plant;
   const SyntheticDataset data(s.train.data_size(), s.train.model, s.train.seed);
@@ -251,7 +255,8 @@ std::vector<float> traced_run(const Target& target, const Scenario& s, const Fau
   });
   if (target.process_world && target.process_world->rank() != 0) return buffer;
   std::ofstream out(file);
-  out << trace_header(s.train.to_json(s.world_size), {{"engine", t.engine}}, s.world_size, s.train.model, state_names).dump()
+  out << trace_header(s.train.to_json(s.world_size), {{"engine", t.engine}}, s.world_size, s.train.model, state_names)
+             .dump()
       << "\n";
   for (const std::string& l : lines) out << l << "\n";
   if (!out.flush()) throw Error("cannot write " + file.string());
@@ -294,13 +299,15 @@ std::string check_trace_diff(const ToolsCase& k, const TraceDiff& d, const std::
   }
   std::ostringstream want;
   want << "step " << p.step << ", " << phase_name(phase) << ", rank " << p.rank << ", "
-       << (p.phase == FaultPhase::all_reduce ? "collective seq " + std::to_string(p.step) + " allreduce ... out" : item);
+       << (p.phase == FaultPhase::all_reduce ? "collective seq " + std::to_string(p.step) + " allreduce ... out"
+                                             : item);
   const TraceMismatch* m = d.first();
   if (!m) return "dpcheck diff finds the traces identical; the planted difference is at " + want.str();
-  const bool right = m->step == p.step && m->phase == phase && m->rank == p.rank &&
-                     (p.phase == FaultPhase::all_reduce
-                          ? m->item.starts_with("collective seq " + std::to_string(p.step) + " allreduce") && m->item.ends_with(" out")
-                          : m->item == item);
+  const bool right =
+      m->step == p.step && m->phase == phase && m->rank == p.rank &&
+      (p.phase == FaultPhase::all_reduce
+           ? m->item.starts_with("collective seq " + std::to_string(p.step) + " allreduce") && m->item.ends_with(" out")
+           : m->item == item);
   if (right) return "";
   return "dpcheck diff names " + m->where() + " as the first difference; the planted difference is at " + want.str();
 }
@@ -314,7 +321,9 @@ std::string check_npy_diff(const ToolsCase& k, const std::vector<TensorDiff>& di
   const std::string index = index_text(t.shape, e % layout.size() - t.offset);
   std::string found;
   for (const TensorDiff& d : diffs)
-    if (!d.passed) found += (found.empty() ? "" : ", ") + d.name + d.first_index + " (" + std::to_string(d.differing) + " differing)";
+    if (!d.passed)
+      found +=
+          (found.empty() ? "" : ", ") + d.name + d.first_index + " (" + std::to_string(d.differing) + " differing)";
   if (found == name + index + " (1 differing)") return "";
   return "dpcheck diff of the planted buffer finds " + (found.empty() ? std::string("no difference") : found) +
          "; the planted element is " + name + index;
@@ -449,22 +458,26 @@ void tools_body(const Target& given, CaseRecord& record) {
       const std::optional<StepFailure> f =
           failing_run(target_for_case(target, true), k.sim.train, k.sim.world_size, k.sim_nan, checks, {});
       const std::string element = ParamLayout(k.sim.train.model).describe_element(k.sim_nan.element);
-      if (!f || f->kind != "non-finite" || f->step != k.sim_nan.step || f->rank != k.sim_nan.rank || f->element != element)
+      if (!f || f->kind != "non-finite" || f->step != k.sim_nan.step || f->rank != k.sim_nan.rank ||
+          f->element != element)
         failure = "train --check-finite on " + std::to_string(k.sim.world_size) + " simulated ranks " +
-                  (f ? "reports " + f->kind + " at " + f->where() : std::string("passes")) + "; the planted NaN is at step " +
-                  std::to_string(k.sim_nan.step) + ", rank " + std::to_string(k.sim_nan.rank) + ", " + element;
+                  (f ? "reports " + f->kind + " at " + f->where() : std::string("passes")) +
+                  "; the planted NaN is at step " + std::to_string(k.sim_nan.step) + ", rank " +
+                  std::to_string(k.sim_nan.rank) + ", " + element;
     }
     const std::vector<std::string> state_names = make_cpu_optimizer(s.train.optimizer, 0)->state_names();
     // 1. diff: the traces, and the planted buffer element by element.
     const std::vector<float> a = traced_run(target, s, k.plant, false, dir / "a.jsonl");
     const std::vector<float> b = traced_run(target, s, k.plant, true, dir / "b.jsonl");
-    if (here && failure.empty()) failure = check_trace_diff(k, diff_traces(dir / "a.jsonl", dir / "b.jsonl"), state_names);
+    if (here && failure.empty())
+      failure = check_trace_diff(k, diff_traces(dir / "a.jsonl", dir / "b.jsonl"), state_names);
     if (failure.empty() && k.plant.phase != FaultPhase::data && !a.empty()) {
       const ParamLayout layout(s.train.model);
       write_buffer(dir / ("a." + std::to_string(k.plant.rank)), layout, a);
       write_buffer(dir / ("b." + std::to_string(k.plant.rank)), layout, b);
-      failure = check_npy_diff(k, diff_tensor_dirs(dir / ("a." + std::to_string(k.plant.rank)),
-                                                   dir / ("b." + std::to_string(k.plant.rank)), Tolerance{}),
+      failure = check_npy_diff(k,
+                               diff_tensor_dirs(dir / ("a." + std::to_string(k.plant.rank)),
+                                                dir / ("b." + std::to_string(k.plant.rank)), Tolerance{}),
                                a.size());
     }
 
@@ -489,7 +502,8 @@ void tools_body(const Target& given, CaseRecord& record) {
                   "; the planted NaN is " + place;
       if (agree(target, failure.empty())) {
         const Bundle bundle = read_bundle(dir / "bundle");
-        if (const std::string d = read_back_difference(bundled, bundled_config, s.world_size, bundle); here && !d.empty())
+        if (const std::string d = read_back_difference(bundled, bundled_config, s.world_size, bundle);
+            here && !d.empty())
           failure = "a bundle of " + formats_text(bundled, bundled_config) + " does not read back whole: " + d;
         Target t = bundled;
         const Target& read = bundle.manifest.target;
@@ -523,8 +537,10 @@ void tools_body(const Target& given, CaseRecord& record) {
     // 3. drift: rounding between world sizes, and a planted bug named where it is, in the case's formats.
     if (agree(target, failure.empty())) {
       const TrainConfig& drifted = k.s.train;
-      checkpointed_run(given, drifted, s.world_size, k.drift_bug == 0 ? std::optional<Fault>(k.bug) : std::nullopt, dir / "drift-a");
-      checkpointed_run(given, drifted, k.world_b, k.drift_bug == 1 ? std::optional<Fault>(k.bug) : std::nullopt, dir / "drift-b");
+      checkpointed_run(given, drifted, s.world_size, k.drift_bug == 0 ? std::optional<Fault>(k.bug) : std::nullopt,
+                       dir / "drift-a");
+      checkpointed_run(given, drifted, k.world_b, k.drift_bug == 1 ? std::optional<Fault>(k.bug) : std::nullopt,
+                       dir / "drift-b");
       const CheckpointRun runs[2] = {read_checkpoint_run(dir / "drift-a"), read_checkpoint_run(dir / "drift-b")};
       Target targets[2] = {given, given};
       if (k.drift_bug >= 0) targets[k.drift_bug].fault = k.bug;
@@ -544,20 +560,25 @@ void tools_body(const Target& given, CaseRecord& record) {
       }
       RC_CLASSIFY(bug_skipped, "a drift bug in a step the loss scaler passed over");
       const ParamLayout layout(s.train.model);
-      const std::string where = "local gradient on rank " + std::to_string(k.bug.rank) + " at " + layout.describe_element(k.bug.element);
-      const std::string said =
-          d.bug_run < 0 ? "rounding" : "a bug in run " + std::string(d.bug_run == 0 ? "A" : "B") + " at step " + std::to_string(d.bug_step) + ", " + d.bug_where;
-      const bool right = d.unreproduced_run < 0 &&
-                         (k.drift_bug < 0 ? d.bug_run < 0
-                                          : (bug_skipped && d.bug_run < 0) ||
-                                                (d.bug_run == k.drift_bug && d.bug_step == k.bug.step && d.bug_where == where));
+      const std::string where =
+          "local gradient on rank " + std::to_string(k.bug.rank) + " at " + layout.describe_element(k.bug.element);
+      const std::string said = d.bug_run < 0 ? "rounding"
+                                             : "a bug in run " + std::string(d.bug_run == 0 ? "A" : "B") + " at step " +
+                                                   std::to_string(d.bug_step) + ", " + d.bug_where;
+      const bool right =
+          d.unreproduced_run < 0 &&
+          (k.drift_bug < 0 ? d.bug_run < 0
+                           : (bug_skipped && d.bug_run < 0) ||
+                                 (d.bug_run == k.drift_bug && d.bug_step == k.bug.step && d.bug_where == where));
       if (!right && (!target.process_world || target.process_world->rank() == 0))
-        failure = d.unreproduced_run >= 0
-                      ? "dpcheck drift cannot replay step " + std::to_string(d.unreproduced_step) + " of run " + (d.unreproduced_run == 0 ? "A" : "B") + " to its recorded bits"
-                      : "dpcheck drift calls the runs' difference " + said + "; " +
-                            (k.drift_bug < 0 ? std::string("both are correct")
-                                             : "the planted bug is in run " + std::string(k.drift_bug == 0 ? "A" : "B") +
-                                                                                     " at step " + std::to_string(k.bug.step) + ", " + where);
+        failure =
+            d.unreproduced_run >= 0
+                ? "dpcheck drift cannot replay step " + std::to_string(d.unreproduced_step) + " of run " +
+                      (d.unreproduced_run == 0 ? "A" : "B") + " to its recorded bits"
+                : "dpcheck drift calls the runs' difference " + said + "; " +
+                      (k.drift_bug < 0 ? std::string("both are correct")
+                                       : "the planted bug is in run " + std::string(k.drift_bug == 0 ? "A" : "B") +
+                                             " at step " + std::to_string(k.bug.step) + ", " + where);
     }
   } catch (...) {
     remove_scratch(target, dir);

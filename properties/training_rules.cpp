@@ -52,9 +52,12 @@ std::string number(double v) {
 // it: the all-reduced gradient is then non-finite on every rank, and every rank must skip the step.
 class PlantNaN final : public StepObserver {
  public:
-  PlantNaN(const std::vector<bool>& steps, int rank, std::size_t element) : steps_(steps), rank_(rank), element_(element) {}
+  PlantNaN(const std::vector<bool>& steps, int rank, std::size_t element)
+      : steps_(steps), rank_(rank), element_(element) {}
   void local_gradient(Trainer& t, std::int64_t step, double, std::int64_t) override {
-    if (t.rank() != rank_ || step >= static_cast<std::int64_t>(steps_.size()) || !steps_[static_cast<std::size_t>(step)]) return;
+    if (t.rank() != rank_ || step >= static_cast<std::int64_t>(steps_.size()) ||
+        !steps_[static_cast<std::size_t>(step)])
+      return;
     Engine& e = t.engine();
     Fault f;
     f.kind = FaultKind::nan;
@@ -179,22 +182,22 @@ void loss_scaler_body(const Target& target, CaseRecord& record) {
         if (!why.empty()) {
         } else if (std::bit_cast<std::uint32_t>(got.scale) != std::bit_cast<std::uint32_t>(ref.scale))
           why = at.str() + "the scale is " + float_bits_text(got.scale) + ", GradScaler's rule gives " +
-                 float_bits_text(ref.scale);
+                float_bits_text(ref.scale);
         else if (r.loss_scale != ref.scale)
           why = at.str() + "the step reports the scale " + float_bits_text(r.loss_scale) + ", the scaler holds " +
-                 float_bits_text(ref.scale);
+                float_bits_text(ref.scale);
         else if (got.growth_tracker != ref.good_steps)
           why = at.str() + "the scaler counts " + std::to_string(got.growth_tracker) +
-                 " good steps since the scale last changed, GradScaler's rule " + std::to_string(ref.good_steps);
+                " good steps since the scale last changed, GradScaler's rule " + std::to_string(ref.good_steps);
         else if (got.skipped != ref.skipped)
           why = at.str() + "the scaler counts " + std::to_string(got.skipped) + " skipped steps, not " +
-                 std::to_string(ref.skipped);
+                std::to_string(ref.skipped);
         else if (rt->optimizer->steps() != ref.optimizer_steps)
           why = at.str() + "the optimizer counts " + std::to_string(rt->optimizer->steps()) + " steps, but " +
-                 std::to_string(ref.optimizer_steps) + " were taken";
-        else if (r.skipped && (!std::equal(before.begin(), before.end(), after.begin(),
-                                           [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }) ||
-                               state_before != state_after))
+                std::to_string(ref.optimizer_steps) + " were taken";
+        else if (r.skipped && (!std::equal(before.begin(), before.end(), after.begin(), [](float a, float b) {
+                   return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+                 }) || state_before != state_after))
           why = at.str() + "a skipped step changed the parameters or the optimizer state";
         if (mine.empty()) mine = why;
       }
@@ -206,7 +209,8 @@ void loss_scaler_body(const Target& target, CaseRecord& record) {
     throw;
   }
   remove_scratch(target, dir);
-  if (!agree(target, failure.empty())) fail_case(failure.empty() ? "another rank's scaler broke GradScaler's rule" : failure);
+  if (!agree(target, failure.empty()))
+    fail_case(failure.empty() ? "another rank's scaler broke GradScaler's rule" : failure);
 }
 
 void lr_schedule_body(const Target& target, CaseRecord& record) {
@@ -251,11 +255,12 @@ void lr_schedule_body(const Target& target, CaseRecord& record) {
       rt.engine->store_grads(grads);
       for (std::size_t i = 0; i < n; ++i) {
         const double expected = static_cast<double>(before[i]) - want * static_cast<double>(grads[i]);
-        const double tolerance = 0x1p-22 * (std::abs(static_cast<double>(before[i])) + std::abs(want * grads[i])) + 0x1p-140;
+        const double tolerance =
+            0x1p-22 * (std::abs(static_cast<double>(before[i])) + std::abs(want * grads[i])) + 0x1p-140;
         if (std::abs(static_cast<double>(after[i]) - expected) > tolerance) {
           mine = at + "SGD moved parameter " + ParamLayout(c.model).describe_element(i) + " from " +
-                 float_bits_text(before[i]) + " to " + float_bits_text(after[i]) + ", a rate of " +
-                 number(want) + " gives " + number(expected);
+                 float_bits_text(before[i]) + " to " + float_bits_text(after[i]) + ", a rate of " + number(want) +
+                 " gives " + number(expected);
           break;
         }
       }
@@ -263,7 +268,8 @@ void lr_schedule_body(const Target& target, CaseRecord& record) {
     const std::lock_guard<std::mutex> lock(mu);
     if (failure.empty()) failure = mine;
   });
-  if (!agree(target, failure.empty())) fail_case(failure.empty() ? "another rank's learning rate broke the rule" : failure);
+  if (!agree(target, failure.empty()))
+    fail_case(failure.empty() ? "another rank's learning rate broke the rule" : failure);
 }
 
 namespace {
@@ -310,10 +316,11 @@ void shuffle_body(const Target& target, CaseRecord& record) {
         const auto pos = std::to_string(diff.first - got.begin());
         mine = "epoch " + std::to_string(epoch) + ", rank " + std::to_string(rank) + ": ";
         if (diff.first == got.end() || diff.second == want.end())
-          mine += "the share holds " + std::to_string(got.size()) + " examples, the recipe's " + std::to_string(want.size());
+          mine += "the share holds " + std::to_string(got.size()) + " examples, the recipe's " +
+                  std::to_string(want.size());
         else
-          mine += "position " + pos + " of the share holds example " + std::to_string(*diff.first) + ", the recipe gives " +
-                  std::to_string(*diff.second);
+          mine += "position " + pos + " of the share holds example " + std::to_string(*diff.first) +
+                  ", the recipe gives " + std::to_string(*diff.second);
         break;
       }
       if (!mine.empty()) break;
@@ -321,7 +328,8 @@ void shuffle_body(const Target& target, CaseRecord& record) {
     const std::lock_guard<std::mutex> lock(mu);
     if (failure.empty()) failure = mine;
   });
-  if (!agree(target, failure.empty())) fail_case(failure.empty() ? "another rank's share is not the recipe's" : failure);
+  if (!agree(target, failure.empty()))
+    fail_case(failure.empty() ? "another rank's share is not the recipe's" : failure);
 }
 
 }  // namespace dpcheck

@@ -81,7 +81,8 @@ Shares shares_of(const py::list& ranks) {
     s.sizes.push_back(static_cast<std::int64_t>(each.back().size()));
   }
   s.flat.assign(s.widest * each.size(), -1);
-  for (std::size_t r = 0; r < each.size(); ++r) std::copy(each[r].begin(), each[r].end(), s.flat.begin() + static_cast<std::ptrdiff_t>(r * s.widest));
+  for (std::size_t r = 0; r < each.size(); ++r)
+    std::copy(each[r].begin(), each[r].end(), s.flat.begin() + static_cast<std::ptrdiff_t>(r * s.widest));
   return s;
 }
 
@@ -238,8 +239,7 @@ PYBIND11_MODULE(_core, m) {
   // pybind11 tries the translators last registered first: the derived UsageError after Error.
   py::register_exception<dpcheck::Error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<dpcheck::UsageError>(m, "UsageError", PyExc_ValueError);
-  m.def("hash", &hash_buffer, py::arg("buffer"), py::arg("seed") = 0,
-        "XXH3-64 of a contiguous buffer's bytes");
+  m.def("hash", &hash_buffer, py::arg("buffer"), py::arg("seed") = 0, "XXH3-64 of a contiguous buffer's bytes");
   m.def("hash_all", &hash_all, py::arg("buffers"), py::arg("seed") = 0,
         "Each buffer's XXH3-64 and one hash of them all, in order: (list, int)");
   m.def("judge_epoch", &judge_epoch, py::arg("epoch"), py::arg("dataset_size"), py::arg("shares"),

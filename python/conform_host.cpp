@@ -103,9 +103,8 @@ class ProcessGroupComm final : public Communicator {
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     const std::size_t bytes = count * dtype_size(dtype);
     const std::size_t all = bytes * static_cast<std::size_t>(size_);
-    call("all_gather", [&] {
-      return group_.attr("all_gather")(bytes_over(send, bytes), bytes_over(recv, all), torch_dtype(dtype));
-    });
+    call("all_gather",
+         [&] { return group_.attr("all_gather")(bytes_over(send, bytes), bytes_over(recv, all), torch_dtype(dtype)); });
   }
   void barrier() override {
     call("barrier", [&] { return group_.attr("barrier")(); });
@@ -207,7 +206,8 @@ std::string section_of(const std::string& check) {
 void check_request(const std::string& check, const std::string& case_text, const std::string& schedule, int world) {
   check_conform_comm_selection(check, case_text);
   if (check.starts_with("property "))
-    throw UsageError("--check '" + check + "': verify's properties do not run on a process group; its checks are "
+    throw UsageError("--check '" + check +
+                     "': verify's properties do not run on a process group; its checks are "
                      "conform's communicator checks (see --list-checks)");
   if (!schedule.empty()) (void)reference::parse_schedule(schedule);
   if (check.starts_with("schedule ") && schedule.empty())
@@ -231,10 +231,10 @@ struct GroupRequest {
   std::string version;           // torch.__version__
   std::uint64_t seed = 1;
   bool thorough = false;
-  double max_mib = -1;           // < 0: the default (16 MiB, 64 with thorough)
+  double max_mib = -1;  // < 0: the default (16 MiB, 64 with thorough)
   std::string check, case_text, schedule;
   double timeout_s = 60;
-  std::string replay_prefix;     // "python3 -m dpcheck.launch -n 3 -m dpcheck.conform --seed 2"
+  std::string replay_prefix;  // "python3 -m dpcheck.launch -n 3 -m dpcheck.conform --seed 2"
 };
 
 GroupRequest request_of(const py::dict& d) {
@@ -364,7 +364,7 @@ py::dict conform_process_group(py::object group, int rank, int size, const py::d
                         {"abi", nullptr},
                         {"dtypes", std::vector<std::string>(dtypes.begin(), dtypes.end())},
                         {"ops", std::vector<std::string>(ops.begin(), ops.end())}};
-  const nlohmann::json report{{"passed", summary.passed}, {"seed", r.seed},       {"thorough", r.thorough},
+  const nlohmann::json report{{"passed", summary.passed}, {"seed", r.seed},     {"thorough", r.thorough},
                               {"plugin", plugin},         {"world_size", size}, {"checks", conform_rows_json(rows)}};
   py::dict out;
   out["passed"] = summary.passed;
@@ -385,11 +385,13 @@ PYBIND11_EMBEDDED_MODULE(_dpcheck_conform, m) {
         "The names of dpcheck conform's communicator checks, in order");
   m.def("check_conform_request", &check_request, py::arg("check"), py::arg("case"), py::arg("schedule"),
         py::arg("world_size"), "UsageError unless the check, case and schedule can run (before the world starts)");
-  m.def("check_output_path", [](const std::string& path, const std::string& option) {
-    dpcheck::check_output_path(path, option);
-  }, py::arg("path"), py::arg("option"), "UsageError unless the path can take an output file");
-  m.def("write_file", [](const std::string& path, const std::string& text) { dpcheck::write_file_atomic(path, text); },
-        py::arg("path"), py::arg("text"), "Replace the file with the text, atomically");
+  m.def(
+      "check_output_path",
+      [](const std::string& path, const std::string& option) { dpcheck::check_output_path(path, option); },
+      py::arg("path"), py::arg("option"), "UsageError unless the path can take an output file");
+  m.def(
+      "write_file", [](const std::string& path, const std::string& text) { dpcheck::write_file_atomic(path, text); },
+      py::arg("path"), py::arg("text"), "Replace the file with the text, atomically");
   m.def("conform_process_group", &conform_process_group, py::arg("group"), py::arg("rank"), py::arg("size"),
         py::arg("request"), py::arg("say"),
         "dpcheck conform's communicator checks on a process group (every rank calls it): {passed, report}");

@@ -20,12 +20,10 @@ namespace {
 // "1/12" for a weight near the reciprocal of a whole number, else the number itself.
 std::string weight_text(double w) {
   char buf[48];
-  if (w > 0 && std::abs(1 / w - 1) < 1e-6)
-    return "1";
+  if (w > 0 && std::abs(1 / w - 1) < 1e-6) return "1";
   if (w > 0 && std::abs(1 / w - std::round(1 / w)) < 1e-6 * (1 / w))
     std::snprintf(buf, sizeof buf, "1/%.0f", std::round(1 / w));
-  else
-    std::snprintf(buf, sizeof buf, "%.6g", w);
+  else std::snprintf(buf, sizeof buf, "%.6g", w);
   return buf;
 }
 
@@ -83,7 +81,8 @@ void fit_weights(const GradientInput& in, GradientJudgement& j) {
 std::string weights_text(const GradientJudgement& j) {
   std::string s;
   // Micro-batches are named where some rank gave more than one part.
-  const bool several = std::any_of(j.weights.begin(), j.weights.end(), [](const PartWeight& w) { return w.micro_batch > 0; });
+  const bool several =
+      std::any_of(j.weights.begin(), j.weights.end(), [](const PartWeight& w) { return w.micro_batch > 0; });
   for (const PartWeight& w : j.weights) {
     if (w.examples == 0) continue;
     s += (s.empty() ? "" : "; ") + std::string("rank ") + std::to_string(w.rank);
@@ -155,8 +154,7 @@ GradientJudgement judge_gradient(const GradientInput& in) {
     char fit[96];
     std::snprintf(fit, sizeof fit, "%.3g", j.fit_residual);
     text += "; no weighting of the ranks' batches explains it (fit residual " + std::string(fit) + ")";
-  } else
-    text += "; every example weighs " + whole_weight;
+  } else text += "; every example weighs " + whole_weight;
   j.message = text;
   return j;
 }

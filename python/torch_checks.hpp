@@ -30,7 +30,7 @@ struct GradientPart {
 
 struct GradientInput {
   ModelConfig model;
-  std::vector<float> params;    // at the step's forward pass, in the layout of src/train/model.hpp
+  std::vector<float> params;  // at the step's forward pass, in the layout of src/train/model.hpp
   std::vector<GradientPart> parts;
   std::vector<float> gradient;  // what the optimizer used: the all-reduced gradient
   int world_size = 1;
@@ -38,17 +38,17 @@ struct GradientInput {
 
 struct PartWeight {
   int rank = 0;
-  int micro_batch = 0;          // its place among the rank's parts
+  int micro_batch = 0;  // its place among the rank's parts
   std::int64_t examples = 0;
-  double weight = 0;            // fitted weight of each of its examples (a correct job: 1 / B)
+  double weight = 0;  // fitted weight of each of its examples (a correct job: 1 / B)
 };
 
 struct GradientJudgement {
   bool passed = true;
-  double ratio = 0;             // largest error / bound; at most 1 passes
-  std::string element;          // where it is largest: "layers.0.weight[1, 2]"
+  double ratio = 0;     // largest error / bound; at most 1 passes
+  std::string element;  // where it is largest: "layers.0.weight[1, 2]"
   double value = 0, reference = 0, bound = 0;
-  std::string bound_terms;      // the bound there, split into its parts
+  std::string bound_terms;  // the bound there, split into its parts
   std::int64_t batch = 0, largest_share = 0, roundings = 0;
   std::vector<PartWeight> weights;
   double fit_residual = 0;      // |gradient - fitted| / |gradient| of the weight fit
@@ -64,13 +64,13 @@ GradientJudgement judge_gradient(const GradientInput& input);
 struct TensorDifference {
   bool differs = false;
   std::int64_t flat_index = 0;
-  std::string index;                  // "[3, 1]"; "" for a tensor of one element
-  std::int64_t differing = 0;         // elements where some rank differs from rank 0
-  std::vector<double> values;         // each rank's value there
-  std::vector<std::string> texts;     // each rank's value with its bits: "0.25 (0x3e800000)"
+  std::string index;               // "[3, 1]"; "" for a tensor of one element
+  std::int64_t differing = 0;      // elements where some rank differs from rank 0
+  std::vector<double> values;      // each rank's value there
+  std::vector<std::string> texts;  // each rank's value with its bits: "0.25 (0x3e800000)"
   std::vector<int> minority;
-  std::uint64_t distance = 0;         // from the majority: ULPs (floats) or the difference (integers)
-  std::string unit;                   // "ulp" or "" (integers)
+  std::uint64_t distance = 0;  // from the majority: ULPs (floats) or the difference (integers)
+  std::string unit;            // "ulp" or "" (integers)
 };
 TensorDifference locate_difference(const std::string& dtype, const std::vector<std::string_view>& ranks,
                                    const std::vector<std::int64_t>& shape);

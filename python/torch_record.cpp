@@ -46,7 +46,8 @@ const nlohmann::json& field(const nlohmann::json& j, const char* key, const fs::
   return j.at(key);
 }
 
-std::int64_t int_field(const nlohmann::json& j, const char* key, const fs::path& file, std::int64_t lo, std::int64_t hi) {
+std::int64_t int_field(const nlohmann::json& j, const char* key, const fs::path& file, std::int64_t lo,
+                       std::int64_t hi) {
   const nlohmann::json& v = field(j, key, file);
   if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
     throw UsageError(file.string() + ": \"" + key + "\" is " + v.dump() + ", not an integer in [" + std::to_string(lo) +
@@ -56,7 +57,8 @@ std::int64_t int_field(const nlohmann::json& j, const char* key, const fs::path&
 
 double number_field(const nlohmann::json& j, const char* key, const fs::path& file) {
   const nlohmann::json& v = field(j, key, file);
-  if (!v.is_number() || !std::isfinite(v.get<double>())) throw UsageError(file.string() + ": \"" + key + "\" is " + v.dump() + ", not a finite number");
+  if (!v.is_number() || !std::isfinite(v.get<double>()))
+    throw UsageError(file.string() + ": \"" + key + "\" is " + v.dump() + ", not a finite number");
   return v.get<double>();
 }
 
@@ -141,7 +143,8 @@ Record read_record(const fs::path& dir) {
   }
   const nlohmann::json& names = field(m, "names", file);
   if (!names.is_array() || names.size() != static_cast<std::size_t>(h.model.layers()))
-    throw UsageError(file.string() + ": the model's \"names\" must list its " + std::to_string(h.model.layers()) + " Linear layers");
+    throw UsageError(file.string() + ": the model's \"names\" must list its " + std::to_string(h.model.layers()) +
+                     " Linear layers");
   for (const nlohmann::json& n : names) {
     if (!n.is_string()) throw UsageError(file.string() + ": a layer's name is not a string");
     h.layer_names.push_back(n.get<std::string>());
@@ -173,7 +176,8 @@ RecordedStep read_recorded_step(const Record& record, std::int64_t step) {
   const fs::path dir = record.dir / checkpoint_name(step);
   if (!std::binary_search(record.steps.begin(), record.steps.end(), step)) {
     std::string held;
-    for (std::size_t i = 0; i < record.steps.size() && i < 8; ++i) held += (i ? ", " : "") + std::to_string(record.steps[i]);
+    for (std::size_t i = 0; i < record.steps.size() && i < 8; ++i)
+      held += (i ? ", " : "") + std::to_string(record.steps[i]);
     if (record.steps.size() > 8) held += ", ...";
     throw UsageError(record.dir.string() + " holds no step " + std::to_string(step) + " (it holds " + held + ")");
   }
@@ -181,7 +185,8 @@ RecordedStep read_recorded_step(const Record& record, std::int64_t step) {
   const nlohmann::json j = read_json(file);
   RecordedStep s;
   s.step = int_field(j, "step", file, 0, std::int64_t{1} << 53);
-  if (s.step != step) throw UsageError(file.string() + ": \"step\" is " + std::to_string(s.step) + " in " + dir.filename().string());
+  if (s.step != step)
+    throw UsageError(file.string() + ": \"step\" is " + std::to_string(s.step) + " in " + dir.filename().string());
   s.lr = number_field(j, "lr", file);
   s.optimizer_steps = int_field(j, "optimizer_steps", file, 0, std::int64_t{1} << 53);
   if (j.contains("failure")) {
@@ -190,7 +195,8 @@ RecordedStep read_recorded_step(const Record& record, std::int64_t step) {
     s.failure_message = text_field(f, "message", file);
   }
   const nlohmann::json& parts = field(j, "parts", file);
-  if (!parts.is_array() || parts.empty()) throw UsageError(file.string() + ": \"parts\" is not a list of the ranks' micro-batches");
+  if (!parts.is_array() || parts.empty())
+    throw UsageError(file.string() + ": \"parts\" is not a list of the ranks' micro-batches");
   std::int64_t total = 0;
   std::vector<std::pair<int, std::int64_t>> sizes;
   for (const nlohmann::json& p : parts) {
@@ -202,8 +208,8 @@ RecordedStep read_recorded_step(const Record& record, std::int64_t step) {
   if (total < 1) throw UsageError(file.string() + ": the step's parts hold no example");
   const ArrayDataset data = ArrayDataset::load(dir / "x.npy", dir / "y.npy", h.model);
   if (data.size() != total)
-    throw UsageError((dir / "x.npy").string() + " holds " + std::to_string(data.size()) + " examples; step.json's parts hold " +
-                     std::to_string(total));
+    throw UsageError((dir / "x.npy").string() + " holds " + std::to_string(data.size()) +
+                     " examples; step.json's parts hold " + std::to_string(total));
   std::vector<std::int64_t> all(static_cast<std::size_t>(total));
   for (std::int64_t i = 0; i < total; ++i) all[static_cast<std::size_t>(i)] = i;
   const Batch whole = data.gather(all);
@@ -258,14 +264,17 @@ StepJudgement judge_recorded_step(const Record& record, const RecordedStep& step
     const reference::OptimizerStepBound want =
         reference::optimizer_step_bound(c, step.params, step.grad, step.state, step.optimizer_steps);
     WorstElement params, state;
-    worst_against_formula(step.params_after, want.params, want.params_bound, "parameter",
-                          [&](std::size_t i) { return layout.describe_element(i); }, params);
+    worst_against_formula(
+        step.params_after, want.params, want.params_bound, "parameter",
+        [&](std::size_t i) { return layout.describe_element(i); }, params);
     const std::size_t n = layout.size();
-    worst_against_formula(step.state_after, want.state, want.state_bound, "optimizer state",
-                          [&](std::size_t i) { return layout.describe_element(i % n); }, state);
+    worst_against_formula(
+        step.state_after, want.state, want.state_bound, "optimizer state",
+        [&](std::size_t i) { return layout.describe_element(i % n); }, state);
     const WorstElement& worst = state.ratio > params.ratio ? state : params;
     o.ratio = worst.ratio;
-    o.element = h.torch_names((&worst == &state ? "optimizer state at " : "") + layout.describe_element(worst.index % n));
+    o.element =
+        h.torch_names((&worst == &state ? "optimizer state at " : "") + layout.describe_element(worst.index % n));
     o.message = h.torch_names(worst.where);
   }
   j.phases.push_back(o);
@@ -283,9 +292,12 @@ RecordDrift record_drift(const Record records[2], std::int64_t from) {
       records[0].header.model.activation != records[1].header.model.activation ||
       records[0].header.model.loss != records[1].header.model.loss)
     throw UsageError(records[0].dir.string() + " and " + records[1].dir.string() + " record different models (" +
-                     dims_string(records[0].header.model.dims) + " and " + dims_string(records[1].header.model.dims) + ")");
+                     dims_string(records[0].header.model.dims) + " and " + dims_string(records[1].header.model.dims) +
+                     ")");
   RecordDrift d;
-  const auto holds = [](const Record& r, std::int64_t s) { return std::binary_search(r.steps.begin(), r.steps.end(), s); };
+  const auto holds = [](const Record& r, std::int64_t s) {
+    return std::binary_search(r.steps.begin(), r.steps.end(), s);
+  };
   for (int k = 0; k < 2; ++k)
     for (const std::int64_t s : records[k].steps)
       if (s >= from && !holds(records[1 - k], s)) ++d.only[k];
@@ -306,16 +318,19 @@ RecordDrift record_drift(const Record records[2], std::int64_t from) {
         const ParamLayout layout(records[k].header.model);
         for (std::size_t i = 0; i < step.params_after.size() && row.between[k].empty(); ++i)
           if (std::memcmp(&step.params_after[i], &next.params[i], sizeof(float)) != 0)
-            row.between[k] = "the parameters changed between the end of step " + std::to_string(s) + " and the start of step " +
-                             std::to_string(s + 1) + " at " + records[k].header.torch_names(layout.describe_element(i)) + " (" +
+            row.between[k] = "the parameters changed between the end of step " + std::to_string(s) +
+                             " and the start of step " + std::to_string(s + 1) + " at " +
+                             records[k].header.torch_names(layout.describe_element(i)) + " (" +
                              float_bits_text(step.params_after[i]) + " then " + float_bits_text(next.params[i]) + ")";
         if (row.between[k].empty() && step.state_after != next.state)
-          row.between[k] = "the optimizer's state changed between step " + std::to_string(s) + " and step " + std::to_string(s + 1);
+          row.between[k] =
+              "the optimizer's state changed between step " + std::to_string(s) + " and step " + std::to_string(s + 1);
       }
       after[k] = step.params_after;
       // What the job's own checks saw (the ranks' replicas, the sampler's shares) and one rank's record
       // cannot: a failure recorded at this step.
-      if (row.where[k].empty() && !step.failure_kind.empty()) row.where[k] = "the job's " + step.failure_kind + " check";
+      if (row.where[k].empty() && !step.failure_kind.empty())
+        row.where[k] = "the job's " + step.failure_kind + " check";
       if (d.bug_run < 0 && (!row.where[k].empty() || !row.between[k].empty())) {
         d.bug_run = k;
         d.bug_step = s;

@@ -42,13 +42,13 @@ inline constexpr int kRecordVersion = 1;
 struct RecordHeader {
   int world_size = 1;
   ModelConfig model;
-  std::vector<std::string> layer_names;       // the Linear layers' names in the job's nn.Sequential
-  std::optional<OptimizerConfig> optimizer;   // lr: the first step's (each step records its own)
-  std::string optimizer_name;                 // PyTorch's class
-  std::string optimizer_not_judged;           // why the update is not judged, when optimizer is empty
+  std::vector<std::string> layer_names;      // the Linear layers' names in the job's nn.Sequential
+  std::optional<OptimizerConfig> optimizer;  // lr: the first step's (each step records its own)
+  std::string optimizer_name;                // PyTorch's class
+  std::string optimizer_not_judged;          // why the update is not judged, when optimizer is empty
   std::string torch_version, backend;
   std::vector<std::string> command_line;
-  std::optional<nlohmann::json> failure;      // a bundle's: {"kind", "step", "message"}
+  std::optional<nlohmann::json> failure;  // a bundle's: {"kind", "step", "message"}
 
   // "layers.1.weight[0, 3]" in the job's own names: "2.weight[0, 3]".
   std::string torch_names(std::string text) const;
@@ -80,7 +80,7 @@ RecordedStep read_recorded_step(const Record& record, std::int64_t step);
 
 // One phase of a recorded step against the float64 reference.
 struct RecordedPhase {
-  std::string phase;    // "all-reduce" | "optimizer"
+  std::string phase;  // "all-reduce" | "optimizer"
   bool judged = true;
   double ratio = 0;     // largest error / bound (at most 1 passes)
   std::string element;  // where, in the job's names
@@ -99,17 +99,17 @@ StepJudgement judge_recorded_step(const Record& record, const RecordedStep& step
 struct RecordDriftStep {
   std::int64_t step = 0;
   double ratio[2] = {0, 0};
-  std::string where[2];             // the first phase out of the bound, or ""
-  std::string between[2];           // set when step + 1 did not start where this step ended
-  std::uint64_t apart_ulp = 0;      // largest distance between the two runs' parameters after the step
+  std::string where[2];         // the first phase out of the bound, or ""
+  std::string between[2];       // set when step + 1 did not start where this step ended
+  std::uint64_t apart_ulp = 0;  // largest distance between the two runs' parameters after the step
 };
 struct RecordDrift {
   std::vector<RecordDriftStep> steps;
-  std::int64_t only[2] = {0, 0};    // steps from `from` on that one record holds and the other does not
+  std::int64_t only[2] = {0, 0};  // steps from `from` on that one record holds and the other does not
   int bug_run = -1;
   std::int64_t bug_step = -1;
   std::string bug_where;
-  bool bug_between_steps = false;   // the bug is outside any step (no step of it to replay)
+  bool bug_between_steps = false;  // the bug is outside any step (no step of it to replay)
 };
 // Every step from `from` on that both records hold; UsageError when the models differ.
 RecordDrift record_drift(const Record records[2], std::int64_t from = 0);

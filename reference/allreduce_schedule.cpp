@@ -18,7 +18,8 @@ constexpr ScheduleRow kSchedules[] = {
     {AllreduceSchedule::tree, "tree", "NCCL's double binary tree, each half of the buffer up one of the two trees"},
     {AllreduceSchedule::halving_doubling, "halving-doubling",
      "recursive halving and doubling (Rabenseifner), as MPICH and Gloo reduce"},
-    {AllreduceSchedule::hierarchical, "hierarchical", "a ring within groups of consecutive ranks, then across the groups"},
+    {AllreduceSchedule::hierarchical, "hierarchical",
+     "a ring within groups of consecutive ranks, then across the groups"},
     {AllreduceSchedule::linear, "linear",
      "rank N-1's buffer plus rank N-2's, ... plus rank 0's, each addition rounded (Open MPI's basic_linear)"},
 };
@@ -237,7 +238,8 @@ ScheduleDepth schedule_depth(const ScheduleOptions& o, int world) {
 
 double schedule_gamma(const ScheduleOptions& o, int world) {
   const ScheduleDepth d = schedule_depth(o, world);
-  const double nu = static_cast<double>(d.format) * precision_unit_roundoff(o.format) + static_cast<double>(d.float32) * 0x1p-24;
+  const double nu =
+      static_cast<double>(d.format) * precision_unit_roundoff(o.format) + static_cast<double>(d.float32) * 0x1p-24;
   return nu < 1 ? nu / (1 - nu) : std::numeric_limits<double>::infinity();
 }
 

@@ -70,18 +70,18 @@ struct LibrarySchedule {
   std::string_view name;       // as --schedule takes it: "open-mpi-ring"
   AllreduceSchedule schedule;  // what the algorithm follows
   SwitchRule rule;
-  AllreduceSchedule below;     // what the calls the rule takes away follow
-  std::string_view help;       // the switch, and where the library's source makes it
+  AllreduceSchedule below;  // what the calls the rule takes away follow
+  std::string_view help;    // the switch, and where the library's source makes it
 };
 // The library schedules, each a library's algorithm with its switch.
 std::span<const LibrarySchedule> library_schedules();
 
 struct ScheduleOptions {
   AllreduceSchedule schedule = AllreduceSchedule::rank_order;
-  Precision format = Precision::fp32;  // the buffers' format
-  bool average = false;                // avg instead of sum
-  int group_size = 8;                  // hierarchical: ranks per group
-  std::size_t slice_elements = 0;      // ring: elements per slice (0: the whole buffer is one)
+  Precision format = Precision::fp32;        // the buffers' format
+  bool average = false;                      // avg instead of sum
+  int group_size = 8;                        // hierarchical: ranks per group
+  std::size_t slice_elements = 0;            // ring: elements per slice (0: the whole buffer is one)
   const LibrarySchedule* library = nullptr;  // a library's algorithm: `schedule` is its own, with its switch
   // halving-doubling's pairs differ in bit 0 of their new ranks first, as MPICH's and Gloo's do. Off only
   // in the mutant that pairs the highest bit first (the same depth and bound, other bits), which the

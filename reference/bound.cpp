@@ -49,8 +49,8 @@ RoundedInput round_input(const Matrix<double>& value, const Matrix<double>& erro
 // Forward state of one layer for every example: value, error bound, and for a ReLU which side of the
 // kink each unit is certainly on.
 struct LayerState {
-  M z, ez;        // pre-activation and its error bound
-  M a, ea;        // activation and its error bound (unused for the output layer)
+  M z, ez;                 // pre-activation and its error bound
+  M a, ea;                 // activation and its error bound (unused for the output layer)
   std::vector<Kink> kink;  // ReLU only, row-major like z
 };
 
@@ -106,9 +106,10 @@ BoundTerms GradientBound::terms(std::size_t i, std::int64_t m) const {
   // A bf16 all-reduce's N + 1 roundings may each fall below bf16's normal range: (N + 1) 2^-134 more,
   // which is allreduce_roundings (2^16 (N + 1)) times 2^-150.
   const double low_underflow = static_cast<double>(options.allreduce_roundings) * 0x1p-150;
-  return {k * propagated[i], k * kink[i],
-          k * ((g + low * (1 + g)) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit + low_underflow),
-          k * floor[i]};
+  return {
+      k * propagated[i], k * kink[i],
+      k * ((g + low * (1 + g)) * magnitude[i] + 2.0 * static_cast<double>(m) * options.underflow_unit + low_underflow),
+      k * floor[i]};
 }
 
 GradientBound gradient_bound(const ModelConfig& model, std::span<const float> params, const Batch& batch,
@@ -146,7 +147,8 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
     // ---- forward: values and error bounds, layer by layer ----
     M x(C, model.in_dim());
     const std::size_t x_at = static_cast<std::size_t>(k0 * model.in_dim());
-    for (Eigen::Index k = 0; k < x.size(); ++k) x.data()[k] = static_cast<double>(batch.x[x_at + static_cast<std::size_t>(k)]);
+    for (Eigen::Index k = 0; k < x.size(); ++k)
+      x.data()[k] = static_cast<double>(batch.x[x_at + static_cast<std::size_t>(k)]);
     std::vector<LayerState> s(static_cast<std::size_t>(L));
     // Per layer, the product's input as the engine's product sees it (rounded, with mixed precision).
     std::vector<RoundedInput> in(static_cast<std::size_t>(L));
@@ -271,8 +273,8 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
       const M& pdelta = rd.value;
       const M& pedelta = rd.error;
       const M pedelta_kink = rounding.active() ? pedelta.cwiseMin(edelta_kink) : edelta_kink;
-      const M va = a_in.cwiseAbs() + ea_in;         // bounds |a^|
-      const M vdelta = delta.cwiseAbs() + edelta;    // bounds |delta^|
+      const M va = a_in.cwiseAbs() + ea_in;           // bounds |a^|
+      const M vdelta = delta.cwiseAbs() + edelta;     // bounds |delta^|
       const M vpdelta = pdelta.cwiseAbs() + pedelta;  // bounds |R(delta)^|
       const M prop_w = pdelta.cwiseAbs().transpose() * ea_in + pedelta.transpose() * va;
       const M mag_w = vpdelta.transpose() * va;
@@ -310,12 +312,25 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
         switch (model.activation) {
           case Activation::relu: {
             Kink k = below.kink[static_cast<std::size_t>(i)];
-            if (k == Kink::uncertain && !options.uncertain_kinks) k = below.z.data()[i] > 0 ? Kink::active : Kink::inactive;
+            if (k == Kink::uncertain && !options.uncertain_kinks)
+              k = below.z.data()[i] > 0 ? Kink::active : Kink::inactive;
             switch (k) {
-              case Kink::active: d = hv; e = ehv; ek = ehv_kink; break;
-              case Kink::inactive: d = 0.0; e = 0.0; ek = 0.0; break;
+              case Kink::active:
+                d = hv;
+                e = ehv;
+                ek = ehv_kink;
+                break;
+              case Kink::inactive:
+                d = 0.0;
+                e = 0.0;
+                ek = 0.0;
+                break;
               // Either path may pass h or drop it: the whole contribution is uncertain.
-              case Kink::uncertain: d = below.z.data()[i] > 0 ? hv : 0.0; e = std::abs(hv) + ehv; ek = e; break;
+              case Kink::uncertain:
+                d = below.z.data()[i] > 0 ? hv : 0.0;
+                e = std::abs(hv) + ehv;
+                ek = e;
+                break;
             }
             break;
           }
@@ -327,7 +342,8 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
             // 1 - a*a: the product and the subtraction each round once.
             const double es = esq + u * va_i * va_i + u * (std::abs(sv) + esq + u * va_i * va_i);
             d = hv * sv;
-            e = std::abs(hv) * es + std::abs(sv) * ehv + ehv * es + u * (std::abs(hv) + ehv) * (std::abs(sv) + es) + 3 * eta;
+            e = std::abs(hv) * es + std::abs(sv) * ehv + ehv * es + u * (std::abs(hv) + ehv) * (std::abs(sv) + es) +
+                3 * eta;
             ek = std::min(e, ehv_kink * (std::abs(sv) + es) * (1 + u));
             break;
           }
@@ -345,7 +361,8 @@ GradientBound gradient_bound(const ModelConfig& model, std::span<const float> pa
   }
   if (model.loss == Loss::mse) {
     const double bd = static_cast<double>(B) * static_cast<double>(D);
-    out.loss_bound = loss_carried / bd + g(D + B + 2) * loss_magnitude / bd + 2.0 * static_cast<double>(D + B + 2) * eta;
+    out.loss_bound =
+        loss_carried / bd + g(D + B + 2) * loss_magnitude / bd + 2.0 * static_cast<double>(D + B + 2) * eta;
   } else {
     const double inv_b = 1.0 / static_cast<double>(B);
     out.loss_bound = loss_carried * inv_b + g(B) * loss_magnitude * inv_b + 2.0 * static_cast<double>(D + B + 4) * eta;
@@ -379,12 +396,10 @@ Comparison compare(std::span<const float> grad, const GradientBound& bound, std:
     const double err = std::abs(value - ref);
     const double bnd = bound.bound(i, m);
     double ratio;
-    if (!std::isfinite(value))
-      ratio = std::numeric_limits<double>::infinity();
+    if (!std::isfinite(value)) ratio = std::numeric_limits<double>::infinity();
     else if (err == 0.0 || std::isinf(bnd))
       ratio = 0.0;  // an infinite bound (magnitudes beyond double's range) claims nothing
-    else
-      ratio = bnd > 0 ? err / bnd : std::numeric_limits<double>::infinity();
+    else ratio = bnd > 0 ? err / bnd : std::numeric_limits<double>::infinity();
     if (std::isfinite(err)) c.max_error = std::max(c.max_error, err);
     else c.max_error = std::numeric_limits<double>::infinity();
     if (i == 0 || ratio > c.max_ratio) {

@@ -126,12 +126,12 @@ struct BoundTerms {
 };
 
 struct GradientBound {
-  Gradient<double> reference;     // the float64 whole-batch gradient
-  std::vector<double> propagated;  // error carried in from forward and backward, per element
-  std::vector<double> kink;        // the part of propagated that uncertain ReLU units contribute
-  std::vector<double> magnitude;   // sum over examples of |delta^| |a^| (|delta^| for a bias)
-  std::vector<double> floor;       // float64 reference error and float32 underflow, per element
-  std::int64_t uncertain_units = 0;  // (example, unit) pairs within rounding of a ReLU kink
+  Gradient<double> reference;            // the float64 whole-batch gradient
+  std::vector<double> propagated;        // error carried in from forward and backward, per element
+  std::vector<double> kink;              // the part of propagated that uncertain ReLU units contribute
+  std::vector<double> magnitude;         // sum over examples of |delta^| |a^| (|delta^| for a bias)
+  std::vector<double> floor;             // float64 reference error and float32 underflow, per element
+  std::int64_t uncertain_units = 0;      // (example, unit) pairs within rounding of a ReLU kink
   std::int64_t uncertain_roundings = 0;  // product inputs within their bound of a rounding boundary
   BoundOptions options;
 

@@ -58,10 +58,8 @@ void add_products(const float* a, std::int64_t a_row, std::int64_t a_col, const 
           const double ar = a[r * a_row + p * a_col];
           double* s = sum.data() + r * n + c0;
           double* g = magnitude.data() + r * n + c0;
-          if (width == kBlockCols)
-            add_row(ar, b + p * n + c0, s, g, kBlockCols);
-          else
-            add_row(ar, b + p * n + c0, s, g, width);
+          if (width == kBlockCols) add_row(ar, b + p * n + c0, s, g, kBlockCols);
+          else add_row(ar, b + p * n + c0, s, g, width);
         }
     }
   }
@@ -198,8 +196,8 @@ LossExpected mse_expected(std::span<const float> out, std::span<const float> tar
   return e;
 }
 
-LossExpected cross_entropy_expected(std::span<const float> out, std::span<const std::int64_t> labels,
-                                    std::int64_t rows, std::int64_t cols, double scale, const BoundOptions& options) {
+LossExpected cross_entropy_expected(std::span<const float> out, std::span<const std::int64_t> labels, std::int64_t rows,
+                                    std::int64_t cols, double scale, const BoundOptions& options) {
   DPCHECK_ASSERT(out.size() == at(rows * cols) && labels.size() == at(rows));
   const double u = options.unit_roundoff, eta = options.underflow_unit, k = options.looseness;
   LossExpected e;

@@ -30,7 +30,8 @@ struct Expected {
 
 // y = x w^T + b: x rows x in, w out x in, b out.
 Expected linear_forward_expected(std::span<const float> x, std::span<const float> w, std::span<const float> b,
-                                 std::int64_t rows, std::int64_t in, std::int64_t out, const BoundOptions& options = {});
+                                 std::int64_t rows, std::int64_t in, std::int64_t out,
+                                 const BoundOptions& options = {});
 
 // dx = dy w; dw = old_dw + dy^T x; db = old_db + column sums of dy. Empty olds: written, not accumulated.
 struct LinearBackwardExpected {
@@ -54,8 +55,7 @@ struct LossExpected {
 };
 LossExpected mse_expected(std::span<const float> out, std::span<const float> target, std::int64_t rows,
                           std::int64_t cols, double scale, const BoundOptions& options = {});
-LossExpected cross_entropy_expected(std::span<const float> out, std::span<const std::int64_t> labels,
-                                    std::int64_t rows, std::int64_t cols, double scale,
-                                    const BoundOptions& options = {});
+LossExpected cross_entropy_expected(std::span<const float> out, std::span<const std::int64_t> labels, std::int64_t rows,
+                                    std::int64_t cols, double scale, const BoundOptions& options = {});
 
 }  // namespace dpcheck::reference

@@ -11,7 +11,8 @@ LossDelta mse_delta(const Matrix<double>& z, const Matrix<double>& y, double c) 
   LossDelta out;
   out.delta = (z - y) * c;
   out.row_loss.resize(static_cast<std::size_t>(z.rows()));
-  for (Eigen::Index k = 0; k < z.rows(); ++k) out.row_loss[static_cast<std::size_t>(k)] = (z.row(k) - y.row(k)).squaredNorm();
+  for (Eigen::Index k = 0; k < z.rows(); ++k)
+    out.row_loss[static_cast<std::size_t>(k)] = (z.row(k) - y.row(k)).squaredNorm();
   return out;
 }
 

@@ -21,8 +21,7 @@ double round_to_format(double v, Precision format) {
   return r;
 }
 
-template <class T>
-std::vector<Matrix<T>> weights(const ModelConfig& model, std::span<const float> params) {
+template <class T> std::vector<Matrix<T>> weights(const ModelConfig& model, std::span<const float> params) {
   const ParamLayout layout(model);
   std::vector<Matrix<T>> w;
   for (int l = 0; l < model.layers(); ++l) {
@@ -36,8 +35,7 @@ std::vector<Matrix<T>> weights(const ModelConfig& model, std::span<const float> 
   return w;
 }
 
-template <class T>
-std::vector<RowVector<T>> biases(const ModelConfig& model, std::span<const float> params) {
+template <class T> std::vector<RowVector<T>> biases(const ModelConfig& model, std::span<const float> params) {
   const ParamLayout layout(model);
   std::vector<RowVector<T>> b;
   for (int l = 0; l < model.layers(); ++l) {
@@ -51,8 +49,7 @@ std::vector<RowVector<T>> biases(const ModelConfig& model, std::span<const float
 
 namespace {
 
-template <class T>
-T activation(Activation act, T z) {
+template <class T> T activation(Activation act, T z) {
   switch (act) {
     case Activation::relu: return z > 0 ? z : T(0);
     case Activation::tanh: return std::tanh(z);
@@ -62,8 +59,7 @@ T activation(Activation act, T z) {
 }
 
 // d act / dz, written in terms of z (PyTorch's relu has derivative 0 at 0).
-template <class T>
-T activation_derivative(Activation act, T z) {
+template <class T> T activation_derivative(Activation act, T z) {
   switch (act) {
     case Activation::relu: return z > 0 ? T(1) : T(0);
     case Activation::tanh: return 1 - std::tanh(z) * std::tanh(z);
@@ -77,19 +73,16 @@ T activation_derivative(Activation act, T z) {
 namespace {
 
 // R of the header: the matrix rounded to the format (at `scale`: R(scale m) / scale), or as it is.
-template <class T>
-Matrix<T> product_input(const Matrix<T>& m, const ProductRounding& r, double scale = 1) {
+template <class T> Matrix<T> product_input(const Matrix<T>& m, const ProductRounding& r, double scale = 1) {
   if (!r.active()) return m;
-  return m.unaryExpr([&](T v) {
-    return static_cast<T>(round_to_format(static_cast<double>(v) * scale, r.format) / scale);
-  });
+  return m.unaryExpr(
+      [&](T v) { return static_cast<T>(round_to_format(static_cast<double>(v) * scale, r.format) / scale); });
 }
 
 }  // namespace
 
-template <class T>
-Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> params, const Batch& batch,
-                              const ProductRounding& rounding) {
+template <class T> Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> params,
+                                                 const Batch& batch, const ProductRounding& rounding) {
   const ParamLayout layout(model);
   Gradient<T> out;
   out.grad.assign(layout.size(), T(0));
@@ -114,8 +107,9 @@ Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> p
     for (std::size_t l = 1; l <= static_cast<std::size_t>(L); ++l) {
       z[l] = product_input(a[l - 1], rounding) * W[l - 1].transpose();
       z[l].rowwise() += b[l - 1];
-      a[l] = l < static_cast<std::size_t>(L) ? Matrix<T>(z[l].unaryExpr([&](T v) { return activation(model.activation, v); }))
-                                             : z[l];
+      a[l] = l < static_cast<std::size_t>(L)
+                 ? Matrix<T>(z[l].unaryExpr([&](T v) { return activation(model.activation, v); }))
+                 : z[l];
     }
 
     // Loss and delta = dL/dz at the output.
@@ -149,7 +143,8 @@ Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> p
       const Slice& ws = layout.weight(static_cast<int>(l) - 1);
       const Slice& bs = layout.bias(static_cast<int>(l) - 1);
       for (Eigen::Index i = 0; i < gw.rows(); ++i)
-        for (Eigen::Index j = 0; j < gw.cols(); ++j) out.grad[ws.offset + static_cast<std::size_t>(i * gw.cols() + j)] += gw(i, j);
+        for (Eigen::Index j = 0; j < gw.cols(); ++j)
+          out.grad[ws.offset + static_cast<std::size_t>(i * gw.cols() + j)] += gw(i, j);
       for (Eigen::Index i = 0; i < gb.size(); ++i) out.grad[bs.offset + static_cast<std::size_t>(i)] += gb(i);
       if (l > 1) {
         const Matrix<T> h = rounded_delta * W[l - 1];

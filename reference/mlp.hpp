@@ -23,13 +23,10 @@
 
 namespace dpcheck::reference {
 
-template <class T>
-using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+template <class T> using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T> using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
 
-template <class T>
-struct Gradient {
+template <class T> struct Gradient {
   T loss = 0;
   std::vector<T> grad;  // flat, in the parameter layout
 };
@@ -55,15 +52,12 @@ inline constexpr Eigen::Index kReferenceChunk = 256;
 // and inputs convert to T exactly. An empty batch has loss 0 and gradient 0. With `rounding`, the
 // products' inputs are rounded as above (their results, and everything else, are computed in T). The
 // examples are taken kReferenceChunk at a time, each chunk's sums added to the total.
-template <class T>
-Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> params, const Batch& batch,
-                              const ProductRounding& rounding = {});
+template <class T> Gradient<T> loss_and_gradient(const ModelConfig& model, std::span<const float> params,
+                                                 const Batch& batch, const ProductRounding& rounding = {});
 
 // The model's weights and biases as T matrices.
-template <class T>
-std::vector<Matrix<T>> weights(const ModelConfig& model, std::span<const float> params);
-template <class T>
-std::vector<RowVector<T>> biases(const ModelConfig& model, std::span<const float> params);
+template <class T> std::vector<Matrix<T>> weights(const ModelConfig& model, std::span<const float> params);
+template <class T> std::vector<RowVector<T>> biases(const ModelConfig& model, std::span<const float> params);
 
 extern template Gradient<float> loss_and_gradient<float>(const ModelConfig&, std::span<const float>, const Batch&,
                                                          const ProductRounding&);

@@ -8,9 +8,8 @@
 
 namespace dpcheck::reference {
 
-template <class T>
-void optimizer_step(const OptimizerConfig& config, std::span<T> params, std::span<const T> grads,
-                    OptimizerState<T>& state) {
+template <class T> void optimizer_step(const OptimizerConfig& config, std::span<T> params, std::span<const T> grads,
+                                       OptimizerState<T>& state) {
   DPCHECK_ASSERT(params.size() == grads.size());
   const std::size_t n = params.size();
   const T lr = static_cast<T>(config.lr);
@@ -87,7 +86,8 @@ OptimizerStepBound optimizer_step_bound(const OptimizerConfig& config, std::span
         out.state_bound[i] = eb + floor(std::abs(b) + eb);
         const double p = params[i], upd = lr * b;
         out.params[i] = p - upd;
-        out.params_bound[i] = std::abs(lr) * eb * (1 + g(2)) + g(3) * (std::abs(p) + std::abs(upd) + std::abs(lr) * eb) +
+        out.params_bound[i] = std::abs(lr) * eb * (1 + g(2)) +
+                              g(3) * (std::abs(p) + std::abs(upd) + std::abs(lr) * eb) +
                               floor(std::abs(p) + std::abs(upd));
       }
       return out;
@@ -132,7 +132,8 @@ OptimizerStepBound optimizer_step_bound(const OptimizerConfig& config, std::span
   return out;
 }
 
-template void optimizer_step<float>(const OptimizerConfig&, std::span<float>, std::span<const float>, OptimizerState<float>&);
+template void optimizer_step<float>(const OptimizerConfig&, std::span<float>, std::span<const float>,
+                                    OptimizerState<float>&);
 template void optimizer_step<double>(const OptimizerConfig&, std::span<double>, std::span<const double>,
                                      OptimizerState<double>&);
 

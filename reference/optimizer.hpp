@@ -11,17 +11,15 @@
 
 namespace dpcheck::reference {
 
-template <class T>
-struct OptimizerState {
-  std::vector<T> momentum_buffer;  // momentum
+template <class T> struct OptimizerState {
+  std::vector<T> momentum_buffer;      // momentum
   std::vector<T> exp_avg, exp_avg_sq;  // adam
   std::int64_t steps = 0;
 };
 
 // One step: params -= update(grads), state updated; step t = state.steps + 1.
-template <class T>
-void optimizer_step(const OptimizerConfig& config, std::span<T> params, std::span<const T> grads,
-                    OptimizerState<T>& state);
+template <class T> void optimizer_step(const OptimizerConfig& config, std::span<T> params, std::span<const T> grads,
+                                       OptimizerState<T>& state);
 
 // One float32 optimizer step checked from the outside: the float64 formula applied to the float32
 // inputs (parameters, gradient, state before the step), and for every output a bound on how far a

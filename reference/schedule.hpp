@@ -19,7 +19,7 @@ struct StepExamples {
   std::int64_t steps_per_epoch = 1;
   std::vector<std::vector<std::int64_t>> ranks;  // each rank's examples at the step, in its order
 
-  std::vector<std::int64_t> global() const;      // concatenated in rank order
+  std::vector<std::int64_t> global() const;  // concatenated in rank order
   std::int64_t largest_share() const;
 };
 

@@ -26,12 +26,15 @@ void ring_in_place(Buffers& buf, Precision f, bool average, std::size_t slice_el
   const std::size_t slice = slice_elements == 0 ? std::max<std::size_t>(len_all, 1) : slice_elements;
   for (std::size_t base = 0; base < len_all; base += slice) {
     const std::size_t len = std::min(slice, len_all - base);
-    const auto chunk = [&](std::size_t c) { return std::pair{base + chunk_begin(len, n, c), base + chunk_begin(len, n, c + 1)}; };
+    const auto chunk = [&](std::size_t c) {
+      return std::pair{base + chunk_begin(len, n, c), base + chunk_begin(len, n, c + 1)};
+    };
     for (std::size_t s = 0; s + 1 < n; ++s) {
       Buffers sent(n);
       for (std::size_t r = 0; r < n; ++r) {
         const auto [b, e] = chunk((r + n - s % n) % n);
-        sent[r].assign(buf[r].begin() + static_cast<std::ptrdiff_t>(b), buf[r].begin() + static_cast<std::ptrdiff_t>(e));
+        sent[r].assign(buf[r].begin() + static_cast<std::ptrdiff_t>(b),
+                       buf[r].begin() + static_cast<std::ptrdiff_t>(e));
       }
       for (std::size_t r = 0; r < n; ++r) {
         const std::size_t to = (r + 1) % n;
@@ -199,9 +202,7 @@ std::vector<float> by_messages(const ScheduleOptions& o, Buffers in) {
       }
       return out;
     }
-    case AllreduceSchedule::ring:
-      ring_in_place(in, o.format, o.average, o.slice_elements);
-      return in[0];
+    case AllreduceSchedule::ring: ring_in_place(in, o.format, o.average, o.slice_elements); return in[0];
     case AllreduceSchedule::tree: return tree_allreduce(in, o.format, o.average);
     case AllreduceSchedule::halving_doubling: halving_doubling_in_place(in, o.format, o.average); return in[0];
     case AllreduceSchedule::hierarchical: return hierarchical_allreduce(in, o.format, o.average, o.group_size);

@@ -37,8 +37,8 @@ std::uint64_t shuffle_key(std::uint64_t seed, std::int64_t epoch) {
 }
 
 std::uint64_t shuffle_bits(std::uint64_t key, std::uint64_t stream, std::uint64_t index) {
-  const std::array<std::uint32_t, 4> out = philox4x32_10({low(index), high(index), low(stream), high(stream)},
-                                                         {low(key), high(key)});
+  const std::array<std::uint32_t, 4> out =
+      philox4x32_10({low(index), high(index), low(stream), high(stream)}, {low(key), high(key)});
   return (std::uint64_t{out[1]} << 32) | out[0];
 }
 
@@ -58,8 +58,8 @@ std::vector<std::int64_t> epoch_order(const SamplerConfig& config, std::int64_t 
   if (!config.shuffle) return order;
   const std::uint64_t key = shuffle_key(config.seed, epoch);
   for (std::int64_t i = config.dataset_size - 1; i >= 1; --i) {
-    const auto j = static_cast<std::int64_t>(shuffle_below(key, static_cast<std::uint64_t>(i),
-                                                           static_cast<std::uint64_t>(i) + 1));
+    const auto j =
+        static_cast<std::int64_t>(shuffle_below(key, static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i) + 1));
     std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
   }
   return order;

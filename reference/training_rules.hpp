@@ -22,8 +22,8 @@ struct GradScalerModel {
   float backoff_factor = 0.5;
   std::int64_t growth_interval = 2000;
 
-  std::int64_t good_steps = 0;   // GradScaler's _growth_tracker
-  std::int64_t skipped = 0;      // steps passed over since training began
+  std::int64_t good_steps = 0;  // GradScaler's _growth_tracker
+  std::int64_t skipped = 0;     // steps passed over since training began
   std::int64_t optimizer_steps = 0;
 
   void after_step(bool found_inf);

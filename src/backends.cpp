@@ -10,8 +10,8 @@
 #include "src/choice.hpp"
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
-#include "src/comm/simulated_comm.hpp"
 #include "src/comm/mpi_comm.hpp"
+#include "src/comm/simulated_comm.hpp"
 #include "src/engine.hpp"
 #include "src/error.hpp"
 #include "src/plugin/cuda_plugin.hpp"
@@ -90,7 +90,9 @@ std::deque<Backend> built_in_rows() {
   local.help = "ranks as threads of this process";
   local.rank_order = true;
   local.bench.runs = true;
-  local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) { run_local(n, fn, timeout); };
+  local.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
+    run_local(n, fn, timeout);
+  };
   local.thresholds = [](int n, Communicator*) { return host_reduction_thresholds(n, DType::f32); };
   rows.push_back(std::move(local));
 
@@ -131,8 +133,9 @@ std::deque<Backend> built_in_rows() {
   mpi_native.name = builtin::mpi_native;
   mpi_native.engine = builtin::cpu;
   mpi_native.memory = MemorySpace::host;
-  mpi_native.help = "one process per rank, under mpirun, with MPI's own MPI_Allreduce (the algorithm MPI picks, or "
-                    "the one its MCA parameters force)";
+  mpi_native.help =
+      "one process per rank, under mpirun, with MPI's own MPI_Allreduce (the algorithm MPI picks, or "
+      "the one its MCA parameters force)";
   mpi_native.run_processes = [](Communicator& world, const RankFunction& fn) {
     const std::unique_ptr<Communicator> native = make_mpi_native_communicator(&world);  // collective
     native->set_timeout(world.timeout());
@@ -141,7 +144,8 @@ std::deque<Backend> built_in_rows() {
   mpi_native.launcher = kMpiLauncher;
   mpi_native.mpi = MpiUse::collectives;
   // The baseline of bench allreduce's table.
-  mpi_native.bench = {.runs = true, .name = "MPI_Allreduce", .help = "Open MPI's own, the baseline", .aliases = {"native"}};
+  mpi_native.bench = {
+      .runs = true, .name = "MPI_Allreduce", .help = "Open MPI's own, the baseline", .aliases = {"native"}};
   rows.push_back(std::move(mpi_native));
 
   Backend cuda_local;
@@ -305,7 +309,8 @@ Communicator* world_of_processes(const Backend& b, Communicator* launcher_world)
   if (launcher_world && launcher_world->size() > 1) {
     const std::vector<std::string_view> instead = comms_of(b.engine, true);
     throw UsageError("started by a launcher with " + std::to_string(launcher_world->size()) +
-                     " processes but --comm is " + b.name + (instead.empty() ? "" : ": add --comm " + or_list(instead)));
+                     " processes but --comm is " + b.name +
+                     (instead.empty() ? "" : ": add --comm " + or_list(instead)));
   }
   return nullptr;
 }
@@ -330,16 +335,15 @@ const Backend& register_backend(Backend row) {
 std::string engine_option_help() {
   std::vector<std::string> items;
   for (const EngineRow& e : kEngines)
-    items.push_back(std::string(e.name) + " (" + std::string(e.help) + (e.name == default_engine() ? "; default)" : ")"));
+    items.push_back(std::string(e.name) + " (" + std::string(e.help) +
+                    (e.name == default_engine() ? "; default)" : ")"));
   return "Engine: " + or_list(items);
 }
 
 std::string comm_option_help() {
-  return "Communicator: " + by_engine(
-                                [](const Backend& b) {
-                                  return b.name + " (" + b.help + (b.engine_default ? "; default)" : ")");
-                                },
-                                "; ") +
+  return "Communicator: " +
+         by_engine([](const Backend& b) { return b.name + " (" + b.help + (b.engine_default ? "; default)" : ")"); },
+                   "; ") +
          "; or a communicator plugin: the path to its shared object (include/dpcheck/plugin.h)";
 }
 

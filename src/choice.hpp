@@ -28,9 +28,8 @@ template <class Range> std::string or_list(const Range& items) { return joined_l
 // What holds together: "a, b and c".
 template <class Range> std::string and_list(const Range& items) { return joined_list(items, " and "); }
 
-template <class E>
-E parse_choice(std::string_view text, std::initializer_list<E> all, std::string_view (*name)(E),
-               std::string_view what) {
+template <class E> E parse_choice(std::string_view text, std::initializer_list<E> all, std::string_view (*name)(E),
+                                  std::string_view what) {
   for (E e : all)
     if (text == name(e)) return e;
   std::vector<std::string_view> names;

@@ -139,7 +139,9 @@ class ForwardingCommunicator : public Communicator {
     inner_.allgather(send, recv, count, dtype);
   }
   void barrier() override { inner_.barrier(); }
-  std::vector<std::size_t> algorithm_thresholds(DType dtype) const override { return inner_.algorithm_thresholds(dtype); }
+  std::vector<std::size_t> algorithm_thresholds(DType dtype) const override {
+    return inner_.algorithm_thresholds(dtype);
+  }
   Communicator& host() override { return inner_.host(); }
   bool shares_address_space() const override { return inner_.shares_address_space(); }
   bool callable_from_any_thread() const override { return inner_.callable_from_any_thread(); }

@@ -50,9 +50,9 @@ struct StepBenchOptions {
 
 struct StepBenchRow {
   StepModel model;
-  double eager_ms = 0;     // median, kernels launched one by one
-  double graph_ms = 0;     // median, the step replayed as one CUDA graph
-  double torch_ms = -1;    // PyTorch's median, -1 when unavailable
+  double eager_ms = 0;   // median, kernels launched one by one
+  double graph_ms = 0;   // median, the step replayed as one CUDA graph
+  double torch_ms = -1;  // PyTorch's median, -1 when unavailable
   std::string torch_note;
   double tflops = 0;       // of the graph step
   bool same_bits = false;  // a graph step and an eager step from the same state end in the same bits

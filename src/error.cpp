@@ -27,9 +27,7 @@ std::string escape_control(std::string_view text) {
   return out;
 }
 
-
-void throw_call_error(std::string_view call, long code, std::string_view what, const char* file,
-                      int line) {
+void throw_call_error(std::string_view call, long code, std::string_view what, const char* file, int line) {
   std::string msg;
   msg.append(call).append(" failed: ").append(what);
   if (code != 0) msg.append(" (code ").append(std::to_string(code)).append(")");

@@ -39,13 +39,12 @@ std::string escape_control(std::string_view text);
 
 // Throws Error("<call> failed: <what> (code <code>) at <file>:<line>"). Used by the DPCHECK_*_CHECK
 // macros for CUDA, NCCL and MPI so that every failure names the call and its place.
-[[noreturn]] void throw_call_error(std::string_view call, long code, std::string_view what,
-                                   const char* file, int line);
+[[noreturn]] void throw_call_error(std::string_view call, long code, std::string_view what, const char* file, int line);
 
 }  // namespace dpcheck
 
 // Checks an invariant of dpcheck itself; a failure is a bug in dpcheck, reported with its place.
-#define DPCHECK_ASSERT(cond)                                                                   \
-  do {                                                                                         \
+#define DPCHECK_ASSERT(cond)                                                                  \
+  do {                                                                                        \
     if (!(cond)) ::dpcheck::throw_call_error("DPCHECK_ASSERT", 0, #cond, __FILE__, __LINE__); \
   } while (0)

@@ -86,14 +86,14 @@ constexpr float round_to_precision(float f, Precision p) {
 template <class T> constexpr bool is_16bit_v = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
 
 template <class H>
-  requires is_16bit_v<H>
+requires is_16bit_v<H>
 constexpr float widen16(H h) {
   if constexpr (std::is_same_v<H, Bf16>) return bf16_bits_to_float(h.bits);
   else return fp16_bits_to_float(h.bits);
 }
 
 template <class H>
-  requires is_16bit_v<H>
+requires is_16bit_v<H>
 constexpr H narrow16(float f) {
   if constexpr (std::is_same_v<H, Bf16>) return H{float_to_bf16_bits(f)};
   else return H{float_to_fp16_bits(f)};

@@ -21,8 +21,9 @@ void register_mutant_table(const MutantTable& table) {
 const MutantTable& mutant_table() {
   const MutantTable* table = registered.load();
   if (table == nullptr)
-    throw Error("no mutant table is registered in this program: call register_mutants() "
-                "(properties/mutants.hpp) before running a target with a mutant");
+    throw Error(
+        "no mutant table is registered in this program: call register_mutants() "
+        "(properties/mutants.hpp) before running a target with a mutant");
   return *table;
 }
 

@@ -18,8 +18,7 @@ struct PhiloxBlock {
   std::uint32_t v[4];
 };
 
-DPCHECK_HD inline PhiloxBlock philox4x32(std::uint64_t counter_hi, std::uint64_t counter_lo,
-                                         std::uint64_t key) {
+DPCHECK_HD inline PhiloxBlock philox4x32(std::uint64_t counter_hi, std::uint64_t counter_lo, std::uint64_t key) {
   constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
   constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
   std::uint32_t c0 = static_cast<std::uint32_t>(counter_lo);
@@ -71,8 +70,7 @@ DPCHECK_HD inline std::uint64_t mix_key(std::uint64_t a, std::uint64_t b) {
 // Uniform integer in [0, n) for n > 0, without modulo bias (Lemire's multiply-and-reject): attempt a
 // draws at the same index from stream + a * 2^32, until one is accepted. The sampler's shuffle is
 // documented in these terms (docs/architecture.md, "The shuffle"), so that other loaders can follow it.
-inline std::uint64_t random_below(std::uint64_t key, std::uint64_t stream, std::uint64_t index,
-                                  std::uint64_t n) {
+inline std::uint64_t random_below(std::uint64_t key, std::uint64_t stream, std::uint64_t index, std::uint64_t n) {
   const std::uint64_t threshold = (0 - n) % n;
   for (std::uint64_t attempt = 0;; ++attempt) {
     const std::uint64_t r = random_u64(key, stream + (attempt << 32), index);

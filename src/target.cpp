@@ -16,7 +16,9 @@
 namespace dpcheck {
 
 std::string Target::describe() const {
-  std::string format = tf32 ? " (tf32)" : precision != Precision::fp32 ? " (" + std::string(precision_name(precision)) + ")" : "";
+  std::string format = tf32                           ? " (tf32)"
+                       : precision != Precision::fp32 ? " (" + std::string(precision_name(precision)) + ")"
+                                                      : "";
   std::string drawn;
   for (const Precision p : drawn_precisions) drawn += (drawn.empty() ? "" : ", ") + std::string(precision_name(p));
   if (!drawn.empty()) format = " (" + drawn + " drawn per case)";
@@ -50,8 +52,9 @@ std::vector<PluginIdentity> target_plugins(const Target& target) {
   std::vector<PluginIdentity> out;
   if (looks_like_plugin_path(target.comm)) {
     const dpcheck_comm_plugin_t& t = load_comm_plugin(target.comm);
-    PluginIdentity p{"--comm", target.comm, t.name, t.abi >= 3 && t.version ? t.version : "", t.abi,
-                     comm_plugin_capabilities(t), {}, {}};
+    PluginIdentity p{
+        "--comm", target.comm, t.name, t.abi >= 3 && t.version ? t.version : "", t.abi, comm_plugin_capabilities(t),
+        {},       {}};
     for (DType d : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16})
       if (comm_plugin_has_dtype(t, d)) p.dtypes.emplace_back(dtype_name(d));
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max})
@@ -62,7 +65,8 @@ std::vector<PluginIdentity> target_plugins(const Target& target) {
   }
   if (!target.kernels.empty()) {
     const KernelPlugin& k = load_kernel_plugin(target.kernels);
-    out.push_back({"--kernels", target.kernels, std::string(k.name()), std::string(k.version()), k.table().abi, "", {}, {}});
+    out.push_back(
+        {"--kernels", target.kernels, std::string(k.name()), std::string(k.version()), k.table().abi, "", {}, {}});
   }
   return out;
 }
@@ -75,8 +79,9 @@ const Backend& backend_of(const Target& target) { return backend_for(target.engi
 }  // namespace
 
 std::string shell_word(const std::string& text) {
-  if (!text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@") ==
-                           std::string::npos)
+  if (!text.empty() &&
+      text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@") ==
+          std::string::npos)
     return text;
   return shell_quoted(text);
 }
@@ -174,7 +179,8 @@ std::string replay_command(const Target& target, const std::string& token) {
   // A format the run fixed is named even at its default, where verify would otherwise draw it per case.
   if (target.precision != Precision::fp32 || (target.drawn_precisions.empty() && precision_drawable(target)))
     cmd += " --precision " + std::string(precision_name(target.precision));
-  if (target.allreduce_dtype != DType::f32 || (target.drawn_allreduce_dtypes.empty() && allreduce_dtype_drawable(target)))
+  if (target.allreduce_dtype != DType::f32 ||
+      (target.drawn_allreduce_dtypes.empty() && allreduce_dtype_drawable(target)))
     cmd += " --allreduce-dtype " + std::string(allreduce_dtype_name(target.allreduce_dtype));
   if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
@@ -192,7 +198,8 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
     std::unique_ptr<Communicator> wrapped = table ? table->communicator(target.mutant, comm) : nullptr;
     Communicator& inner = wrapped ? *wrapped : comm;
     std::unique_ptr<Communicator> faulty;
-    if (target.fault && target.fault->phase == FaultPhase::all_reduce) faulty = fault_communicator(inner, *target.fault);
+    if (target.fault && target.fault->phase == FaultPhase::all_reduce)
+      faulty = fault_communicator(inner, *target.fault);
     fn(faulty ? *faulty : inner);
   };
   const Backend& backend = backend_of(target);
@@ -294,12 +301,8 @@ bool trace_digest_prefix(const Target& target) {
 }
 
 nlohmann::json target_to_json(const Target& target) {
-  return {{"engine", target.engine},
-          {"comm", target.comm},
-          {"kernels", target.kernels},
-          {"mutant", target.mutant},
-          {"tf32", target.tf32},
-          {"precision", precision_name(target.precision)}};
+  return {{"engine", target.engine}, {"comm", target.comm}, {"kernels", target.kernels},
+          {"mutant", target.mutant}, {"tf32", target.tf32}, {"precision", precision_name(target.precision)}};
 }
 
 Target target_from_json(const nlohmann::json& j, const std::string& where) {

@@ -27,13 +27,13 @@ struct Target {
   // --engine and --comm: rows of the backend table (src/backends.hpp) that go together.
   std::string engine{default_engine()};
   std::string comm = default_comm(engine);
-  std::string mutant;          // empty: the correct implementation
-  std::string kernels;         // --kernels: a kernel plugin's path; empty: the engine's own kernels
-  int world_size = 0;          // > 0: every case uses it; 0: each case draws one (thread backends)
-  std::vector<int> model_dims;  // verify --model: every training scenario's layer widths; empty: drawn
-  bool tf32 = false;           // cuda engine: TF32 matrix products
+  std::string mutant;                     // empty: the correct implementation
+  std::string kernels;                    // --kernels: a kernel plugin's path; empty: the engine's own kernels
+  int world_size = 0;                     // > 0: every case uses it; 0: each case draws one (thread backends)
+  std::vector<int> model_dims;            // verify --model: every training scenario's layer widths; empty: drawn
+  bool tf32 = false;                      // cuda engine: TF32 matrix products
   Precision precision = Precision::fp32;  // --precision: the matrix products' input format
-  DType allreduce_dtype = DType::f32;      // --allreduce-dtype: the gradient all-reduce's (verify's scenarios)
+  DType allreduce_dtype = DType::f32;     // --allreduce-dtype: the gradient all-reduce's (verify's scenarios)
   // verify without --precision or --allreduce-dtype on the cpu engine: the formats each case of a
   // training property draws in their place (a failing case shrinks towards the first). Empty: the field
   // above in every case.
@@ -159,8 +159,7 @@ std::string allreduce_bound_refusal(const Target& target, DType dtype, int world
 void require_allreduce_bound(const Target& target, const TrainConfig& config, int world);
 
 // A trainer for this rank: parameters from init_params(config.model, config.seed), data from `data`.
-RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm,
-                              const Dataset& data);
+RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, Communicator& comm, const Dataset& data);
 
 // Whether the target's trace digests only a prefix of each buffer (the mutant trace-digest-prefix):
 // for TraceRecorder::set_digest_prefix.

@@ -117,10 +117,13 @@ TEST(ActivationReference, ComposeToTheWholeModelGradient) {
           const Matrix<double> gw = reference::linear_weight_grad(delta, a[l]).value;
           const RowVector<double> gb = reference::column_sums(delta);
           const int li = static_cast<int>(l);
-          for (Eigen::Index i = 0; i < gw.size(); ++i) grad[layout.weight(li).offset + static_cast<std::size_t>(i)] = gw.data()[i];
-          for (Eigen::Index i = 0; i < gb.size(); ++i) grad[layout.bias(li).offset + static_cast<std::size_t>(i)] = gb(i);
+          for (Eigen::Index i = 0; i < gw.size(); ++i)
+            grad[layout.weight(li).offset + static_cast<std::size_t>(i)] = gw.data()[i];
+          for (Eigen::Index i = 0; i < gb.size(); ++i)
+            grad[layout.bias(li).offset + static_cast<std::size_t>(i)] = gb(i);
           if (l > 0)
-            delta = reference::activation_backward(reference::linear_input_grad(delta, w[l]).value, z[l - 1], a[l], act);
+            delta =
+                reference::activation_backward(reference::linear_input_grad(delta, w[l]).value, z[l - 1], a[l], act);
         }
         const auto want = reference::loss_and_gradient<double>(model, params, batch);
         for (std::size_t i = 0; i < grad.size(); ++i)
@@ -168,7 +171,8 @@ TEST(ActivationGpu, BiasActivationForwardWithinDerivedBound) {
     const bool with_a = *rc::gen::arbitrary<bool>();
     const auto seed = *rc::gen::arbitrary<std::uint32_t>();
     const auto n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
-    const std::vector<float> z = random_floats(n, seed, 1, true), bias = random_floats(static_cast<std::size_t>(cols), seed, 2);
+    const std::vector<float> z = random_floats(n, seed, 1, true),
+                             bias = random_floats(static_cast<std::size_t>(cols), seed, 2);
     const auto dz = upload(z, s), db = upload(bias, s);
     cuda::DeviceBuffer<float> da(n);
     poison(da, n, s);
@@ -178,8 +182,8 @@ TEST(ActivationGpu, BiasActivationForwardWithinDerivedBound) {
     const RowVector<double> b64 = reference::to_matrix(bias, 1, cols).row(0);
     const auto want = reference::bias_activation_forward(reference::to_matrix(z, rows, cols), b64, act);
     const Matrix<double> ez = u32 * want.z.cwiseAbs();
-    const Matrix<double> ea = act == Activation::tanh ? Matrix<double>(ez + 8 * u32 * (want.a.cwiseAbs() + u32 * want.z.cwiseAbs()))
-                                                      : ez;
+    const Matrix<double> ea =
+        act == Activation::tanh ? Matrix<double>(ez + 8 * u32 * (want.a.cwiseAbs() + u32 * want.z.cwiseAbs())) : ez;
     const double qz = worst_ratio(z_out, want.z, ez);
     RC_LOG() << rows << "x" << cols << " " << activation_name(act) << ": error ratio z " << qz << "\n";
     RC_ASSERT(qz <= 1.0);

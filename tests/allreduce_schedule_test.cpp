@@ -51,7 +51,8 @@ TEST(AllreduceSchedule, EveryEmulationGivesTheBitsOfTheAlgorithmStepByStep) {
   for (const ScheduleRow& row : allreduce_schedules())
     for (const Precision f : {Precision::fp32, Precision::bf16, Precision::fp16})
       for (const int world : worlds)
-        for (const std::size_t n : {std::size_t(world) - 1, std::size_t(world), std::size_t(world) + 1, std::size_t{37}, std::size_t{200}})
+        for (const std::size_t n :
+             {std::size_t(world) - 1, std::size_t(world), std::size_t(world) + 1, std::size_t{37}, std::size_t{200}})
           for (const bool average : {false, true}) {
             ScheduleOptions o;
             o.schedule = row.schedule;
@@ -61,9 +62,9 @@ TEST(AllreduceSchedule, EveryEmulationGivesTheBitsOfTheAlgorithmStepByStep) {
             o.slice_elements = seed % 3 == 0 ? 0 : std::size_t(world) * (1 + seed % 4);
             const Buffers in = draw(world, n, f, seed++);
             const std::vector<float> got = emulate_allreduce(o, in), want = allreduce_by_messages(o, in);
-            ASSERT_TRUE(same_bits(got, want)) << row.name << " " << precision_name(f) << " on " << world << " ranks, "
-                                              << n << " elements" << (average ? ", avg" : "") << ", group "
-                                              << o.group_size << ", slice " << o.slice_elements;
+            ASSERT_TRUE(same_bits(got, want))
+                << row.name << " " << precision_name(f) << " on " << world << " ranks, " << n << " elements"
+                << (average ? ", avg" : "") << ", group " << o.group_size << ", slice " << o.slice_elements;
             ++compared;
           }
   EXPECT_EQ(compared, 6 * 3 * 16 * 5 * 2);
@@ -96,10 +97,11 @@ TEST(AllreduceSchedule, LibrarySchedulesSwitchWhereTheLibraryDoes) {
     std::size_t first_own;  // the smallest count at which the library's own schedule runs
     AllreduceSchedule own, below;
   };
-  for (const Want& w : {Want{"open-mpi-ring", 4, 4, AllreduceSchedule::ring, AllreduceSchedule::halving_doubling},
-                        Want{"open-mpi-ring", 7, 7, AllreduceSchedule::ring, AllreduceSchedule::halving_doubling},
-                        Want{"open-mpi-rabenseifner", 8, 8, AllreduceSchedule::halving_doubling, AllreduceSchedule::linear},
-                        Want{"open-mpi-rabenseifner", 7, 4, AllreduceSchedule::halving_doubling, AllreduceSchedule::linear}})
+  for (const Want& w :
+       {Want{"open-mpi-ring", 4, 4, AllreduceSchedule::ring, AllreduceSchedule::halving_doubling},
+        Want{"open-mpi-ring", 7, 7, AllreduceSchedule::ring, AllreduceSchedule::halving_doubling},
+        Want{"open-mpi-rabenseifner", 8, 8, AllreduceSchedule::halving_doubling, AllreduceSchedule::linear},
+        Want{"open-mpi-rabenseifner", 7, 4, AllreduceSchedule::halving_doubling, AllreduceSchedule::linear}})
     for (std::size_t count = 1; count < 20; ++count) {
       ScheduleOptions o = parse_schedule(w.name);
       ASSERT_NE(o.library, nullptr) << w.name;
@@ -180,7 +182,9 @@ ScheduleOptions schedule_of(AllreduceSchedule s, Precision f, bool average = fal
 
 TEST(AllreduceSchedule, EachScheduleHasTheDepthOfItsShape) {
   using S = AllreduceSchedule;
-  const auto depth = [](S s, int world, int group = 8) { return schedule_depth(schedule_of(s, Precision::bf16, false, group), world).format; };
+  const auto depth = [](S s, int world, int group = 8) {
+    return schedule_depth(schedule_of(s, Precision::bf16, false, group), world).format;
+  };
   for (const int world : {1, 2, 3, 5, 8, 64, 1000, 4096, 65536}) {
     EXPECT_EQ(depth(S::rank_order, world), 1) << world;
     EXPECT_EQ(schedule_depth(schedule_of(S::rank_order, Precision::bf16), world).float32, world - 1) << world;
@@ -246,7 +250,8 @@ TEST(AllreduceSchedule, EveryScheduleStaysWithinTheBoundOfItsDepth) {
             // Below the normal range a rounding's error is absolute: the format's smallest spacing per rounding.
             const double floor = (f == Precision::fp16 ? 0x1p-24 : 0x1p-133) * static_cast<double>(world + 2);
             ASSERT_LE(std::abs(got[i] - exact), g * magnitude + floor)
-                << row.name << " " << precision_name(f) << " N=" << world << (average ? " avg" : " sum") << " element " << i;
+                << row.name << " " << precision_name(f) << " N=" << world << (average ? " avg" : " sum") << " element "
+                << i;
           }
         }
   for (const int world : {2, 8, 32}) {
@@ -305,7 +310,8 @@ TEST(AllreduceSchedule, NamesAreOneEachAndAnUnknownOneIsRefused) {
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "--schedule butterfly: no such schedule (choose rank-order, ring, tree, halving-doubling, hierarchical, linear, "
+              "--schedule butterfly: no such schedule (choose rank-order, ring, tree, halving-doubling, hierarchical, "
+              "linear, "
               "open-mpi-ring, open-mpi-rabenseifner)");
   }
 }

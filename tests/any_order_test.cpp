@@ -63,9 +63,10 @@ TEST(AnyOrder, NoticesABoundWithoutTheKinkTerm) {
     uncertain += with.uncertain_units > 0;
     failed_without += !check_any_order(c, without).passed;
   }
-  std::printf("near-kink cases: %d of %d with a unit within rounding of its kink; without the kink term %d of them "
-              "fail\n",
-              uncertain, cases, failed_without);
+  std::printf(
+      "near-kink cases: %d of %d with a unit within rounding of its kink; without the kink term %d of them "
+      "fail\n",
+      uncertain, cases, failed_without);
   EXPECT_EQ(uncertain, cases);
   EXPECT_GE(failed_without, cases / 2);
 }

@@ -166,8 +166,8 @@ TEST_F(Audit, EveryInterposedCallIsRecordedWithRankCallAndAbsolutePath) {
 TEST_F(Audit, ReadOnlyOpensLeaveNoRecord) {
   const std::string f = path("r.txt");
   std::ofstream(f) << "x";
-  const RunResult run = writer({"read", f, "read-at", dir_.string(), "r.txt", "read-fortified", f, "fopen-mode", f,
-                                "r", "fopen-mode", f, "rb", "fopen-mode", f, "re", "fopen-mode", f, "r+"},
+  const RunResult run = writer({"read", f, "read-at", dir_.string(), "r.txt", "read-fortified", f, "fopen-mode", f, "r",
+                                "fopen-mode", f, "rb", "fopen-mode", f, "re", "fopen-mode", f, "r+"},
                                {"RANK=1"});
   ASSERT_TRUE(run.succeeded()) << run.status_text();
   // The library was loaded and did record: only the last open ("r+") writes.
@@ -183,8 +183,8 @@ TEST_F(Audit, ReadOnlyOpensLeaveNoRecord) {
 TEST_F(Audit, MutantsReachTheLibraryOnlyThroughTheOptions) {
   const std::string f = path("m.txt");
   std::ofstream(f) << "x";
-  const std::vector<std::string> argv{DPCHECK_AUDIT_WRITER, "__open64_2", f, "fopen-mode", f, "r+",
-                                      "openat", dir_.string(), "n.txt"};
+  const std::vector<std::string> argv{DPCHECK_AUDIT_WRITER, "__open64_2", f, "fopen-mode", f, "r+", "openat",
+                                      dir_.string(),        "n.txt"};
   const auto calls = [&](const std::string& mutant, bool in_environment) {
     AuditOptions options;
     options.extra_env = {"RANK=1"};
@@ -220,9 +220,9 @@ TEST(AuditPlants, TextReadsBackAndBadPlansAndDirectoriesAreRefused) {
     EXPECT_EQ(q.relative, p.relative);
     EXPECT_EQ(q.name, p.name);
   }
-  for (const char* bad : {"1:open-rdwr:abs", "x:open-rdwr:abs:f", "-1:open-rdwr:abs:f", "1:no-such-kind:abs:f",
-                          "1:open-rdwr:both:f", "1:open-rdwr:abs:", "1:open-rdwr:abs:/etc/f", "1:open-rdwr:abs:a/../../f",
-                          "1:open-rdwr:abs:d/"})
+  for (const char* bad :
+       {"1:open-rdwr:abs", "x:open-rdwr:abs:f", "-1:open-rdwr:abs:f", "1:no-such-kind:abs:f", "1:open-rdwr:both:f",
+        "1:open-rdwr:abs:", "1:open-rdwr:abs:/etc/f", "1:open-rdwr:abs:a/../../f", "1:open-rdwr:abs:d/"})
     EXPECT_THROW(parse_plant(bad), UsageError) << bad;
 
   const ScratchDir scratch;
@@ -238,10 +238,10 @@ TEST(AuditPlants, TextReadsBackAndBadPlansAndDirectoriesAreRefused) {
 
 TEST_F(Audit, RelativePathsAreMadeAbsolute) {
   fs::create_directories(path("sub"));
-  const RunResult run = writer({"--quiet", "cd", dir_.string(), "creat", "rel.txt", "creat", "sub/../x.txt", "creat",
-                                "./sub/./y.txt", "openat", ".", "z", "rename", "rel.txt", "sub//rel2.txt", "mkdir",
-                                "sub/new/.."},
-                               {"RANK=1"});
+  const RunResult run =
+      writer({"--quiet", "cd", dir_.string(), "creat", "rel.txt", "creat", "sub/../x.txt", "creat", "./sub/./y.txt",
+              "openat", ".", "z", "rename", "rel.txt", "sub//rel2.txt", "mkdir", "sub/new/.."},
+             {"RANK=1"});
   ASSERT_EQ(run.log.records.size(), 6u);
   const std::vector<Record>& rs = run.log.records;
   EXPECT_EQ(rs[0].path, path("rel.txt"));
@@ -321,7 +321,8 @@ TEST_F(Audit, TheAuditLogIsNeverRecorded) {
 
 TEST_F(Audit, DevNullAndProcSelfAreAllowed) {
   const RunResult run =
-      writer({"--quiet", "fopen-mode", "/dev/null", "w", "open", "/dev/null", "fopen-mode", "/proc/self/comm", "w"}, {"RANK=1"});
+      writer({"--quiet", "fopen-mode", "/dev/null", "w", "open", "/dev/null", "fopen-mode", "/proc/self/comm", "w"},
+             {"RANK=1"});
   ASSERT_EQ(run.log.records.size(), 3u);
   const AllowList allow = default_allow_list();
   EXPECT_TRUE(offending(run.log.records, allow).empty()) << report_text({"writer"}, run, allow);
@@ -479,7 +480,8 @@ TEST_F(AuditMpi, OnlyRankZeroWritingPasses) {
   EXPECT_TRUE(offending(run.log.records, allow).empty()) << report_text(argv, run, allow);
   EXPECT_TRUE(std::any_of(run.log.records.begin(), run.log.records.end(),
                           [&](const Record& r) { return r.rank == 0 && r.path == path("rank0.txt"); }));
-  if (!DPCHECK_AUDIT_WRITER_HAS_MPI) GTEST_SKIP() << "audit_writer was built without MPI: Open MPI wrote nothing on the ranks";
+  if (!DPCHECK_AUDIT_WRITER_HAS_MPI)
+    GTEST_SKIP() << "audit_writer was built without MPI: Open MPI wrote nothing on the ranks";
   // Open MPI's own files on rank 1 are what the launcher allowance is for: without it they offend.
   ASSERT_FALSE(launcher.empty());
   EXPECT_FALSE(offending(run.log.records, default_allow_list()).empty());
@@ -492,8 +494,8 @@ TEST_F(AuditMpi, OnlyRankZeroWritingPasses) {
 // ---- the dpcheck command -----------------------------------------------------------------------------------
 
 TEST_F(Audit, CommandExitsOneNamingRankAndPath) {
-  const CommandResult r = run_binary("audit -- env RANK=1 " + std::string(DPCHECK_AUDIT_WRITER) + " creat " +
-                               shell_quote(path("x.bin")));
+  const CommandResult r =
+      run_binary("audit -- env RANK=1 " + std::string(DPCHECK_AUDIT_WRITER) + " creat " + shell_quote(path("x.bin")));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("verdict: FAILED"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
@@ -516,7 +518,7 @@ TEST_F(Audit, CommandExitsZeroForRankZeroAndForAllowedPaths) {
 
 TEST_F(Audit, CommandJsonNamesTheOffence) {
   const CommandResult r = run_binary("audit --json " + shell_quote(path("r.json")) + " -- env RANK=1 " +
-                               std::string(DPCHECK_AUDIT_WRITER) + " mkdir " + shell_quote(path("out")));
+                                     std::string(DPCHECK_AUDIT_WRITER) + " mkdir " + shell_quote(path("out")));
   EXPECT_EQ(r.status, 1) << r.output;
   std::ifstream f(path("r.json"));
   const nlohmann::json j = nlohmann::json::parse(f);

@@ -119,119 +119,173 @@ const std::map<std::string, Op>& ops() {
       // open family, for writing
       {"open", {1, [](const Args& a) { return close_fd(::open(a[0].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)); }}},
       {"open64", {1, [](const Args& a) { return close_fd(::open64(a[0].c_str(), O_RDWR | O_CREAT, 0600)); }}},
-      {"openat", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return close_fd(::openat(d.fd(), a[1].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
-       }}},
-      {"openat64", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return close_fd(::openat64(d.fd(), a[1].c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640));
-       }}},
+      {"openat",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return close_fd(::openat(d.fd(), a[1].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+        }}},
+      {"openat64",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return close_fd(::openat64(d.fd(), a[1].c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640));
+        }}},
       {"creat", {1, [](const Args& a) { return close_fd(::creat(a[0].c_str(), 0644)); }}},
       {"creat64", {1, [](const Args& a) { return close_fd(::creat64(a[0].c_str(), 0644)); }}},
       {"__open_2", {1, [](const Args& a) { return close_fd(__open_2(a[0].c_str(), O_WRONLY | O_APPEND)); }}},
       {"__open64_2", {1, [](const Args& a) { return close_fd(__open64_2(a[0].c_str(), O_RDWR)); }}},
-      {"__openat_2", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return close_fd(__openat_2(d.fd(), a[1].c_str(), O_WRONLY | O_TRUNC));
-       }}},
-      {"__openat64_2", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return close_fd(__openat64_2(d.fd(), a[1].c_str(), O_WRONLY | O_APPEND));
-       }}},
+      {"__openat_2",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return close_fd(__openat_2(d.fd(), a[1].c_str(), O_WRONLY | O_TRUNC));
+        }}},
+      {"__openat64_2",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return close_fd(__openat64_2(d.fd(), a[1].c_str(), O_WRONLY | O_APPEND));
+        }}},
       {"tmpfile", {1, [](const Args& a) { return close_fd(::open(a[0].c_str(), O_TMPFILE | O_WRONLY, 0600)); }}},
       // stdio
       {"fopen", {1, [](const Args& a) { return close_file(std::fopen(a[0].c_str(), "w")); }}},
       {"fopen64", {1, [](const Args& a) { return close_file(::fopen64(a[0].c_str(), "a")); }}},
       {"fopen-mode", {2, [](const Args& a) { return close_file(std::fopen(a[0].c_str(), a[1].c_str())); }}},
-      {"freopen", {1, [](const Args& a) {
-         FILE* f = std::fopen("/dev/null", "r");
-         return f == nullptr ? errno : close_file(std::freopen(a[0].c_str(), "w", f));
-       }}},
-      {"freopen64", {1, [](const Args& a) {
-         FILE* f = std::fopen("/dev/null", "r");
-         return f == nullptr ? errno : close_file(::freopen64(a[0].c_str(), "a", f));
-       }}},
-      {"freopen-same", {1, [](const Args& a) {  // freopen(NULL, ...): the stream's own file
-         FILE* f = std::fopen(a[0].c_str(), "r");
-         return f == nullptr ? errno : close_file(std::freopen(nullptr, "a", f));
-       }}},
+      {"freopen",
+       {1,
+        [](const Args& a) {
+          FILE* f = std::fopen("/dev/null", "r");
+          return f == nullptr ? errno : close_file(std::freopen(a[0].c_str(), "w", f));
+        }}},
+      {"freopen64",
+       {1,
+        [](const Args& a) {
+          FILE* f = std::fopen("/dev/null", "r");
+          return f == nullptr ? errno : close_file(::freopen64(a[0].c_str(), "a", f));
+        }}},
+      {"freopen-same",
+       {1,
+        [](const Args& a) {  // freopen(NULL, ...): the stream's own file
+          FILE* f = std::fopen(a[0].c_str(), "r");
+          return f == nullptr ? errno : close_file(std::freopen(nullptr, "a", f));
+        }}},
       // names
       {"rename", {2, [](const Args& a) { return status(std::rename(a[0].c_str(), a[1].c_str())); }}},
-      {"renameat", {3, [](const Args& a) {
-         Dir d(a[0]);
-         return status(::renameat(d.fd(), a[1].c_str(), d.fd(), a[2].c_str()));
-       }}},
-      {"renameat2", {3, [](const Args& a) {
-         Dir d(a[0]);
-         return status(::renameat2(d.fd(), a[1].c_str(), d.fd(), a[2].c_str(), RENAME_NOREPLACE));
-       }}},
+      {"renameat",
+       {3,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return status(::renameat(d.fd(), a[1].c_str(), d.fd(), a[2].c_str()));
+        }}},
+      {"renameat2",
+       {3,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return status(::renameat2(d.fd(), a[1].c_str(), d.fd(), a[2].c_str(), RENAME_NOREPLACE));
+        }}},
       {"link", {2, [](const Args& a) { return status(::link(a[0].c_str(), a[1].c_str())); }}},
-      {"linkat", {3, [](const Args& a) {
-         Dir d(a[0]);
-         return status(::linkat(d.fd(), a[1].c_str(), d.fd(), a[2].c_str(), 0));
-       }}},
+      {"linkat",
+       {3,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return status(::linkat(d.fd(), a[1].c_str(), d.fd(), a[2].c_str(), 0));
+        }}},
       {"symlink", {2, [](const Args& a) { return status(::symlink(a[0].c_str(), a[1].c_str())); }}},
-      {"symlinkat", {3, [](const Args& a) {
-         Dir d(a[1]);
-         return status(::symlinkat(a[0].c_str(), d.fd(), a[2].c_str()));
-       }}},
+      {"symlinkat",
+       {3,
+        [](const Args& a) {
+          Dir d(a[1]);
+          return status(::symlinkat(a[0].c_str(), d.fd(), a[2].c_str()));
+        }}},
       {"unlink", {1, [](const Args& a) { return status(::unlink(a[0].c_str())); }}},
-      {"unlinkat", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return status(::unlinkat(d.fd(), a[1].c_str(), 0));
-       }}},
+      {"unlinkat",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return status(::unlinkat(d.fd(), a[1].c_str(), 0));
+        }}},
       {"remove", {1, [](const Args& a) { return status(std::remove(a[0].c_str())); }}},
       {"mkdir", {1, [](const Args& a) { return status(::mkdir(a[0].c_str(), 0755)); }}},
-      {"mkdirat", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return status(::mkdirat(d.fd(), a[1].c_str(), 0750));
-       }}},
+      {"mkdirat",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return status(::mkdirat(d.fd(), a[1].c_str(), 0750));
+        }}},
       {"rmdir", {1, [](const Args& a) { return status(::rmdir(a[0].c_str())); }}},
       {"truncate", {1, [](const Args& a) { return status(::truncate(a[0].c_str(), 0)); }}},
       {"truncate64", {1, [](const Args& a) { return status(::truncate64(a[0].c_str(), 7)); }}},
       {"mkfifo", {1, [](const Args& a) { return status(::mkfifo(a[0].c_str(), 0600)); }}},
-      {"mkfifoat", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return status(::mkfifoat(d.fd(), a[1].c_str(), 0600));
-       }}},
+      {"mkfifoat",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return status(::mkfifoat(d.fd(), a[1].c_str(), 0600));
+        }}},
       // temporary names
-      {"mkstemp", {1, [](const Args& a) { std::string t = a[0]; return temp_result(::mkstemp(t.data()), t); }}},
-      {"mkstemp64", {1, [](const Args& a) { std::string t = a[0]; return temp_result(::mkstemp64(t.data()), t); }}},
-      {"mkostemp", {1, [](const Args& a) {
-         std::string t = a[0];
-         return temp_result(::mkostemp(t.data(), O_CLOEXEC), t);
-       }}},
-      {"mkostemp64", {1, [](const Args& a) {
-         std::string t = a[0];
-         return temp_result(::mkostemp64(t.data(), O_CLOEXEC), t);
-       }}},
-      {"mkstemps", {1, [](const Args& a) {
-         std::string t = a[0];
-         return temp_result(::mkstemps(t.data(), suffix_length(t)), t);
-       }}},
-      {"mkstemps64", {1, [](const Args& a) {
-         std::string t = a[0];
-         return temp_result(::mkstemps64(t.data(), suffix_length(t)), t);
-       }}},
-      {"mkostemps", {1, [](const Args& a) {
-         std::string t = a[0];
-         return temp_result(::mkostemps(t.data(), suffix_length(t), O_CLOEXEC), t);
-       }}},
-      {"mkostemps64", {1, [](const Args& a) {
-         std::string t = a[0];
-         return temp_result(::mkostemps64(t.data(), suffix_length(t), O_CLOEXEC), t);
-       }}},
-      {"mkdtemp", {1, [](const Args& a) {
-         std::string t = a[0];
-         return ::mkdtemp(t.data()) == nullptr ? errno : 0;
-       }}},
+      {"mkstemp",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkstemp(t.data()), t);
+        }}},
+      {"mkstemp64",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkstemp64(t.data()), t);
+        }}},
+      {"mkostemp",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkostemp(t.data(), O_CLOEXEC), t);
+        }}},
+      {"mkostemp64",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkostemp64(t.data(), O_CLOEXEC), t);
+        }}},
+      {"mkstemps",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkstemps(t.data(), suffix_length(t)), t);
+        }}},
+      {"mkstemps64",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkstemps64(t.data(), suffix_length(t)), t);
+        }}},
+      {"mkostemps",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkostemps(t.data(), suffix_length(t), O_CLOEXEC), t);
+        }}},
+      {"mkostemps64",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return temp_result(::mkostemps64(t.data(), suffix_length(t), O_CLOEXEC), t);
+        }}},
+      {"mkdtemp",
+       {1,
+        [](const Args& a) {
+          std::string t = a[0];
+          return ::mkdtemp(t.data()) == nullptr ? errno : 0;
+        }}},
       // reading only: must leave no record
       {"read", {1, [](const Args& a) { return close_fd(::open(a[0].c_str(), O_RDONLY)); }}},
-      {"read-at", {2, [](const Args& a) {
-         Dir d(a[0]);
-         return close_fd(::openat(d.fd(), a[1].c_str(), O_RDONLY | O_CLOEXEC));
-       }}},
+      {"read-at",
+       {2,
+        [](const Args& a) {
+          Dir d(a[0]);
+          return close_fd(::openat(d.fd(), a[1].c_str(), O_RDONLY | O_CLOEXEC));
+        }}},
       {"read-fortified", {1, [](const Args& a) { return close_fd(__open_2(a[0].c_str(), O_RDONLY)); }}},
       // the working directory, for relative paths
       {"cd", {1, [](const Args& a) { return status(::chdir(a[0].c_str())); }}},

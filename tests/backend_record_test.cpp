@@ -109,11 +109,13 @@ TEST(BackendRecord, DamagedRecordsAreRefusedByField) {
   refused([](nlohmann::json& j) { j["plugins"][0]["option"] = "--engine"; }, "not --comm or --kernels");
   // A name goes into the replay line, so only a variable's name is taken.
   refused([](nlohmann::json& j) { j["plugins"][0]["env"] = {{"A; rm -rf x", "1"}}; }, "not an environment variable");
-  EXPECT_NE(refusal([](nlohmann::json& j) { j["plugins"][0]["env"]["DPCHECK_GLOO_ALGORITHM"] = 4; })
-                .find("\"backend.plugins[0].env.DPCHECK_GLOO_ALGORITHM\" is 4, not a string or null"),
+  EXPECT_NE(refusal([](nlohmann::json& j) {
+              j["plugins"][0]["env"]["DPCHECK_GLOO_ALGORITHM"] = 4;
+            }).find("\"backend.plugins[0].env.DPCHECK_GLOO_ALGORITHM\" is 4, not a string or null"),
             std::string::npos);
-  EXPECT_NE(refusal([](nlohmann::json& j) { j["mpi_env"]["set"] = {{"OMPI_MCA_coll", nullptr}}; })
-                .find("\"backend.mpi_env.set.OMPI_MCA_coll\" is null, not a string"),
+  EXPECT_NE(refusal([](nlohmann::json& j) {
+              j["mpi_env"]["set"] = {{"OMPI_MCA_coll", nullptr}};
+            }).find("\"backend.mpi_env.set.OMPI_MCA_coll\" is null, not a string"),
             std::string::npos);
 }
 
@@ -147,8 +149,8 @@ TEST(BackendRecord, EachDifferenceIsOneLineNamingIt) {
     EXPECT_TRUE(contains(lines, line)) << "lacks: " << line << "\n" << joined_lines(lines);
 
   set_env("DPCHECK_GLOO_ALGORITHM", nullptr);
-  EXPECT_TRUE(contains(backend_differences(was, was),
-                       "the bundle ran with DPCHECK_GLOO_ALGORITHM=ring; it is now unset"));
+  EXPECT_TRUE(
+      contains(backend_differences(was, was), "the bundle ran with DPCHECK_GLOO_ALGORITHM=ring; it is now unset"));
   was.plugins[0].env["DPCHECK_GLOO_ALGORITHM"] = std::nullopt;
   set_env("DPCHECK_GLOO_ALGORITHM", "bcube");
   EXPECT_EQ(backend_differences(was, was),
@@ -254,10 +256,10 @@ std::size_t warnings_in(const std::string& output) {
 // Trains over `plugin` on 3 ranks with `env` in front, which must fail the replica check, and returns
 // the bundle it leaves.
 fs::path failing_bundle(const fs::path& dir, const std::string& plugin, const std::string& env) {
-  const CommandResult run = run_command(env + " " + DPCHECK_BINARY + " train --comm " + plugin +
-                                            " --world-size 3 --steps 3 --model 8,16,4 --batch 12 --bundle-dir " +
-                                            dir.string(),
-                                        120);
+  const CommandResult run =
+      run_command(env + " " + DPCHECK_BINARY + " train --comm " + plugin +
+                      " --world-size 3 --steps 3 --model 8,16,4 --batch 12 --bundle-dir " + dir.string(),
+                  120);
   EXPECT_EQ(run.status, 1) << run.output;
   const fs::path bundle = only_bundle(dir);
   EXPECT_FALSE(bundle.empty()) << run.output;

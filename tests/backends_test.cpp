@@ -64,8 +64,7 @@ TEST(Backends, EveryRowValidatesWithItsEngineAndIsRefusedWithAnyOther) {
     SCOPED_TRACE(b.name);
     EXPECT_EQ(&backend_for(b.engine, b.name), &b);
     const std::string why = why_not_here(find_engine(b.engine));
-    if (why.empty())
-      EXPECT_NO_THROW(validate_target(target_of(b, launcher)));
+    if (why.empty()) EXPECT_NO_THROW(validate_target(target_of(b, launcher)));
     else  // the engine's own reason (no device), never a complaint about the pair
       EXPECT_EQ(usage_error([&] { validate_target(target_of(b, launcher)); }), why);
     for (const EngineRow& other : engines()) {
@@ -237,12 +236,15 @@ TEST(Backends, EveryRowThatRunsHereRunsItsRanksAsThreads) {
     const int threads = b.simulated ? 1 : n;
     const std::int64_t sum = b.simulated ? n : n * (n + 1) / 2;
     std::atomic<int> ranks{0}, right{0};
-    b.run_threads(n, [&](Communicator& c) {
-      ++ranks;
-      std::int64_t v = c.rank() + 1;
-      c.host().allreduce(&v, 1, DType::i64, ReduceOp::sum);
-      if (c.backend() == b.name && c.memory_space() == b.memory && c.size() == n && v == sum) ++right;
-    }, Communicator::default_timeout);
+    b.run_threads(
+        n,
+        [&](Communicator& c) {
+          ++ranks;
+          std::int64_t v = c.rank() + 1;
+          c.host().allreduce(&v, 1, DType::i64, ReduceOp::sum);
+          if (c.backend() == b.name && c.memory_space() == b.memory && c.size() == n && v == sum) ++right;
+        },
+        Communicator::default_timeout);
     EXPECT_EQ(ranks, threads);
     EXPECT_EQ(right, threads);
   }
@@ -277,10 +279,13 @@ Backend relay_row() {
   row.memory = MemorySpace::host;
   row.help = "the local backend relayed, as a plugin's row";
   row.run_threads = [](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
-    run_local(n, [&](Communicator& inner) {
-      Relay relay(inner);
-      fn(relay);
-    }, timeout);
+    run_local(
+        n,
+        [&](Communicator& inner) {
+          Relay relay(inner);
+          fn(relay);
+        },
+        timeout);
   };
   return row;
 }
@@ -299,7 +304,8 @@ TEST(BackendsRegistered, ARowAddedAtRunTimeIsUsedEverywhere) {
   t.world_size = 3;
   EXPECT_NO_THROW(validate_target(t));
   EXPECT_TRUE(contains(comm_option_help(), "test-relay (the local backend relayed, as a plugin's row)"));
-  EXPECT_EQ(replay_command(t, "p:c:0"), "dpcheck verify --comm test-relay --precision fp32 --allreduce-dtype fp32 --world-size 3 "
+  EXPECT_EQ(replay_command(t, "p:c:0"),
+            "dpcheck verify --comm test-relay --precision fp32 --allreduce-dtype fp32 --world-size 3 "
             "--reproduce 'p:c:0'");
   EXPECT_TRUE(contains(usage_error([] { backend_for("cuda", "test-relay"); }), "--engine cpu"));
 

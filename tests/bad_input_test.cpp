@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -75,12 +75,9 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     const std::string name = fs::relative(e.path(), dir).string();
     const fs::file_status st = e.symlink_status();
-    if (fs::is_symlink(st))
-      out[name] = "link to " + fs::read_symlink(e.path()).string();
-    else if (fs::is_regular_file(st))
-      out[name] = "file " + read_file(e.path());
-    else
-      out[name] = "type " + std::to_string(static_cast<int>(st.type()));
+    if (fs::is_symlink(st)) out[name] = "link to " + fs::read_symlink(e.path()).string();
+    else if (fs::is_regular_file(st)) out[name] = "file " + read_file(e.path());
+    else out[name] = "type " + std::to_string(static_cast<int>(st.type()));
   }
   return out;
 }
@@ -91,7 +88,8 @@ bool is_char_device(const char* path) {
 }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
   return s;
 }
 
@@ -115,15 +113,22 @@ struct RecordFixture {
 void write_record(const fs::path& dir, const RecordFixture& f) {
   const ModelConfig model{f.dims, Activation::relu, Loss::mse};
   fs::create_directories(dir / "step-00000000");
-  nlohmann::json head{{"dpcheck_torch_record", f.version}, {"dpcheck_version", "0"}, {"torch", "1.13.1"}, {"backend", "gloo"},
+  nlohmann::json head{{"dpcheck_torch_record", f.version},
+                      {"dpcheck_version", "0"},
+                      {"torch", "1.13.1"},
+                      {"backend", "gloo"},
                       {"world_size", 2},
                       {"model", {{"dims", f.dims}, {"activation", "relu"}, {"loss", "mse"}, {"names", {"0", "2"}}}},
-                      {"optimizer", {{"name", "SGD"}, {"kind", "sgd"}, {"lr", 0.1}}}, {"command_line", {"job.py"}}};
+                      {"optimizer", {{"name", "SGD"}, {"kind", "sgd"}, {"lr", 0.1}}},
+                      {"command_line", {"job.py"}}};
   if (f.failure) head["failure"] = {{"kind", "gradient"}, {"step", 0}, {"message", "dpcheck.torch: FAILED gradient"}};
   std::ofstream(dir / "record.json") << head.dump(1) << "\n";
   const fs::path s = dir / "step-00000000";
-  nlohmann::json step{{"step", 0}, {"lr", 0.1}, {"optimizer_steps", 0},
-                      {"parts", {{{"rank", 0}, {"examples", 4}}, {{"rank", 1}, {"examples", f.examples_in_parts - 4}}}}};
+  nlohmann::json step{
+      {"step", 0},
+      {"lr", 0.1},
+      {"optimizer_steps", 0},
+      {"parts", {{{"rank", 0}, {"examples", 4}}, {{"rank", 1}, {"examples", f.examples_in_parts - 4}}}}};
   std::ofstream(s / "step.json") << step.dump(1) << "\n";
   std::vector<float> params = init_params(model, 0);
   const std::int64_t n[] = {static_cast<std::int64_t>(params.size())}, none[] = {0};
@@ -188,8 +193,12 @@ class BadInput : public testing::Test {
 
     // dpcheck diff: a trace of no steps, one whose step line is damaged, one of an unknown format
     // version, and a directory with no .npy file.
-    nlohmann::json trace{{"dpcheck_trace", 1}, {"config", nlohmann::json::object()}, {"target", nlohmann::json::object()},
-                         {"world_size", 1}, {"digest", "xxh3"}, {"tensors", nlohmann::json::array({"layers.0.weight"})},
+    nlohmann::json trace{{"dpcheck_trace", 1},
+                         {"config", nlohmann::json::object()},
+                         {"target", nlohmann::json::object()},
+                         {"world_size", 1},
+                         {"digest", "xxh3"},
+                         {"tensors", nlohmann::json::array({"layers.0.weight"})},
                          {"state", nlohmann::json::array()}};
     std::ofstream(d / "trace.jsonl") << trace.dump() << "\n";
     std::ofstream(d / "trace_bad.jsonl") << trace.dump() << "\n{\"step\": 0, \"loss\n";
@@ -203,7 +212,8 @@ class BadInput : public testing::Test {
     const std::string deep = std::string(100000, '[') + std::string(100000, ']');
     std::ofstream(d / "trace_deep.jsonl") << read_file(d / "trace.jsonl") << deep << "\n";
     fs::create_directories(d / "ckpt_deep" / "step-00000001");
-    std::ofstream(d / "ckpt_deep" / "step-00000001" / "manifest.json") << "{\"format\": " << std::string(200000, '[') << "\n";
+    std::ofstream(d / "ckpt_deep" / "step-00000001" / "manifest.json")
+        << "{\"format\": " << std::string(200000, '[') << "\n";
     fs::create_directories(d / "bundle_deep");
     std::ofstream(d / "bundle_deep" / "manifest.json") << deep << "\n";
     std::ofstream(d / "bundle_deep" / "indices.json") << "{}\n";
@@ -247,19 +257,25 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       // Replays: the token is checked, and names its property, before anything runs or prints.
       {"verify --reproduce '' --report {d}/r.json", 2, {"--reproduce", "empty"}},
       {"verify --reproduce nonsense --report {d}/r.json", 2, {"--reproduce", "<property>:<case>:<check>"}},
-      {"verify --reproduce " + dpcheck::quoted(damaged) + " --report {d}/r.json", 2, {"--reproduce", "damaged or edited"}},
-      {"verify --reproduce " + dpcheck::quoted(token) + " --property sampler_shards_disjoint --report {d}/r.json", 2,
+      {"verify --reproduce " + dpcheck::quoted(damaged) + " --report {d}/r.json",
+       2,
+       {"--reproduce", "damaged or edited"}},
+      {"verify --reproduce " + dpcheck::quoted(token) + " --property sampler_shards_disjoint --report {d}/r.json",
+       2,
        {"gradient_average_matches_whole_batch", "sampler_shards_disjoint"}},
       {"verify --reproduce " + dpcheck::quoted(encode_replay({"no_such_property", {rc::Random(7), 3, {}}})) +
            " --report {d}/r.json",
-       2, {"no_such_property"}},
+       2,
+       {"no_such_property"}},
       {"verify --reruns 0 --report {d}/r.json", 2, {"--reruns"}},
       {"verify --cases 0 --report {d}/r.json", 2, {"--cases"}},
       {"verify --timeout nan --report {d}/r.json", 2, {"--timeout", "nan"}},
       {"verify --timeout 1e300 --report {d}/r.json", 2, {"--timeout"}},
       {"verify --seed -1 --report {d}/r.json", 2, {"--seed", "-1"}},
       {"verify --world-size 2000000000 --report {d}/r.json", 2, {"--world-size 2000000000"}},
-      {"verify --comm simulated --world-size 2000000 --report {d}/r.json", 2, {"--world-size 2000000", "at most 1048576"}},
+      {"verify --comm simulated --world-size 2000000 --report {d}/r.json",
+       2,
+       {"--world-size 2000000", "at most 1048576"}},
       {"verify --engine cuda --comm simulated --report {d}/r.json", 2, {"not 'simulated'", "--engine cpu"}},
       {"verify --model 0,3 --report {d}/r.json", 2, {"--model 0,3", "positive widths"}},
       {"verify --model 64 --report {d}/r.json", 2, {"--model 64"}},
@@ -290,11 +306,15 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       // Engines and communicators: names from the backend table (src/backends.hpp), in pairs that go
       // together, with a launcher where the communicator's ranks are processes.
       {"verify --engine quantum --report {d}/r.json", 2, {"unknown engine 'quantum' (choose cpu or cuda)"}},
-      {"verify --comm carrier-pigeon --report {d}/r.json", 2,
+      {"verify --comm carrier-pigeon --report {d}/r.json",
+       2,
        {"unknown --comm 'carrier-pigeon'", "local, simulated, mpi or mpi-native for the cpu engine",
         "cuda-local or nccl for the cuda engine"}},
-      {"verify --comm nccl --report {d}/r.json", 2, {"engine cpu runs with --comm local, simulated, mpi or mpi-native, not 'nccl'", "--engine cuda"}},
-      {"verify --engine cuda --comm local --report {d}/r.json", 2,
+      {"verify --comm nccl --report {d}/r.json",
+       2,
+       {"engine cpu runs with --comm local, simulated, mpi or mpi-native, not 'nccl'", "--engine cuda"}},
+      {"verify --engine cuda --comm local --report {d}/r.json",
+       2,
        {"engine cuda runs with --comm cuda-local or nccl, not 'local'", "--engine cpu"}},
       {"verify --engine cuda --comm mpi --report {d}/r.json", 2, {"not 'mpi'", "--engine cpu"}},
       {"verify --engine quantum --comm mpi --report {d}/r.json", 2, {"quantum"}},
@@ -307,23 +327,35 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"train --model 4,1 --tf32 --log {d}/l.json", 2, {"--tf32"}},
       // Mixed precision: --precision, --allreduce-dtype and the loss scaler's options.
       {"verify --precision fp8 --report {d}/r.json", 2, {"unknown --precision 'fp8' (choose fp32, bf16 or fp16)"}},
-      {"verify --precision bf16 --engine cuda --comm cuda-local --tf32 --report {d}/r.json", 2,
+      {"verify --precision bf16 --engine cuda --comm cuda-local --tf32 --report {d}/r.json",
+       2,
        {"--tf32 and --precision bf16 both set the matrix products' input format"}},
-      {"verify --allreduce-dtype fp16 --report {d}/r.json", 2, {"unknown --allreduce-dtype 'fp16' (choose fp32 or bf16)"}},
-      {"verify --allreduce-dtype bf16 --engine cuda --comm cuda-local --report {d}/r.json", 2,
+      {"verify --allreduce-dtype fp16 --report {d}/r.json",
+       2,
+       {"unknown --allreduce-dtype 'fp16' (choose fp32 or bf16)"}},
+      {"verify --allreduce-dtype bf16 --engine cuda --comm cuda-local --report {d}/r.json",
+       2,
        {"--allreduce-dtype bf16", "cpu engine"}},
-      {"verify --precision fp32 --mutant bf16-accumulate --report {d}/r.json", 2, {"bf16-accumulate", "add --precision bf16"}},
+      {"verify --precision fp32 --mutant bf16-accumulate --report {d}/r.json",
+       2,
+       {"bf16-accumulate", "add --precision bf16"}},
       {"verify --precision bf16 --mutant scaler-local-skip --report {d}/r.json", 2, {"add --precision fp16"}},
       {"train --model 4,1 --precision half --log {d}/l.json", 2, {"unknown --precision 'half'"}},
-      {"train --model 4,1 --precision fp16 --engine cuda --comm cuda-local --tf32 --log {d}/l.json", 2, {"--precision fp16"}},
-      {"train --model 4,1 --loss-scale always --log {d}/l.json", 2, {"unknown --loss-scale 'always' (choose none or dynamic)"}},
-      {"train --model 4,1 --loss-scale dynamic --loss-scale-init 3 --log {d}/l.json", 2,
+      {"train --model 4,1 --precision fp16 --engine cuda --comm cuda-local --tf32 --log {d}/l.json",
+       2,
+       {"--precision fp16"}},
+      {"train --model 4,1 --loss-scale always --log {d}/l.json",
+       2,
+       {"unknown --loss-scale 'always' (choose none or dynamic)"}},
+      {"train --model 4,1 --loss-scale dynamic --loss-scale-init 3 --log {d}/l.json",
+       2,
        {"--loss-scale-init must be a power of two"}},
       {"train --model 4,1 --loss-scale dynamic --loss-scale-init inf --log {d}/l.json", 2, {"--loss-scale-init"}},
       {"train --model 4,1 --loss-scale dynamic --loss-scale-init 1e30 --log {d}/l.json", 2, {"--loss-scale-init"}},
       {"train --model 4,1 --loss-scale dynamic --loss-scale-interval 0 --log {d}/l.json", 2, {"--loss-scale-interval"}},
       {"train --model 4,1 --loss-scale-interval 5 --log {d}/l.json", 2, {"are for --loss-scale dynamic"}},
-      {"train --model 4,1 --precision fp16 --loss-scale none --loss-scale-init 8 --log {d}/l.json", 2,
+      {"train --model 4,1 --precision fp16 --loss-scale none --loss-scale-init 8 --log {d}/l.json",
+       2,
        {"are for --loss-scale dynamic"}},
       {"train --model 4,1 --allreduce-dtype int8 --log {d}/l.json", 2, {"unknown --allreduce-dtype 'int8'"}},
       // Buckets: --bucket-mb is a size in MiB, 0 for one all-reduce.
@@ -333,22 +365,27 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"train --model 4,1 --bucket-mb lots --log {d}/l.json", 2, {"--bucket-mb"}},
       {"grad --model 4,1 --batch 8 --precision fp4", 2, {"unknown --precision 'fp4'"}},
       {"grad --model 4,1 --batch 8 --loss-scale dynamic --loss-scale-init 0.3", 2, {"--loss-scale-init"}},
-      {"grad --model 1,1 --batch 1 --precision fp16 --loss-scale-init 1099511627776", 2,
+      {"grad --model 1,1 --batch 1 --precision fp16 --loss-scale-init 1099511627776",
+       2,
        {"gradient is not finite", "--loss-scale-init"}},
       // --kernels: a shared object this machine loads, exporting a kernel table of a known ABI, with a
       // name, on host memory for the cpu engine (tests/plugins/kernels/).
       {"verify --kernels {d}/missing.so --report {d}/r.json", 2, {"--kernels", "missing.so: no such file"}},
       {"verify --kernels {d}/afile --report {d}/r.json", 2, {"--kernels", "afile: not a shared object"}},
       {"verify --kernels {d}/fifo --report {d}/r.json", 2, {"--kernels", "fifo: not a regular file"}},
-      {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_NO_SYMBOL, 2,
+      {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_NO_SYMBOL,
+       2,
        {"--kernels", "exports no dpcheck_kernel_plugin"}},
-      {std::string("train --model 4,1 --log {d}/l.json --kernels ") + DPCHECK_KERNELS_COMM_ONLY, 2,
+      {std::string("train --model 4,1 --log {d}/l.json --kernels ") + DPCHECK_KERNELS_COMM_ONLY,
+       2,
        {"exports no dpcheck_kernel_plugin", "it exports dpcheck_comm_plugin: pass it with --comm"}},
-      {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_BAD_ABI, 2,
+      {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_BAD_ABI,
+       2,
        {"--kernels", "plugin ABI 99", "knows ABI 1 to 3"}},
       {std::string("grad --model 4,1 --batch 8 --kernels ") + DPCHECK_KERNELS_NO_TABLE, 2, {"--kernels", "no table"}},
       {std::string("verify --report {d}/r.json --kernels ") + DPCHECK_KERNELS_NO_NAME, 2, {"--kernels", "no name"}},
-      {std::string("train --model 4,1 --log {d}/l.json --kernels ") + DPCHECK_KERNELS_DEVICE_MEMORY, 2,
+      {std::string("train --model 4,1 --log {d}/l.json --kernels ") + DPCHECK_KERNELS_DEVICE_MEMORY,
+       2,
        {"--kernels", "DPCHECK_CUDA", "--engine cuda"}},
       // Timeouts: finite, positive, at most a day.
       {"train --model 4,1 --timeout inf", 2, {"--timeout", "inf"}},
@@ -411,23 +448,33 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"verify --cases 1 --comm {d}/missing.so", 2, {"--comm", "missing.so", "no such file"}},
       {"verify --cases 1 --comm {d}/afile", 2, {"--comm", "afile", "not a shared object"}},
       {"verify --cases 1 --comm {d}", 2, {"--comm", "not a regular file"}},
-      {"verify --cases 1 --comm {p}/libdpcheck_comm_wrong-abi.so", 2, {"wrong-abi", "plugin ABI 99", "knows ABI 1 to 3"}},
+      {"verify --cases 1 --comm {p}/libdpcheck_comm_wrong-abi.so",
+       2,
+       {"wrong-abi", "plugin ABI 99", "knows ABI 1 to 3"}},
       {"verify --cases 1 --comm {p}/libdpcheck_comm_unknown-dtype.so", 2, {"unknown-dtype", "dtypes hold bit 9"}},
       {"verify --cases 1 --comm {p}/libdpcheck_comm_unknown-op.so", 2, {"unknown-op", "ops hold bit 7"}},
       // Capabilities (plugin ABI 3): the gradient all-reduce a plugin does not declare is refused up front.
-      {"verify --cases 1 --comm {p}/libdpcheck_comm_float32-sum.so", 2,
+      {"verify --cases 1 --comm {p}/libdpcheck_comm_float32-sum.so",
+       2,
        {"plugin 'broken'", "float32-sum", "does not support avg", "DPCHECK_OP_BIT(DPCHECK_AVG)"}},
-      {"train --model 4,1 --steps 1 --world-size 2 --comm {p}/libdpcheck_comm_float32-sum.so", 2,
+      {"train --model 4,1 --steps 1 --world-size 2 --comm {p}/libdpcheck_comm_float32-sum.so",
+       2,
        {"plugin 'broken'", "does not support avg"}},
-      {"train --model 4,1 --steps 1 --world-size 2 --allreduce-dtype bf16 --comm {p}/libdpcheck_comm_unchanged-source.so", 2,
+      {"train --model 4,1 --steps 1 --world-size 2 --allreduce-dtype bf16 --comm "
+       "{p}/libdpcheck_comm_unchanged-source.so",
+       2,
        {"plugin 'broken'", "unchanged-source", "does not support bfloat16", "--allreduce-dtype f32",
         "DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16)"}},
-      {"verify --cases 1 --allreduce-dtype bf16 --comm {p}/libdpcheck_comm_abi-1.so", 2,
+      {"verify --cases 1 --allreduce-dtype bf16 --comm {p}/libdpcheck_comm_abi-1.so",
+       2,
        {"plugin ABI 1, which has no bfloat16"}},
-      {"grad --model 4,1 --batch 4 --world-size 2 --comm {p}/libdpcheck_comm_float32-sum.so", 2, {"does not support avg"}},
+      {"grad --model 4,1 --batch 4 --world-size 2 --comm {p}/libdpcheck_comm_float32-sum.so",
+       2,
+       {"does not support avg"}},
       {"verify --cases 1 --comm {p}/libdpcheck_comm_null-entry.so", 2, {"null-entry", "no allreduce (NULL)"}},
       {"verify --cases 1 --comm {p}/libdpcheck_comm_null-table.so", 2, {"null-table", "no table (NULL)"}},
-      {"verify --cases 1 --comm {p}/libdpcheck_comm_bad-env.so", 2,
+      {"verify --cases 1 --comm {p}/libdpcheck_comm_bad-env.so",
+       2,
        {"bad-env", "dpcheck_plugin_env", "\"BAD_ENV_CHUNK=4096\"", "not a variable's name"}},
       {"verify --cases 1 --comm {r} --engine cuda", 2, {"engine cuda", "is for --engine cpu"}},
       {"train --model 4,1 --steps 1 --comm {p}/libdpcheck_comm_wrong-abi.so", 2, {"plugin ABI 99"}},
@@ -436,9 +483,11 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench allreduce --sizes 4K --ranks 2 --comm local", 2, {"--comm local", "--backends"}},
       {"conform", 2, {"--comm"}},
       {"conform --comm local", 2, {"--comm local", "other than dpcheck's default", "mpi-native"}},
-      {"train --model 8,4,1 --batch 512 --world-size 65 --allreduce-dtype bf16 --comm {r}", 2,
+      {"train --model 8,4,1 --batch 512 --world-size 65 --allreduce-dtype bf16 --comm {r}",
+       2,
        {"--allreduce-dtype bf16 on 65 ranks", "names no reduction schedule", "at most 64 ranks"}},
-      {"verify --cases 1 --world-size 65 --allreduce-dtype bf16 --comm {r}", 2,
+      {"verify --cases 1 --world-size 65 --allreduce-dtype bf16 --comm {r}",
+       2,
        {"--allreduce-dtype bf16 on 65 ranks", "names no reduction schedule", "at most 64 ranks"}},
       {"conform --comm {r} --max-size 0", 2, {"--max-size"}},
       {"conform --comm {r} --max-size 100000", 2, {"--max-size", "4096"}},
@@ -464,9 +513,12 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --comm {r} --schedule hierarchical:x", 2, {"--schedule hierarchical:x", "whole number from 1"}},
       {"conform --comm {r} --check 'schedule float32 sum'", 2, {"--check 'schedule float32 sum' needs --schedule"}},
       {"conform --kernels {d}/missing.so --schedule ring", 2, {"--schedule is for a communicator"}},
-      {"conform --comm {r} --schedule open-mpi-ring:4", 2, {"--schedule open-mpi-ring:4", "only hierarchical takes a group size"}},
+      {"conform --comm {r} --schedule open-mpi-ring:4",
+       2,
+       {"--schedule open-mpi-ring:4", "only hierarchical takes a group size"}},
       {"conform --kernels {d}/missing.so --allreduce-only", 2, {"--allreduce-only is for a communicator"}},
-      {"conform --comm {r} --allreduce-only --check 'broadcast float32'", 2,
+      {"conform --comm {r} --allreduce-only --check 'broadcast float32'",
+       2,
        {"--allreduce-only with --check 'broadcast float32'", "not one of the all-reduce's"}},
       {"conform --kernels {d}/missing.so", 2, {"--kernels", "missing.so", "no such file"}},
       {"conform --kernels {d}/missing.so --precision fp7", 2, {"unknown --precision 'fp7'"}},
@@ -591,18 +643,22 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench step --models 8,8@8:0.5:9", 2, {"--models", "GOAL"}},
       {"bench step --models 8,8@8x", 2, {"--models", "positive whole batch"}},
       {"bench step --models 8,8@99999999999", 2, {"--models", "positive whole batch"}},
-      {"conform --comm {r} --check 'allreduce float32 sum' --case count=4611686018427387904", 2,
+      {"conform --comm {r} --check 'allreduce float32 sum' --case count=4611686018427387904",
+       2,
        {"--case", "count 4611686018427387904", "too big for this machine"}},
       // An output that is an input, directly or through a link, or another output: refused before any work.
       {"train --model 4,1 --x {d}/x.npy --y {d}/y.npy --batch 8 --trace {d}/x.npy", 2, {"--trace", "same file as --x"}},
-      {"train --model 4,1 --x {d}/x.npy --y {d}/y.npy --batch 8 --report {d}/link-to-x.npy", 2,
+      {"train --model 4,1 --x {d}/x.npy --y {d}/y.npy --batch 8 --report {d}/link-to-x.npy",
+       2,
        {"--report", "same file as --x"}},
       {"diff {d}/trace.jsonl {d}/trace_v2.jsonl --json {d}/trace_v2.jsonl", 2, {"--json", "same file as argument B"}},
       {"diff {d}/trace.jsonl {d}/trace_v2.jsonl --json {d}/hard-trace.jsonl", 2, {"--json", "same file as argument B"}},
       {"verify --cases 1 --report {d}/r.json --junit {d}/r.json", 2, {"--report and --junit name the same file"}},
       {"drift {d}/init {d}/init --trace-a {d}/trace.jsonl --trace-b {d}/trace.jsonl", 2, {"no checkpoint"}},
       // Paths the system cannot follow: said with the option and the path, before any work.
-      {"train --model 4,1 --checkpoint-dir {d}/dangling-dir", 2, {"--checkpoint-dir", "symbolic link", "does not exist"}},
+      {"train --model 4,1 --checkpoint-dir {d}/dangling-dir",
+       2,
+       {"--checkpoint-dir", "symbolic link", "does not exist"}},
       {"verify --cases 1 --report {l}/loop-a", 2, {"--report", "loop-a", "too many levels of symbolic links"}},
       {"train --model 4,1 --trace {l}/loop-a", 2, {"--trace", "loop-a", "too many levels of symbolic links"}},
       {"train --model 4,1 --checkpoint-dir {l}/loop-a", 2, {"loop-a", "too many levels of symbolic links"}},
@@ -624,7 +680,9 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"plant-writes --dir {d} --plant 1:open-rdwr:sideways:f", 2, {"'sideways' is neither abs nor rel"}},
       {"plant-writes --dir {d} --plant 1:open-rdwr:abs:../kept.json", 2, {"--plant", "inside the planted directory"}},
       {"plant-writes --dir {d} --plant 1:open-rdwr:abs:{d}/kept.json", 2, {"--plant", "inside the planted directory"}},
-      {"grad --model 4,1 --batch 8 --mutant audit-rdwr-not-a-write", 2, {"audit-rdwr-not-a-write", "audit_sees_every_write"}},
+      {"grad --model 4,1 --batch 8 --mutant audit-rdwr-not-a-write",
+       2,
+       {"audit-rdwr-not-a-write", "audit_sees_every_write"}},
   };
 
   const fs::path d = dir_.path();
@@ -632,9 +690,10 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
   ASSERT_TRUE(before.contains("kept.json") && before.contains("init/layers.0.weight.npy"));
   for (const Row& row : rows) {
     // {p}: the tests' plugins; {r}: the ring example, a plugin that loads.
-    const std::string args = replace_all(
-        replace_all(replace_all(replace_all(row.args, "{d}", d.string()), "{p}", DPCHECK_COMM_PLUGIN_DIR), "{r}", DPCHECK_RING_PLUGIN),
-        "{l}", loops_path().string());
+    const std::string args =
+        replace_all(replace_all(replace_all(replace_all(row.args, "{d}", d.string()), "{p}", DPCHECK_COMM_PLUGIN_DIR),
+                                "{r}", DPCHECK_RING_PLUGIN),
+                    "{l}", loops_path().string());
     if (row.memory_kib > 0 && kAddressSanitizer) {
       // AddressSanitizer reserves terabytes of address space for its shadow memory at start, which no
       // `ulimit -v` allows: the row runs in the other builds.
@@ -647,7 +706,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
     EXPECT_EQ(r.status, row.status) << args << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << "\n" << r.output;
     EXPECT_EQ(r.output.rfind("dpcheck: error: ", 0), 0u) << args << "\n" << r.output;
-    for (const std::string& w : row.words) EXPECT_NE(r.output.find(w), std::string::npos) << args << "\nlacks: " << w << "\n" << r.output;
+    for (const std::string& w : row.words)
+      EXPECT_NE(r.output.find(w), std::string::npos) << args << "\nlacks: " << w << "\n" << r.output;
     EXPECT_LT(r.seconds, 10.0) << args;
     EXPECT_EQ(snapshot(d), before) << args;
     EXPECT_TRUE(is_char_device("/dev/null")) << args;
@@ -660,7 +720,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
 TEST_F(BadInput, ASymlinkedReportIsWrittenThroughToItsTarget) {
   const fs::path d = dir_.path();
   fs::create_symlink("fresh.json", d / "dangling.json");
-  const std::string cmd = std::string(DPCHECK_BINARY) + " verify --cases 1 --property sampler_shards_disjoint --report " +
+  const std::string cmd = std::string(DPCHECK_BINARY) +
+                          " verify --cases 1 --property sampler_shards_disjoint --report " +
                           (d / "link.json").string() + " --junit " + (d / "dangling.json").string();
   const CommandResult r = run_command(cmd, 120);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -701,31 +762,38 @@ TEST_F(BadInput, TrainStopsAtTheFirstLossThatIsNotFinite) {
 }
 
 // One line and the exit status, and nothing left in `dir` that was not there before.
-void expect_one_line(const CommandResult& r, int status, const std::vector<std::string>& words, const std::string& what) {
+void expect_one_line(const CommandResult& r, int status, const std::vector<std::string>& words,
+                     const std::string& what) {
   EXPECT_EQ(r.status, status) << what << "\n" << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << what << "\n" << r.output;
   EXPECT_EQ(r.output.rfind("dpcheck: error: ", 0), 0u) << what << "\n" << r.output;
-  for (const std::string& w : words) EXPECT_NE(r.output.find(w), std::string::npos) << what << "\nlacks: " << w << "\n" << r.output;
+  for (const std::string& w : words)
+    EXPECT_NE(r.output.find(w), std::string::npos) << what << "\nlacks: " << w << "\n" << r.output;
 }
 
 // Exactly one "dpcheck: error: " line, at the end, after what the command printed before it failed.
-void expect_one_error_line(const CommandResult& r, int status, const std::vector<std::string>& words, const std::string& what) {
+void expect_one_error_line(const CommandResult& r, int status, const std::vector<std::string>& words,
+                           const std::string& what) {
   EXPECT_EQ(r.status, status) << what << "\n" << r.output;
   std::size_t lines = 0;
-  for (std::size_t at = r.output.find("dpcheck: error: "); at != std::string::npos; at = r.output.find("dpcheck: error: ", at + 1)) ++lines;
+  for (std::size_t at = r.output.find("dpcheck: error: "); at != std::string::npos;
+       at = r.output.find("dpcheck: error: ", at + 1))
+    ++lines;
   EXPECT_EQ(lines, 1u) << what << "\n" << r.output;
   const std::size_t last = r.output.rfind("dpcheck: error: ");
   ASSERT_NE(last, std::string::npos) << what << "\n" << r.output;
   const std::string line = r.output.substr(last);
   EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << what << "\n" << r.output;
-  for (const std::string& w : words) EXPECT_NE(line.find(w), std::string::npos) << what << "\nlacks: " << w << "\n" << r.output;
+  for (const std::string& w : words)
+    EXPECT_NE(line.find(w), std::string::npos) << what << "\nlacks: " << w << "\n" << r.output;
 }
 
 // A plugin that faults (its call returns an error) stops verify as it stops train: exit 3, one line
 // naming the plugin, the call and its message -- not a failing property (exit 1), which is for a
 // plugin that computes wrong numbers.
 TEST_F(BadInput, APluginFaultInVerifyIsARuntimeFault) {
-  const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " verify --cases 2 --kernels " + DPCHECK_KERNELS_FAILING, 120);
+  const CommandResult r =
+      run_command(std::string(DPCHECK_BINARY) + " verify --cases 2 --kernels " + DPCHECK_KERNELS_FAILING, 120);
   expect_one_error_line(r, 3, {"plugin 'failing'", "linear_forward", "no workspace left"}, "verify --kernels failing");
   EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
 }
@@ -735,8 +803,8 @@ TEST_F(BadInput, APluginFaultInVerifyIsARuntimeFault) {
 TEST_F(BadInput, InputsThatNeverEndAreRefused) {
   const fs::path d = dir_.path();
   const std::string bin = DPCHECK_BINARY;
-  const CommandResult made = run_command(bin + " train --model 4,1 --steps 2 --checkpoint-every 1 --keep 5 --checkpoint-dir " +
-                                             (d / "ckpt").string(), 60);
+  const CommandResult made = run_command(
+      bin + " train --model 4,1 --steps 2 --checkpoint-every 1 --keep 5 --checkpoint-dir " + (d / "ckpt").string(), 60);
   ASSERT_EQ(made.status, 0) << made.output;
   const std::string ckpt = (d / "ckpt").string();
   {
@@ -771,9 +839,10 @@ TEST_F(BadInput, AWriteRefusedMidwayLeavesNothingBehind) {
   fs::create_directory(d / "out");
   const std::map<std::string, std::string> before = snapshot(d);
   for (const std::string& args : {"train --model 64,64 --steps 1 --checkpoint-dir " + (d / "out" / "ckpt").string(),
-                                   "train --model 64,64 --steps 1 --keep 1 --checkpoint-every 1 --checkpoint-dir " +
-                                       (d / "out" / "ckpt").string()}) {
-    const CommandResult r = run_command("sh -c " + quoted("ulimit -f 4 && exec " + std::string(DPCHECK_BINARY) + " " + args), 60);
+                                  "train --model 64,64 --steps 1 --keep 1 --checkpoint-every 1 --checkpoint-dir " +
+                                      (d / "out" / "ckpt").string()}) {
+    const CommandResult r =
+        run_command("sh -c " + quoted("ulimit -f 4 && exec " + std::string(DPCHECK_BINARY) + " " + args), 60);
     EXPECT_EQ(r.status, 3) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("dpcheck: error: "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("too large"), std::string::npos) << r.output;
@@ -799,7 +868,9 @@ TEST_F(BadInput, ABundleOutsideItsRunIsRefused) {
   const fs::path d = dir_.path();
   const CommandResult made = run_command(std::string(DPCHECK_BINARY) +
                                              " train --model 4,1 --steps 5 --world-size 2 --lr 1e30 "
-                                             "--bundle-dir " + d.string(), 60);
+                                             "--bundle-dir " +
+                                             d.string(),
+                                         60);
   ASSERT_EQ(made.status, 1) << made.output;
   fs::path bundle;
   for (const auto& e : fs::directory_iterator(d))
@@ -820,15 +891,24 @@ TEST_F(BadInput, ABundleOutsideItsRunIsRefused) {
     std::string path;
     std::vector<std::string> words;
   } rows[] = {
-      {edited("missing-data", [&](nlohmann::json& m, nlohmann::json&) {
-         m["data"] = {{"x", (d / "gone-x.npy").string()}, {"y", (d / "gone-y.npy").string()}, {"x_xxh3", "0"}, {"y_xxh3", "0"}};
-       }), {"gone-x.npy", "is gone"}},
-      {edited("empty-data", [&](nlohmann::json& m, nlohmann::json&) {
-         m["data"] = {{"x", ""}, {"y", ""}, {"x_xxh3", ""}, {"y_xxh3", ""}};
-       }), {"data", "empty path"}},
-      {edited("both-data", [&](nlohmann::json& m, nlohmann::json&) {
-         m["data"] = {{"synthetic", true}, {"x", (d / "gone-x.npy").string()}};
-       }), {"data", "one or the other"}},
+      {edited("missing-data",
+              [&](nlohmann::json& m, nlohmann::json&) {
+                m["data"] = {{"x", (d / "gone-x.npy").string()},
+                             {"y", (d / "gone-y.npy").string()},
+                             {"x_xxh3", "0"},
+                             {"y_xxh3", "0"}};
+              }),
+       {"gone-x.npy", "is gone"}},
+      {edited("empty-data",
+              [&](nlohmann::json& m, nlohmann::json&) {
+                m["data"] = {{"x", ""}, {"y", ""}, {"x_xxh3", ""}, {"y_xxh3", ""}};
+              }),
+       {"data", "empty path"}},
+      {edited("both-data",
+              [&](nlohmann::json& m, nlohmann::json&) {
+                m["data"] = {{"synthetic", true}, {"x", (d / "gone-x.npy").string()}};
+              }),
+       {"data", "one or the other"}},
       {edited("far-rank", [&](nlohmann::json& m, nlohmann::json&) { m["failure"]["rank"] = 1000000; }),
        {"failure.rank", "1000000"}},
       {edited("far-index", [&](nlohmann::json&, nlohmann::json& i) { i["ranks"][0][0] = 1000000000; }),
@@ -836,17 +916,27 @@ TEST_F(BadInput, ABundleOutsideItsRunIsRefused) {
       // The backend the run ran on (divergence/backend_record.hpp), damaged.
       {edited("backend-text", [&](nlohmann::json& m, nlohmann::json&) { m["backend"] = "gloo"; }),
        {"backend-text/manifest.json", "\"backend\" is \"gloo\", not an object"}},
-      {edited("backend-no-path", [&](nlohmann::json& m, nlohmann::json&) {
-         m["backend"]["plugins"] = {{{"option", "--comm"}}};
-       }), {"backend-no-path/manifest.json", "\"backend.plugins[0].path\" is missing"}},
-      {edited("backend-abi", [&](nlohmann::json& m, nlohmann::json&) {
-         m["backend"]["plugins"] = {{{"option", "--comm"}, {"path", "./libgloo.so"}, {"resolved", "/x/libgloo.so"},
-                                     {"xxh3", "0123456789abcdef"}, {"name", "gloo ring"}, {"version", nullptr},
-                                     {"abi", "3"}}};
-       }), {"backend-abi/manifest.json", "\"backend.plugins[0].abi\" is \"3\""}},
-      {edited("backend-env", [&](nlohmann::json& m, nlohmann::json&) {
-         m["backend"]["mpi_env"] = {{"prefixes", {"OMPI_MCA_coll"}}, {"set", {{"OMPI_MCA_coll; rm x", "1"}}}};
-       }), {"backend-env/manifest.json", "backend.mpi_env.set", "not an environment variable"}},
+      {edited("backend-no-path",
+              [&](nlohmann::json& m, nlohmann::json&) {
+                m["backend"]["plugins"] = {{{"option", "--comm"}}};
+              }),
+       {"backend-no-path/manifest.json", "\"backend.plugins[0].path\" is missing"}},
+      {edited("backend-abi",
+              [&](nlohmann::json& m, nlohmann::json&) {
+                m["backend"]["plugins"] = {{{"option", "--comm"},
+                                            {"path", "./libgloo.so"},
+                                            {"resolved", "/x/libgloo.so"},
+                                            {"xxh3", "0123456789abcdef"},
+                                            {"name", "gloo ring"},
+                                            {"version", nullptr},
+                                            {"abi", "3"}}};
+              }),
+       {"backend-abi/manifest.json", "\"backend.plugins[0].abi\" is \"3\""}},
+      {edited("backend-env",
+              [&](nlohmann::json& m, nlohmann::json&) {
+                m["backend"]["mpi_env"] = {{"prefixes", {"OMPI_MCA_coll"}}, {"set", {{"OMPI_MCA_coll; rm x", "1"}}}};
+              }),
+       {"backend-env/manifest.json", "backend.mpi_env.set", "not an environment variable"}},
   };
   for (const auto& row : rows) {
     const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " replay " + row.path, kRowLimitS);
@@ -866,9 +956,11 @@ class BadInputMpi : public testing::Test {
   CommandResult run_split(const std::string& args0, const std::string& args1) const {
     const fs::path script = dir_.path() / "ranks.sh";
     std::ofstream(script) << "#!/bin/sh\n"
-                          << "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec " << DPCHECK_BINARY << " " << args1 << "; fi\n"
+                          << "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec " << DPCHECK_BINARY << " " << args1
+                          << "; fi\n"
                           << "exec " << DPCHECK_BINARY << " " << args0 << "\n";
-    return run_command(std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
+    return run_command(
+        std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
   }
   const ScratchDir dir_;
 };
@@ -890,7 +982,8 @@ TEST_F(BadInputMpi, RanksThatDisagreeOnTheCommandLineAreRefusedNamingTheOption) 
        "ranks disagree on the command line: --batch is 30 on rank 0 and 32 on rank 1"},
       {"verify --comm mpi --cases 2", "verify --comm mpi --cases=3",
        "ranks disagree on the command line: --cases is 2 on rank 0 and 3 on rank 1"},
-      {"verify --comm mpi --property sampler_shards_disjoint", "verify --comm mpi --property replicas_bitwise_synchronized",
+      {"verify --comm mpi --property sampler_shards_disjoint",
+       "verify --comm mpi --property replicas_bitwise_synchronized",
        "--property is sampler_shards_disjoint on rank 0 and replicas_bitwise_synchronized on rank 1"},
       {"grad --model 4,1 --batch 8", "grad --model 4,1 --batch 8 --seed 3", "--seed on rank 1"},
   };
@@ -921,7 +1014,8 @@ TEST_F(BadInputMpi, OneRanksBadInputStopsEveryRankAtOnce) {
   } cases[] = {
       {"train --comm mpi --model 4,1 --batch 8 --x x.npy --y y.npy --timeout 60", "rank 1: x.npy", false},
       {"train --comm mpi --model 4,1 --batch 8 --x x.npy --y y.npy --timeout 60", "rank 1: x.npy", true},
-      {"train --comm mpi --model 4,1 --batch 8 --kernels ./k.so --timeout 60", "rank 1: --kernels ./k.so: no such file", false},
+      {"train --comm mpi --model 4,1 --batch 8 --kernels ./k.so --timeout 60", "rank 1: --kernels ./k.so: no such file",
+       false},
   };
   fs::copy_file(DPCHECK_KERNELS_NAIVE, d / "rank0" / "k.so");
   fs::copy_file(DPCHECK_KERNELS_NAIVE, d / "rank2" / "k.so");
@@ -935,10 +1029,10 @@ TEST_F(BadInputMpi, OneRanksBadInputStopsEveryRankAtOnce) {
       write_npy(d / "rank1" / "y.npy", y_shape, std::span<const float>(y));
     }
     const fs::path script = d / "ranks.sh";
-    std::ofstream(script) << "#!/bin/sh\ncd " << d.string() << "/rank$OMPI_COMM_WORLD_RANK || exit 9\nexec " << DPCHECK_BINARY
-                          << " " << c.args << "\n";
-    const CommandResult r =
-        run_command(std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
+    std::ofstream(script) << "#!/bin/sh\ncd " << d.string() << "/rank$OMPI_COMM_WORLD_RANK || exit 9\nexec "
+                          << DPCHECK_BINARY << " " << c.args << "\n";
+    const CommandResult r = run_command(
+        std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
     EXPECT_EQ(r.status, 2) << c.args << "\n" << r.output;
     const std::vector<std::string> lines = error_lines(r.output);
     ASSERT_EQ(lines.size(), 1u) << c.args << "\n" << r.output;
@@ -950,15 +1044,17 @@ TEST_F(BadInputMpi, OneRanksBadInputStopsEveryRankAtOnce) {
   }
   // replay reads its checkpoint directory on every rank: rank 1's is missing.
   for (int r : {0, 2}) {
-    const CommandResult made = run_command("cd " + (d / ("rank" + std::to_string(r))).string() + " && " + DPCHECK_BINARY +
-                                               " train --model 4,1 --batch 8 --world-size 3 --steps 2 --checkpoint-every 1 --checkpoint-dir ckpt", 60);
+    const CommandResult made = run_command(
+        "cd " + (d / ("rank" + std::to_string(r))).string() + " && " + DPCHECK_BINARY +
+            " train --model 4,1 --batch 8 --world-size 3 --steps 2 --checkpoint-every 1 --checkpoint-dir ckpt",
+        60);
     ASSERT_EQ(made.status, 0) << made.output;
   }
   const fs::path script = d / "replay.sh";
-  std::ofstream(script) << "#!/bin/sh\ncd " << d.string() << "/rank$OMPI_COMM_WORLD_RANK || exit 9\nexec " << DPCHECK_BINARY
-                        << " replay ckpt --step 1 --comm mpi --timeout 60\n";
-  const CommandResult r =
-      run_command(std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
+  std::ofstream(script) << "#!/bin/sh\ncd " << d.string() << "/rank$OMPI_COMM_WORLD_RANK || exit 9\nexec "
+                        << DPCHECK_BINARY << " replay ckpt --step 1 --comm mpi --timeout 60\n";
+  const CommandResult r = run_command(
+      std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 sh " + script.string(), 60);
   EXPECT_EQ(r.status, 2) << r.output;
   const std::vector<std::string> lines = error_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
@@ -974,7 +1070,8 @@ TEST_F(BadInputMpi, ALauncherWantsACommunicatorWhoseRanksAreProcesses) {
   } cases[] = {
       {"verify --cases 1", "started by a launcher with 3 processes but --comm is local: add --comm mpi"},
       {"train --model 4,1 --comm local", "started by a launcher with 3 processes but --comm is local: add --comm mpi"},
-      {"verify --engine cuda --cases 1", "started by a launcher with 3 processes but --comm is cuda-local: add --comm nccl"},
+      {"verify --engine cuda --cases 1",
+       "started by a launcher with 3 processes but --comm is cuda-local: add --comm nccl"},
       {"verify --comm mpi --world-size 2 --cases 1", "--world-size 2 disagrees with the launcher's 3 processes"},
   };
   for (const auto& c : cases) {

@@ -47,14 +47,16 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed, std::uint64_
   std::vector<float> v(n);
   const auto width = static_cast<std::uint64_t>(2 * spread + 1);
   for (std::size_t i = 0; i < n; ++i)
-    v[i] = std::ldexp(random_symmetric(key, stream, i), static_cast<int>(random_u64(key, stream + 1000, i) % width) - spread);
+    v[i] = std::ldexp(random_symmetric(key, stream, i),
+                      static_cast<int>(random_u64(key, stream + 1000, i) % width) - spread);
   return v;
 }
 
 // Row counts below, at and above one chunk (kBiasGradChunk = 512 rows), so that both the one-pass and
 // the two-pass (chunks, then their sums in chunk order) paths run, with ragged last chunks.
 rc::Gen<int> gen_rows() {
-  return rc::gen::oneOf(rc::gen::element(0, 1, 3, 8, 9, 17, 511, 512, 513, 1024, 1500, 8192), rc::gen::inRange(1, 2000));
+  return rc::gen::oneOf(rc::gen::element(0, 1, 3, 8, 9, 17, 511, 512, 513, 1024, 1500, 8192),
+                        rc::gen::inRange(1, 2000));
 }
 rc::Gen<int> gen_cols() {
   return rc::gen::oneOf(rc::gen::element(1, 3, 17, 31, 32, 33, 64, 127, 129), rc::gen::inRange(1, 300));
@@ -128,7 +130,8 @@ TEST(BiasGradGpu, OrderedSumsWithinDerivedBoundOfFloat64Reference) {
     const int rows = *gen_rows(), cols = *gen_cols();
     const bool accumulate = *rc::gen::arbitrary<bool>();
     const auto seed = *rc::gen::arbitrary<std::uint32_t>();
-    const std::vector<float> d = random_floats(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols), seed, 1);
+    const std::vector<float> d =
+        random_floats(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols), seed, 1);
     const std::vector<float> old = random_floats(static_cast<std::size_t>(cols), seed, 2);
     const auto dd = upload(d, s);
     const std::vector<float> gb = run_kernel(dd, rows, cols, accumulate, old, cuda::BiasGradKernel::ordered, s);
@@ -179,7 +182,8 @@ TEST(BiasGradGpu, SkipTailMutantLeavesTheLastColumnUnwritten) {
       const std::vector<float> got = run_kernel(dd, rows, cols, false, none, cuda::BiasGradKernel::skip_tail, s);
       const std::vector<float> ordered = run_kernel(dd, rows, cols, false, none, cuda::BiasGradKernel::ordered, s);
       const Expected e = expected(d, rows, cols, false, none);
-      for (int j = 0; j + 1 < cols; ++j) EXPECT_LE(ratio(got[static_cast<std::size_t>(j)], e, j), 1.0) << "column " << j;
+      for (int j = 0; j + 1 < cols; ++j)
+        EXPECT_LE(ratio(got[static_cast<std::size_t>(j)], e, j), 1.0) << "column " << j;
       if (cols % 32 != 0) {
         EXPECT_TRUE(std::isnan(got.back())) << "the last column was written: " << got.back();
       } else {
@@ -262,9 +266,10 @@ TEST(BiasGradGpu, AtomicMutantOrderFollowsTheSchedulerAtThePropertysSizes) {
       }
     }
   // The line ci/gpu.sh reads (atomic_variation): the mutant's surviving is a miss only where this is above 0.
-  std::printf("atomic bias gradient at the property's sizes (rows 0-%d, columns 1-%d): varied from run to run at %d "
-              "of %d sizes (most: %zu distinct results of %d runs, at %s)\n",
-              max_rows, max_cols, varied, sizes, most, kRuns, most_at.c_str());
+  std::printf(
+      "atomic bias gradient at the property's sizes (rows 0-%d, columns 1-%d): varied from run to run at %d "
+      "of %d sizes (most: %zu distinct results of %d runs, at %s)\n",
+      max_rows, max_cols, varied, sizes, most, kRuns, most_at.c_str());
   RecordProperty("atomic_sizes_varied", std::to_string(varied) + "/" + std::to_string(sizes));
 }
 

@@ -272,8 +272,7 @@ TEST(GradientBound, LargerUnitRoundoffGivesALargerBound) {
   tf32.unit_roundoff = 0x1p-11;
   const auto f32 = reference::gradient_bound(m, params, b);
   const auto t32 = reference::gradient_bound(m, params, b, tf32);
-  for (std::size_t i = 0; i < f32.propagated.size(); ++i)
-    EXPECT_GT(t32.bound(i, 34), 100 * f32.bound(i, 34)) << i;
+  for (std::size_t i = 0; i < f32.propagated.size(); ++i) EXPECT_GT(t32.bound(i, 34), 100 * f32.bound(i, 34)) << i;
 }
 
 TEST(GradientBound, RoundingCounts) {
@@ -324,8 +323,8 @@ TEST(GradientBound, OneSampleDropInABatchOf4096IsCaughtByOneOfTheBounds) {
     const double drop_p = reference::compare(dropped, prob, r).max_ratio;
     EXPECT_LE(full_w, 1.0);
     EXPECT_LE(full_p, 1.0);
-    EXPECT_TRUE(drop_w > 1.0 || drop_p > 1.0) << "drop ratios " << drop_w << " (worst case), " << drop_p
-                                              << " (probabilistic)";
+    EXPECT_TRUE(drop_w > 1.0 || drop_p > 1.0)
+        << "drop ratios " << drop_w << " (worst case), " << drop_p << " (probabilistic)";
     worst_case_catches += drop_w > 1.0;
     only_probabilistic_catches += drop_w <= 1.0 && drop_p > 1.0;
     reductions += static_cast<double>(full.size());
@@ -335,11 +334,12 @@ TEST(GradientBound, OneSampleDropInABatchOf4096IsCaughtByOneOfTheBounds) {
     std::printf("case %2d %-28s full %.3f / %.3f  dropped %.3f / %.3f (worst case / probabilistic)\n", i,
                 model_text(m).c_str(), full_w, full_p, drop_w, drop_p);
   }
-  std::printf("a drop of one example in %lld: the worst-case bound catches %d of %d cases, only the probabilistic "
-              "one %d; false alarms of the probabilistic bound over all cases: at most %.2g for the reductions, "
-              "%.2g over every dot product\n",
-              static_cast<long long>(batch), worst_case_catches, cases, only_probabilistic_catches, reductions * p,
-              dot_products * p);
+  std::printf(
+      "a drop of one example in %lld: the worst-case bound catches %d of %d cases, only the probabilistic "
+      "one %d; false alarms of the probabilistic bound over all cases: at most %.2g for the reductions, "
+      "%.2g over every dot product\n",
+      static_cast<long long>(batch), worst_case_catches, cases, only_probabilistic_catches, reductions * p,
+      dot_products * p);
   EXPECT_EQ(worst_case_catches + only_probabilistic_catches, cases);
   EXPECT_GE(worst_case_catches, cases / 2);
   RecordProperty("worst_case_catches", worst_case_catches);
@@ -493,7 +493,6 @@ TEST(LossBound, MeanOfUnequalSharesMeansIsCaught) {
   EXPECT_GE(caught, cases * 95 / 100);
 }
 
-
 // The carried term's worst case, constructed (mixed precision). A hidden activation whose float64 value
 // v lies just above a rounding midpoint of the low format, by less than float32's half ulp, is
 // computed by float32 arithmetic as the midpoint itself, which rounds to even: downwards, one ulp of
@@ -509,7 +508,7 @@ TEST(GradientBound, CarriedTermCoversAndMeetsItsWorstCaseAtARoundingMidpoint) {
   for (const Precision format : {Precision::bf16, Precision::fp16}) {
     SCOPED_TRACE(std::string(precision_name(format)));
     const double ulp = 2 * precision_unit_roundoff(format);  // the format's spacing in [1, 2)
-    const double midpoint = 1 + ulp / 2;                   // ties to even: down to 1
+    const double midpoint = 1 + ulp / 2;                     // ties to even: down to 1
     std::vector<float> params(layout.size());
     // x W1 = 2^-25, exact in either format and in float32; b1 the midpoint. v = midpoint + 2^-25, whose
     // float32 sum is the midpoint (float32's half ulp in [1, 2) is 2^-24).

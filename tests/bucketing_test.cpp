@@ -11,10 +11,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <span>
-#include <string_view>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "src/comm/local_comm.hpp"
@@ -75,7 +75,8 @@ TEST(BucketElements, MiBOfFloat32) {
 // Each rank's gradient: values that differ between ranks in their last bits.
 std::vector<float> rank_gradient(int rank, std::size_t n) {
   std::vector<float> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = 0.1f * static_cast<float>(i % 13) + 1e-3f * static_cast<float>(rank + 1) / 3.0f;
+  for (std::size_t i = 0; i < n; ++i)
+    g[i] = 0.1f * static_cast<float>(i % 13) + 1e-3f * static_cast<float>(rank + 1) / 3.0f;
   return g;
 }
 
@@ -340,7 +341,8 @@ TEST(BucketedTrainer, StagedBucketsGiveTheSameBitsOnTheirOwnStream) {
   }
   ASSERT_EQ(params[0].size(), params[1].size());
   for (std::size_t i = 0; i < params[0].size(); ++i)
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(params[1][i]), std::bit_cast<std::uint32_t>(params[0][i])) << "element " << i;
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(params[1][i]), std::bit_cast<std::uint32_t>(params[0][i]))
+        << "element " << i;
 }
 
 TEST(BucketedTrainer, RefusesABadSize) {

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <span>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -93,17 +93,19 @@ TEST_F(Cli, VerifyDrawsTheFormatsAndAPrecisionMutantNeedsNoFlag) {
   EXPECT_NE(plain.output.find("fp16 products"), std::string::npos) << plain.output;
   EXPECT_NE(plain.output.find("bf16 products"), std::string::npos) << plain.output;
   EXPECT_NE(plain.output.find("bf16 all-reduce"), std::string::npos) << plain.output;
-  const CommandResult fixed = run("verify --cases 20 --precision fp32 --allreduce-dtype fp32 "
-                                  "--property gradient_average_matches_whole_batch");
+  const CommandResult fixed =
+      run("verify --cases 20 --precision fp32 --allreduce-dtype fp32 "
+          "--property gradient_average_matches_whole_batch");
   ASSERT_EQ(fixed.status, 0) << fixed.output;
   EXPECT_EQ(fixed.output.find("drawn per case"), std::string::npos) << fixed.output;
   EXPECT_EQ(fixed.output.find("products"), std::string::npos) << fixed.output;
   for (const MutantInfo& m : mutants()) {
     if (m.precision.empty() || !m.engine.empty()) continue;
-    const CommandResult r = run("verify --mutant " + std::string(m.name) + " --property " + std::string(m.caught_by) +
-                                " --reruns 1");
+    const CommandResult r =
+        run("verify --mutant " + std::string(m.name) + " --property " + std::string(m.caught_by) + " --reruns 1");
     EXPECT_EQ(r.status, 1) << m.name << "\n" << r.output;
-    EXPECT_NE(r.output.find("--precision " + std::string(m.precision)), std::string::npos) << m.name << ": the replay line";
+    EXPECT_NE(r.output.find("--precision " + std::string(m.precision)), std::string::npos)
+        << m.name << ": the replay line";
   }
 }
 
@@ -114,13 +116,16 @@ TEST_F(Cli, VerifyOnSimulatedRanksSkipsWhatNeedsRealRanksAndCatchesAMutant) {
   const CommandResult r = run("verify --comm simulated --world-size 300 --model 6,9,3");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("world size 300, 21 cases per property"), std::string::npos) << r.output;
-  for (const char* skipped : {"replicas_bitwise_synchronized", "only_rank0_writes", "divergence_tools_name_the_difference"})
+  for (const char* skipped :
+       {"replicas_bitwise_synchronized", "only_rank0_writes", "divergence_tools_name_the_difference"})
     EXPECT_NE(r.output.find(std::string(skipped) + "  "), std::string::npos) << skipped;
   EXPECT_NE(r.output.find("it needs real ranks"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model 6,9,3 "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("--comm simulated --world-size 300 --model 6,9,3 --reproduce"), std::string::npos) << r.output;
-  const CommandResult m = run("verify --comm simulated --world-size 300 --mutant allreduce-sum-no-average "
-                              "--property gradient_average_matches_whole_batch --cases 5 --reruns 1");
+  EXPECT_NE(r.output.find("--comm simulated --world-size 300 --model 6,9,3 --reproduce"), std::string::npos)
+      << r.output;
+  const CommandResult m =
+      run("verify --comm simulated --world-size 300 --mutant allreduce-sum-no-average "
+          "--property gradient_average_matches_whole_batch --cases 5 --reruns 1");
   EXPECT_EQ(m.status, 1) << m.output;
   EXPECT_NE(m.output.find("FAILED gradient_average_matches_whole_batch"), std::string::npos) << m.output;
 }
@@ -129,17 +134,21 @@ TEST_F(Cli, VerifyOnSimulatedRanksSkipsWhatNeedsRealRanksAndCatchesAMutant) {
 // (not each rank's own, mid-reduction), and the finite check names the rank whose gradient is not finite;
 // the failure's bundle is written though the round of passes was cut short, and replays rank by rank.
 TEST_F(Cli, LiveChecksOnSimulatedRanksJudgeTheWorldsGradient) {
-  const CommandResult ok = run("train --comm simulated --world-size 64 --model 1,1 --activation tanh --batch 64 "
-                               "--dataset-size 64 --policy drop-last --optimizer adam --steps 2 --seed 0 "
-                               "--check-gradient-every 1 --check-finite --no-bundle");
+  const CommandResult ok =
+      run("train --comm simulated --world-size 64 --model 1,1 --activation tanh --batch 64 "
+          "--dataset-size 64 --policy drop-last --optimizer adam --steps 2 --seed 0 "
+          "--check-gradient-every 1 --check-finite --no-bundle");
   EXPECT_EQ(ok.status, 0) << ok.output;
   EXPECT_NE(ok.output.find("gradient error ratio"), std::string::npos) << ok.output;
-  const CommandResult dropped = run("train --comm simulated --world-size 65 --model 1,1 --batch 65 --dataset-size 65 "
-                                    "--steps 2 --check-gradient-every 1 --mutant allreduce-tree-drops-rank --no-bundle");
+  const CommandResult dropped =
+      run("train --comm simulated --world-size 65 --model 1,1 --batch 65 --dataset-size 65 "
+          "--steps 2 --check-gradient-every 1 --mutant allreduce-tree-drops-rank --no-bundle");
   EXPECT_EQ(dropped.status, 1) << dropped.output;
   EXPECT_NE(dropped.output.find("FAILED: step 0: the all-reduced gradient"), std::string::npos) << dropped.output;
-  const CommandResult nan = run("train --comm simulated --world-size 100 --model 3,4,2 --batch 300 --steps 3 "
-                                "--check-finite --mutant rank-nan-gradient --bundle-dir " + path("bundles"));
+  const CommandResult nan =
+      run("train --comm simulated --world-size 100 --model 3,4,2 --batch 300 --steps 3 "
+          "--check-finite --mutant rank-nan-gradient --bundle-dir " +
+          path("bundles"));
   EXPECT_EQ(nan.status, 1) << nan.output;
   EXPECT_NE(nan.output.find("FAILED: step 1: rank 99: its local gradient"), std::string::npos) << nan.output;
   EXPECT_NE(nan.output.find("repro bundle"), std::string::npos) << nan.output;
@@ -159,11 +168,13 @@ TEST_F(Cli, RingPluginInBf16KeepsTheBoundAtEveryWorldSizeAndTheBoundIsNotSlack) 
   constexpr double kFloor = 0.2;
   for (int n = 2; n <= 8; ++n) {
     const std::string report = path("ring-" + std::to_string(n) + ".json");
-    const CommandResult r = run(std::string("verify --comm ") + DPCHECK_RING_PLUGIN +
-                                " --precision fp32 --allreduce-dtype bf16 --world-size " + std::to_string(n) +
-                                " --cases 60 --seed 1 --quiet --property gradient_average_matches_whole_batch"
-                                " --property uneven_shares_match_whole_batch --property accumulation_matches_whole_batch"
-                                " --report " + report);
+    const CommandResult r =
+        run(std::string("verify --comm ") + DPCHECK_RING_PLUGIN +
+            " --precision fp32 --allreduce-dtype bf16 --world-size " + std::to_string(n) +
+            " --cases 60 --seed 1 --quiet --property gradient_average_matches_whole_batch"
+            " --property uneven_shares_match_whole_batch --property accumulation_matches_whole_batch"
+            " --report " +
+            report);
     ASSERT_EQ(r.status, 0) << "N = " << n << "\n" << r.output;
     const nlohmann::json j = nlohmann::json::parse(read_file(report));
     double largest = 0;
@@ -210,7 +221,8 @@ TEST_F(Cli, VerifyPassesAndWritesReports) {
 }
 
 TEST_F(Cli, VerifyWithAMutantExitsOneWithAReplayableCounterexample) {
-  const CommandResult r = run("verify --mutant sampler-off-by-one --property sampler_shards_disjoint --report " + path("r.json"));
+  const CommandResult r =
+      run("verify --mutant sampler-off-by-one --property sampler_shards_disjoint --report " + path("r.json"));
   ASSERT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("minimal case"), std::string::npos);
   const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
@@ -226,10 +238,14 @@ TEST_F(Cli, VerifyWithAMutantExitsOneWithAReplayableCounterexample) {
 
 // --thorough draws from a wider space: its replay line says so, or the token would name another case.
 TEST_F(Cli, AThoroughRunsReplayLineCarriesThorough) {
-  const CommandResult r = run("verify --thorough --cases 20 --mutant allreduce-rank-order --property "
-                              "replicas_bitwise_synchronized --report " + path("r.json"));
+  const CommandResult r =
+      run("verify --thorough --cases 20 --mutant allreduce-rank-order --property "
+          "replicas_bitwise_synchronized --report " +
+          path("r.json"));
   ASSERT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("world size drawn from 1-16 (thorough) and the scale class, 20 cases per property"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("world size drawn from 1-16 (thorough) and the scale class, 20 cases per property"),
+            std::string::npos)
+      << r.output;
   const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
   const auto& p = j["properties"][0];
   const std::string replay = p["reproduce"].get<std::string>();
@@ -238,7 +254,8 @@ TEST_F(Cli, AThoroughRunsReplayLineCarriesThorough) {
   EXPECT_EQ(again.status, 1) << again.output;
   // The case's scenario line (its first line names the formats).
   const std::string counterexample = p["counterexample"].get<std::string>();
-  EXPECT_NE(again.output.find(counterexample.substr(counterexample.rfind('\n') + 1)), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find(counterexample.substr(counterexample.rfind('\n') + 1)), std::string::npos)
+      << again.output;
 }
 
 // A failure that comes and goes (a sum in the order the ranks arrive), end to end: the report says how
@@ -246,8 +263,10 @@ TEST_F(Cli, AThoroughRunsReplayLineCarriesThorough) {
 // fails 40-90% of its runs (measured), so in rare runs all of its 5 fail and it is reported as steady,
 // with the plain command (tests/runner_test.cpp holds both commands to their form).
 TEST_F(Cli, AFailureThatComesAndGoesReplaysAsPrinted) {
-  const CommandResult r = run("verify --mutant allreduce-arrival-order --property checkpoint_resume_bitwise "
-                              "--report " + path("r.json"));
+  const CommandResult r =
+      run("verify --mutant allreduce-arrival-order --property checkpoint_resume_bitwise "
+          "--report " +
+          path("r.json"));
   ASSERT_EQ(r.status, 1) << r.output;
   const nlohmann::json j = nlohmann::json::parse(read_file(path("r.json")));
   const auto& p = j["properties"][0];
@@ -266,7 +285,8 @@ TEST_F(Cli, AFailureThatComesAndGoesReplaysAsPrinted) {
     EXPECT_NE(again.output.find(" of 1000 runs"), std::string::npos) << again.output;
   }
   const std::string counterexample = p["counterexample"].get<std::string>();
-  EXPECT_NE(again.output.find(counterexample.substr(counterexample.rfind('\n') + 1)), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find(counterexample.substr(counterexample.rfind('\n') + 1)), std::string::npos)
+      << again.output;
 }
 
 TEST_F(Cli, VerifyWritesAnHtmlPageThatParses) {
@@ -348,10 +368,10 @@ TEST_F(Cli, GpuCommandsWithoutADeviceExitTwoNamingTheReason) {
   const cuda::Plugin* plugin = cuda_plugin(&why);
   if (plugin && plugin->device_available(&why)) GTEST_SKIP() << "this machine has a CUDA device";
   const std::string report = path("never.json");
-  for (const std::string& args : {"verify --engine cuda --report " + report,
-                                 "verify --engine cuda --comm nccl --report " + report,
-                                 "verify --engine cuda --mutant bias-grad-atomic --report " + report,
-                                 "train --engine cuda --model 4,1 --batch 8 --steps 1 --log " + report}) {
+  for (const std::string& args :
+       {"verify --engine cuda --report " + report, "verify --engine cuda --comm nccl --report " + report,
+        "verify --engine cuda --mutant bias-grad-atomic --report " + report,
+        "train --engine cuda --model 4,1 --batch 8 --steps 1 --log " + report}) {
     const CommandResult o = run(args);
     EXPECT_EQ(o.status, 2) << args << "\n" << o.output;
     EXPECT_EQ(lines(o.output), 1) << args << "\n" << o.output;
@@ -493,9 +513,10 @@ TEST_F(Cli, BenchStepCpuTimesPyTorchsStepOnTheSameThreads) {
   const fs::path script = j.at(0).at("torch").at("script").get<std::string>();
   ASSERT_TRUE(script.is_absolute()) << script << " (found above the binary, not in the working directory)";
   const fs::path root = script.parent_path().parent_path();
-  const CommandResult from_root = run_command("cd " + shell_quoted(root.string()) + " && " + DPCHECK_BINARY +
-                                              " bench step --engine cpu --models 16,8@8 --warmup 0 --repeats 1 --python " +
-                                              python + " --json " + path("root.json"));
+  const CommandResult from_root =
+      run_command("cd " + shell_quoted(root.string()) + " && " + DPCHECK_BINARY +
+                  " bench step --engine cpu --models 16,8@8 --warmup 0 --repeats 1 --python " + python + " --json " +
+                  path("root.json"));
   ASSERT_EQ(from_root.status, 0) << from_root.output;
   const nlohmann::json k = nlohmann::json::parse(read_file(path("root.json")));
   EXPECT_EQ(k.at(0).at("torch").at("status"), "ran") << k.dump(2);
@@ -545,8 +566,10 @@ TEST_F(Cli, TrainStopsAtTheFirstDesyncWithTheLocatedDifference) {
   const CommandResult ok = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam");
   EXPECT_EQ(ok.status, 0) << ok.output;
   EXPECT_EQ(ok.output.find("differ"), std::string::npos);
-  const CommandResult bad = run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam --mutant optimizer-rank-perturb --bundle-dir " +
-                                 path("bundles"));
+  const CommandResult bad =
+      run("train --model 6,5,2 --batch 12 --steps 3 --world-size 3 --optimizer adam --mutant optimizer-rank-perturb "
+          "--bundle-dir " +
+          path("bundles"));
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("replicas differ after step 0"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("rank 2"), std::string::npos);

@@ -47,7 +47,6 @@ inline std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-
 // Random floats over many binades, so that the order of additions changes the rounded result. A pure
 // function of (rank, len): any rank can compute every rank's input. For the 16-bit formats, rounded to
 // the format, over binades it holds (float16's up to 2^10, so that sums of 8 stay finite). The tests

@@ -28,14 +28,17 @@ constexpr std::size_t kLen = 2000;
 template <class H> std::vector<std::vector<H>> sums(const char* mutant) {
   std::vector<std::vector<H>> out(kRanks);
   std::mutex mu;
-  run_local(kRanks, [&](Communicator& local) {
-    std::unique_ptr<Communicator> wrapped = *mutant ? mutant_communicator(mutant, local) : nullptr;
-    Communicator& c = wrapped ? *wrapped : local;
-    std::vector<H> buf = conformance::awkward_values<H>(c.rank(), kLen);
-    c.allreduce(std::span<H>(buf), ReduceOp::sum);
-    const std::lock_guard lock(mu);
-    out[static_cast<std::size_t>(c.rank())] = std::move(buf);
-  }, 30s);
+  run_local(
+      kRanks,
+      [&](Communicator& local) {
+        std::unique_ptr<Communicator> wrapped = *mutant ? mutant_communicator(mutant, local) : nullptr;
+        Communicator& c = wrapped ? *wrapped : local;
+        std::vector<H> buf = conformance::awkward_values<H>(c.rank(), kLen);
+        c.allreduce(std::span<H>(buf), ReduceOp::sum);
+        const std::lock_guard lock(mu);
+        out[static_cast<std::size_t>(c.rank())] = std::move(buf);
+      },
+      30s);
   return out;
 }
 
@@ -79,19 +82,26 @@ class CommMutantsSuite : public testing::TestWithParam<SuiteKill> {};
 TEST_P(CommMutantsSuite, TheConformanceSuiteFailsTheMutant) {
   const SuiteKill k = GetParam();
   std::vector<std::string> failures(kRanks);
-  run_local(kRanks, [&](Communicator& local) {
-    const std::unique_ptr<Communicator> wrapped = mutant_communicator(k.mutant, local);
-    failures[static_cast<std::size_t>(local.rank())] =
-        run_conform_comm_check(*wrapped, k.check, conformance::suite_options());
-  }, 30s);
+  run_local(
+      kRanks,
+      [&](Communicator& local) {
+        const std::unique_ptr<Communicator> wrapped = mutant_communicator(k.mutant, local);
+        failures[static_cast<std::size_t>(local.rank())] =
+            run_conform_comm_check(*wrapped, k.check, conformance::suite_options());
+      },
+      30s);
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_FALSE(failures[static_cast<std::size_t>(r)].empty()) << k.mutant << " passed " << k.check << " on rank " << r;
+    EXPECT_FALSE(failures[static_cast<std::size_t>(r)].empty())
+        << k.mutant << " passed " << k.check << " on rank " << r;
     EXPECT_EQ(failures[static_cast<std::size_t>(r)], failures[0]) << "the ranks disagree on the verdict";
   }
   // The correct backend passes the same check.
-  run_local(kRanks, [&](Communicator& c) {
-    EXPECT_EQ(run_conform_comm_check(c, k.check, conformance::suite_options()), "") << k.check;
-  }, 30s);
+  run_local(
+      kRanks,
+      [&](Communicator& c) {
+        EXPECT_EQ(run_conform_comm_check(c, k.check, conformance::suite_options()), "") << k.check;
+      },
+      30s);
 }
 
 const SuiteKill kSuiteKills[] = {

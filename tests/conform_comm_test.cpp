@@ -62,9 +62,8 @@ TEST_P(ConformComm, FailsTheBrokenPromiseWithAMinimalCaseThatReplays) {
   const Broken& b = GetParam();
   Scratch s;
   const fs::path report = s.dir / "r.json";
-  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin(b.name) + kQuick + " --report " +
-                                                report.string(),
-                                            300);
+  const auto r = dpcheck::run_command(
+      kDpcheck + " conform --comm " + plugin(b.name) + kQuick + " --report " + report.string(), 300);
   ASSERT_EQ(r.status, 1) << r.output;
   const nlohmann::json j = read_json(report);
   EXPECT_FALSE(j["passed"].get<bool>());
@@ -91,9 +90,8 @@ INSTANTIATE_TEST_SUITE_P(Plugins, ConformComm, ::testing::ValuesIn(kBroken),
 TEST(ConformComm, CorrectPluginsKeepEveryPromise) {
   for (const std::string& so : {kRing, plugin("correct")}) {
     Scratch s;
-    const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + so + kQuick + " --junit " +
-                                                  (s.dir / "j.xml").string(),
-                                              300);
+    const auto r = dpcheck::run_command(
+        kDpcheck + " conform --comm " + so + kQuick + " --junit " + (s.dir / "j.xml").string(), 300);
     EXPECT_EQ(r.status, 0) << so << "\n" << r.output;
     EXPECT_NE(r.output.find("kept every promise"), std::string::npos) << r.output;
     const std::string junit = dpcheck::read_file(s.dir / "j.xml");
@@ -107,10 +105,11 @@ TEST(ConformComm, CorrectPluginsKeepEveryPromise) {
 // tree, its first float32 sum that differs fails, naming the element and both values, with a replay.
 TEST(ConformComm, TheRingExampleHasTheRingsBitsAndFailsAsAClaimedTree) {
   Scratch s;
-  const auto ok = dpcheck::run_command(kDpcheck + " conform --comm " + kRing +
-                                           " --no-properties --allreduce-only --max-mib 1 --timeout 5 --schedule ring --report " +
-                                           (s.dir / "r.json").string(),
-                                       300);
+  const auto ok =
+      dpcheck::run_command(kDpcheck + " conform --comm " + kRing +
+                               " --no-properties --allreduce-only --max-mib 1 --timeout 5 --schedule ring --report " +
+                               (s.dir / "r.json").string(),
+                           300);
   ASSERT_EQ(ok.status, 0) << ok.output;
   const nlohmann::json report = read_json(s.dir / "r.json");
   int schedule_rows = 0;
@@ -122,14 +121,14 @@ TEST(ConformComm, TheRingExampleHasTheRingsBitsAndFailsAsAClaimedTree) {
       EXPECT_NE(row["detail"].get<std::string>().find("also N = 1, 2, 3, 5, 8"), std::string::npos) << row.dump();
     }
     if (check == "summation order and width") {
-      EXPECT_NE(row["detail"].get<std::string>().find("the bits of the ring schedule"), std::string::npos) << row.dump();
+      EXPECT_NE(row["detail"].get<std::string>().find("the bits of the ring schedule"), std::string::npos)
+          << row.dump();
     }
   }
   EXPECT_EQ(schedule_rows, 6);
 
-  const auto bad = dpcheck::run_command(kDpcheck + " conform --comm " + kRing + kQuick +
-                                            " --schedule tree --check 'schedule float32 sum'",
-                                        300);
+  const auto bad = dpcheck::run_command(
+      kDpcheck + " conform --comm " + kRing + kQuick + " --schedule tree --check 'schedule float32 sum'", 300);
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("FAILED schedule float32 sum"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find(", the tree schedule gives "), std::string::npos) << bad.output;
@@ -148,9 +147,8 @@ TEST(ConformComm, PluginsThatDoNotDeclareSixteenBitFloatsAreNotHandedThem) {
     SCOPED_TRACE(name);
     Scratch s;
     const fs::path report = s.dir / "r.json";
-    const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin(name) + kQuick + " --report " +
-                                            report.string(),
-                                        300);
+    const auto r = dpcheck::run_command(
+        kDpcheck + " conform --comm " + plugin(name) + kQuick + " --report " + report.string(), 300);
     EXPECT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("checks not run: unsupported, the plugin says so"), std::string::npos) << r.output;
     const nlohmann::json j = read_json(report);
@@ -166,10 +164,8 @@ TEST(ConformComm, PluginsThatDoNotDeclareSixteenBitFloatsAreNotHandedThem) {
       EXPECT_EQ(c["verdict"], "unsupported") << check;
       const std::string detail = c["detail"];
       EXPECT_TRUE(detail.starts_with("the plugin says so: ")) << detail;
-      if (name == "abi-1")
-        EXPECT_NE(detail.find("plugin ABI 1, which has no"), std::string::npos) << detail;
-      else
-        EXPECT_NE(detail.find("it declares dtypes float32, float64, int64;"), std::string::npos) << detail;
+      if (name == "abi-1") EXPECT_NE(detail.find("plugin ABI 1, which has no"), std::string::npos) << detail;
+      else EXPECT_NE(detail.find("it declares dtypes float32, float64, int64;"), std::string::npos) << detail;
     }
     // allreduce (4 ops), broadcast, allgather, same bits and run-to-run (sum and avg), in each format
     EXPECT_EQ(unsupported, 20);
@@ -210,8 +206,8 @@ TEST(ConformComm, ReportsNameThePluginAndItsVersion) {
   Scratch s;
   const fs::path report = s.dir / "r.json", junit = s.dir / "j.xml";
   const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + kRing + kQuick +
-                                          " --check 'allreduce float32 sum' --report " + report.string() +
-                                          " --junit " + junit.string(),
+                                          " --check 'allreduce float32 sum' --report " + report.string() + " --junit " +
+                                          junit.string(),
                                       120);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("'ring' example 1.0, plugin ABI 3"), std::string::npos) << r.output;
@@ -241,9 +237,8 @@ TEST(ConformComm, ReportsNameThePluginAndItsVersion) {
 TEST(ConformComm, ARowFailedByThePluginsOwnErrorHasAMinimalCaseAndAReplay) {
   Scratch s;
   const fs::path report = s.dir / "r.json";
-  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("float64-unwired") + kQuick +
-                                          " --report " + report.string(),
-                                      300);
+  const auto r = dpcheck::run_command(
+      kDpcheck + " conform --comm " + plugin("float64-unwired") + kQuick + " --report " + report.string(), 300);
   EXPECT_EQ(r.status, 1) << r.output;
   const nlohmann::json j = read_json(report);
   bool fingerprint = false;
@@ -293,7 +288,8 @@ TEST(ConformComm, TheGivenWorldSizeIsThePropertiesWorldToo) {
   const fs::path report = s.dir / "r.json";
   const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("power-of-two") +
                                           " --world-size 5 --cases 10 --timeout 5 --check 'property "
-                                          "gradient_average_matches_whole_batch' --report " + report.string(),
+                                          "gradient_average_matches_whole_batch' --report " +
+                                          report.string(),
                                       300);
   EXPECT_EQ(r.status, 1) << r.output;
   const nlohmann::json j = read_json(report);
@@ -308,7 +304,8 @@ TEST(ConformComm, TheGivenWorldSizeIsThePropertiesWorldToo) {
 // powers of two passes on 4 and fails on 3, which the replay line names.
 TEST(ConformComm, AnAlgorithmForPowersOfTwoFailsOnThreeRanks) {
   const std::string quick = " --no-properties --max-mib 1 --timeout 2 --check 'allreduce float32 sum'";
-  const auto four = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("power-of-two") + " --world-size 4" + quick, 120);
+  const auto four =
+      dpcheck::run_command(kDpcheck + " conform --comm " + plugin("power-of-two") + " --world-size 4" + quick, 120);
   EXPECT_EQ(four.status, 0) << four.output;
   const auto all = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("power-of-two") + quick, 120);
   EXPECT_EQ(all.status, 1) << all.output;
@@ -318,9 +315,8 @@ TEST(ConformComm, AnAlgorithmForPowersOfTwoFailsOnThreeRanks) {
 
 // Multiplying by a rounded 1/N (NCCL's ncclAvg) is within rounding of the mean: not a broken promise.
 TEST(ConformComm, AnAverageByTheReciprocalPasses) {
-  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + plugin("avg-by-reciprocal") +
-                                          " --no-properties --max-mib 1 --timeout 2",
-                                      300);
+  const auto r = dpcheck::run_command(
+      kDpcheck + " conform --comm " + plugin("avg-by-reciprocal") + " --no-properties --max-mib 1 --timeout 2", 300);
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
@@ -336,14 +332,14 @@ TEST(ConformComm, FingerprintTellsTheRingFromRankOrder) {
 }
 
 TEST(ConformComm, RunsVerifysPropertiesWithThePlugin) {
-  const auto r = dpcheck::run_command(
-      kDpcheck + " conform --comm " + kRing + " --world-size 3 --max-mib 1 --cases 5", 600);
+  const auto r =
+      dpcheck::run_command(kDpcheck + " conform --comm " + kRing + " --world-size 3 --max-mib 1 --cases 5", 600);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("property gradient_average_matches_whole_batch"), std::string::npos) << r.output;
   // A plugin whose ranks disagree fails verify's replica property as well as conform's own check.
   const auto own = dpcheck::run_command(kDpcheck + " verify --comm " + plugin("own-order") +
-                                                  " --world-size 3 --cases 20 --property replicas_bitwise_synchronized",
-                                              300);
+                                            " --world-size 3 --cases 20 --property replicas_bitwise_synchronized",
+                                        300);
   EXPECT_EQ(own.status, 1) << own.output;
 }
 
@@ -351,10 +347,9 @@ TEST(PluginComm, RingPassesVerifyAsThreadsAndUnderMpirun) {
   const auto threads = dpcheck::run_command(kDpcheck + " verify --comm " + kRing + " --cases 10", 600);
   EXPECT_EQ(threads.status, 0) << threads.output;
 #if DPCHECK_HAS_MPI
-  const auto mpi = dpcheck::run_command(std::string(DPCHECK_MPIEXEC) +
-                                                  " --allow-run-as-root --oversubscribe -np 4 " + kDpcheck +
-                                                  " verify --comm " + kRing + " --cases 5",
-                                              600);
+  const auto mpi = dpcheck::run_command(std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 4 " +
+                                            kDpcheck + " verify --comm " + kRing + " --cases 5",
+                                        600);
   EXPECT_EQ(mpi.status, 0) << mpi.output;
   EXPECT_NE(mpi.output.find("all properties passed"), std::string::npos) << mpi.output;
 #else
@@ -369,10 +364,10 @@ TEST(PluginComm, TheWriteAuditBlamesNoWriteWhenTheRunFailsForAnotherReason) {
 #if DPCHECK_HAS_MPI
   Scratch s;
   const fs::path report = s.dir / "r.json";
-  const auto r = dpcheck::run_command(kDpcheck + " verify --comm " + plugin("own-order") +
-                                          " --world-size 3 --property only_rank0_writes --cases 30 --reruns 1 --report " +
-                                          report.string(),
-                                      600);
+  const auto r = dpcheck::run_command(
+      kDpcheck + " verify --comm " + plugin("own-order") +
+          " --world-size 3 --property only_rank0_writes --cases 30 --reruns 1 --report " + report.string(),
+      600);
   ASSERT_EQ(r.status, 1) << r.output;
   const nlohmann::json j = read_json(report);
   const auto& p = j["properties"][0];
@@ -410,9 +405,9 @@ TEST(ConformComm, MpisOwnAllreduceIsCheckedWithTheAlgorithmItWasForcedTo) {
 // all-gather or barrier (a library's variables that choose its all-reduce change nothing else).
 TEST(ConformComm, AllreduceOnlyRunsTheAllreducesChecksAlone) {
   Scratch s;
-  const auto r = dpcheck::run_command(kDpcheck + " conform --comm " + kRing + kQuick + " --allreduce-only --report " +
-                                          (s.dir / "r.json").string(),
-                                      300);
+  const auto r = dpcheck::run_command(
+      kDpcheck + " conform --comm " + kRing + kQuick + " --allreduce-only --report " + (s.dir / "r.json").string(),
+      300);
   ASSERT_EQ(r.status, 0) << r.output;
   std::map<std::string, int> by_kind;
   const nlohmann::json report = read_json(s.dir / "r.json");
@@ -484,9 +479,10 @@ TEST(ConformComm, MpichsOwnAllreduceIsCheckedByTheMpichBuild) {
                                         300);
   EXPECT_EQ(bad.status, 1) << bad.output;
   // The variables that chose the algorithm go in front, so that the line replays it.
-  EXPECT_NE(bad.output.find("replay: MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=recursive_doubling "
-                            "MPIR_CVAR_DEVICE_COLLECTIVES=none mpiexec.mpich -n 3 dpcheck-mpich conform --comm mpi-native"),
-            std::string::npos)
+  EXPECT_NE(
+      bad.output.find("replay: MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=recursive_doubling "
+                      "MPIR_CVAR_DEVICE_COLLECTIVES=none mpiexec.mpich -n 3 dpcheck-mpich conform --comm mpi-native"),
+      std::string::npos)
       << bad.output;
 #else
   GTEST_SKIP() << "this build has no dpcheck-mpich (MPICH's development files were not found)";
@@ -496,9 +492,8 @@ TEST(ConformComm, MpichsOwnAllreduceIsCheckedByTheMpichBuild) {
 TEST(PluginComm, ACrashEndsTheRunNamingTheCallAndLeavesNoReport) {
   Scratch s;
   const fs::path report = s.dir / "r.json";
-  const auto r = dpcheck::run_command(kDpcheck + " verify --comm " + plugin("crash") +
-                                                " --world-size 2 --cases 3 --report " + report.string(),
-                                            120);
+  const auto r = dpcheck::run_command(
+      kDpcheck + " verify --comm " + plugin("crash") + " --world-size 2 --cases 3 --report " + report.string(), 120);
   EXPECT_EQ(r.status, 3) << r.output;
   EXPECT_NE(r.output.find("plugin 'broken' allreduce on rank"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("crashed"), std::string::npos) << r.output;
@@ -509,8 +504,8 @@ TEST(PluginComm, ACallThatNeverReturnsEndsTheRunWithinTheTimeout) {
   Scratch s;
   const fs::path report = s.dir / "r.json";
   const auto r = dpcheck::run_command(kDpcheck + " verify --comm " + plugin("stall") +
-                                                " --world-size 2 --cases 3 --timeout 2 --report " + report.string(),
-                                            60);
+                                          " --world-size 2 --cases 3 --timeout 2 --report " + report.string(),
+                                      60);
   EXPECT_EQ(r.status, 3) << r.output;
   EXPECT_NE(r.output.find("plugin 'broken' allreduce on rank 1 has not returned within 2 s"), std::string::npos)
       << r.output;

@@ -43,16 +43,20 @@ const ConformRow* find_row(const std::vector<ConformRow>& rows, const std::strin
 }
 
 std::string describe(const ConformRow& r) {
-  return r.check + ": " + std::string(r.verdict == ConformVerdict::pass ? "pass" : r.verdict == ConformVerdict::fail ? "FAIL" : "other") +
+  return r.check + ": " +
+         std::string(r.verdict == ConformVerdict::pass   ? "pass"
+                     : r.verdict == ConformVerdict::fail ? "FAIL"
+                                                         : "other") +
          " " + r.detail + (r.minimal.empty() ? "" : " [" + r.minimal + "]");
 }
 
-constexpr const char* kOps[] = {"linear_forward", "linear_backward", "activation_forward", "activation_backward",
-                                "loss_forward_backward", "sgd_step", "momentum_step", "adam_step"};
+constexpr const char* kOps[] = {"linear_forward",        "linear_backward", "activation_forward", "activation_backward",
+                                "loss_forward_backward", "sgd_step",        "momentum_step",      "adam_step"};
 
 // The classes of shapes every op draws; the linear ops draw empty batches too.
 const std::set<std::string> kShapeClasses = {"tiny", "tile edges", "odd", "past a power of two", "large"};
-const std::set<std::string> kLinearShapeClasses = {"tiny", "tile edges", "odd", "past a power of two", "large", "rows = 0"};
+const std::set<std::string> kLinearShapeClasses = {"tiny",  "tile edges", "odd", "past a power of two",
+                                                   "large", "rows = 0"};
 
 std::set<std::string> class_names(const ConformRow& r) {
   std::set<std::string> names;
@@ -162,7 +166,8 @@ TEST(ConformKernels, ACaseBesideTheBugPasses) {
       {DPCHECK_KERNELS_TAIL_TILE, "linear_forward", "rows=3 in=5 out=8 offset=1 seed=4"},  // whole tiles only
       {DPCHECK_KERNELS_BACKWARD_OVERWRITES, "linear_backward", "rows=3 in=5 out=7 accumulate=0 dx=1 offset=2 seed=4"},
       {DPCHECK_KERNELS_NONDETERMINISTIC, "linear_forward", "rows=3 in=9 out=7 offset=0 seed=4"},  // accurate
-      {DPCHECK_KERNELS_XENT_TAIL_ROWS, "loss_forward_backward", "loss=cross_entropy rows=8 out=5 scale=1 offset=0 seed=4"},
+      {DPCHECK_KERNELS_XENT_TAIL_ROWS, "loss_forward_backward",
+       "loss=cross_entropy rows=8 out=5 scale=1 offset=0 seed=4"},
       {DPCHECK_KERNELS_TANH_BACKWARD_X, "activation_backward", "act=relu n=33 offset=3 seed=4"},
   };
   for (const auto& c : cases) {
@@ -326,17 +331,24 @@ TEST(ConformKernels, PropertiesRunWithThePluginsKernelsInBf16) {
 TEST(ConformKernels, CommandsRunThePluginsKernels) {
   const std::string bin = DPCHECK_BINARY;
   const std::string naive = std::string(" --kernels ") + DPCHECK_KERNELS_NAIVE;
-  CommandResult r = run_command(bin + " verify --cases 5 --property gradient_average_matches_whole_batch "
-                                      "--property optimizer_update_matches_formula" + naive, 300);
+  CommandResult r = run_command(bin +
+                                    " verify --cases 5 --property gradient_average_matches_whole_batch "
+                                    "--property optimizer_update_matches_formula" +
+                                    naive,
+                                300);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("kernels " + std::string(DPCHECK_KERNELS_NAIVE)), std::string::npos) << r.output;
   r = run_command(bin + " verify --cases 20 --property optimizer_update_matches_formula --kernels " +
-                      DPCHECK_KERNELS_MOMENTUM_DAMPENING, 300);
+                      DPCHECK_KERNELS_MOMENTUM_DAMPENING,
+                  300);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("--kernels " + std::string(DPCHECK_KERNELS_MOMENTUM_DAMPENING)), std::string::npos)
       << r.output;
-  r = run_command(bin + " train --model 4,8,3 --loss cross-entropy --activation tanh --optimizer adam --steps 4 "
-                        "--world-size 2 --accumulate 2 --batch 16" + naive, 120);
+  r = run_command(bin +
+                      " train --model 4,8,3 --loss cross-entropy --activation tanh --optimizer adam --steps 4 "
+                      "--world-size 2 --accumulate 2 --batch 16" +
+                      naive,
+                  120);
   EXPECT_EQ(r.status, 0) << r.output;
   r = run_command(bin + " grad --model 4,8,2 --batch 12 --world-size 3" + naive, 120);
   EXPECT_EQ(r.status, 0) << r.output;
@@ -347,11 +359,12 @@ TEST(ConformKernels, CommandsRunThePluginsKernels) {
 // A kernel that returns non-zero ends the run as a runtime error (exit 3) naming the plugin, the call,
 // the rank and the plugin's own message; conform reports it the same way.
 TEST(ConformKernels, AFailingCallIsNamedWithThePluginsMessage) {
-  const CommandResult r =
-      run_command(std::string(DPCHECK_BINARY) + " train --model 4,3,2 --steps 2 --kernels " + DPCHECK_KERNELS_FAILING, 60);
+  const CommandResult r = run_command(
+      std::string(DPCHECK_BINARY) + " train --model 4,3,2 --steps 2 --kernels " + DPCHECK_KERNELS_FAILING, 60);
   EXPECT_EQ(r.status, 3) << r.output;
-  EXPECT_NE(r.output.find("plugin 'failing' linear_forward on rank 0 failed (returned 7): no workspace left for a 4x4 tile"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("plugin 'failing' linear_forward on rank 0 failed (returned 7): no workspace left for a 4x4 tile"),
+      std::string::npos)
       << r.output;
   try {
     conform_kernels(with_kernels(DPCHECK_KERNELS_FAILING), quick(2));

@@ -28,9 +28,7 @@
 namespace dpcheck {
 namespace {
 
-void poison(Engine& e) {
-  std::fill_n(e.grads(), e.param_count(), std::numeric_limits<float>::quiet_NaN());
-}
+void poison(Engine& e) { std::fill_n(e.grads(), e.param_count(), std::numeric_limits<float>::quiet_NaN()); }
 
 RC_GTEST_PROP(CpuEngine, GradientWithinDerivedBoundOfFloat64Reference, ()) {
   const auto [s, m, b, params] = draw_batch();
@@ -56,10 +54,8 @@ class ScopedEnv {
     ::setenv(name, value.c_str(), 1);
   }
   ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
@@ -87,7 +83,8 @@ std::vector<GemmPath> gemm_paths() {
 std::string describe(const GemmPath& p) { return std::string(cpu::isa_name(p.isa)) + " x" + std::to_string(p.threads); }
 
 // The gradient of `m` on `b` from `params` on the path, poisoned first.
-std::vector<float> gradient_on(const GemmPath& p, const ModelConfig& m, const Batch& b, const std::vector<float>& params) {
+std::vector<float> gradient_on(const GemmPath& p, const ModelConfig& m, const Batch& b,
+                               const std::vector<float>& params) {
   const ScopedEnv isa("DPCHECK_CPU_ISA", std::string(cpu::isa_name(p.isa)));
   const ScopedEnv threads("DPCHECK_CPU_THREADS", std::to_string(p.threads));
   auto engine = make_cpu_engine(m);
@@ -105,7 +102,8 @@ RC_GTEST_PROP(CpuEngine, EveryGemmPathStaysWithinTheDerivedBound, ()) {
   for (const GemmPath& p : gemm_paths()) {
     const std::vector<float> g = gradient_on(p, m, b, params);
     const auto cmp = reference::compare(g, bound, reference::whole_batch_roundings(b.size));
-    RC_LOG() << describe(p) << ": error ratio " << cmp.max_ratio << " at " << ParamLayout(m).describe_element(cmp.worst) << "\n";
+    RC_LOG() << describe(p) << ": error ratio " << cmp.max_ratio << " at " << ParamLayout(m).describe_element(cmp.worst)
+             << "\n";
     RC_ASSERT(cmp.passed());
   }
 }
@@ -125,7 +123,8 @@ TEST(CpuEngine, EveryGemmPathOnLargeOddShapesIsBoundedAndRepeatsItsBits) {
       SCOPED_TRACE(dims_string(m.dims) + " on " + describe(p));
       const std::vector<float> g = gradient_on(p, m, b, params);
       const auto cmp = reference::compare(g, bound, reference::whole_batch_roundings(b.size));
-      EXPECT_TRUE(cmp.passed()) << "error ratio " << cmp.max_ratio << " at " << ParamLayout(m).describe_element(cmp.worst);
+      EXPECT_TRUE(cmp.passed()) << "error ratio " << cmp.max_ratio << " at "
+                                << ParamLayout(m).describe_element(cmp.worst);
       EXPECT_EQ(g, gradient_on(p, m, b, params));
       if (!baseline) baseline = g;
       some_path_differs |= g != *baseline;
@@ -253,7 +252,7 @@ TEST(HostMemory, FirstDifferenceComparesBitsAndFindsTheFirst) {
   EXPECT_EQ(memory.first_difference(a.data(), b.data(), n), 0u);
   b = a;
   b[2] = std::bit_cast<float>(0x7fc00002u);  // another NaN payload
-  b[4] = 5.0f;                                // a later difference does not hide it
+  b[4] = 5.0f;                               // a later difference does not hide it
   EXPECT_EQ(memory.first_difference(a.data(), b.data(), n), 2u);
   EXPECT_EQ(memory.first_difference(b.data(), a.data(), n), 2u);
   EXPECT_EQ(memory.first_difference(a.data(), b.data(), 2), 2u);  // only the first two compared

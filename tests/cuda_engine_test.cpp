@@ -26,8 +26,8 @@
 #include "reference/bound.hpp"
 #include "reference/hash.hpp"
 #include "src/error.hpp"
-#include "tests/test_support.hpp"
 #include "tests/gpu_test_support.hpp"
+#include "tests/test_support.hpp"
 
 namespace dpcheck {
 namespace {
@@ -35,7 +35,8 @@ namespace {
 // All bits set in every gradient element (a NaN), on the engine's stream, so that an element the
 // engine does not write cannot pass.
 void poison(Engine& e) {
-  DPCHECK_CUDA_CHECK(cudaMemsetAsync(e.grads(), 0xff, e.param_count() * sizeof(float), static_cast<cudaStream_t>(e.stream())));
+  DPCHECK_CUDA_CHECK(
+      cudaMemsetAsync(e.grads(), 0xff, e.param_count() * sizeof(float), static_cast<cudaStream_t>(e.stream())));
   e.synchronize();
 }
 
@@ -68,8 +69,7 @@ TEST(CudaEngine, WithoutADeviceMakingOneIsAUsageErrorWithTheRuntimesReason) {
 // RapidCheck's GoogleTest glue (rc::detail::checkGTest) with at most `cases` cases, since GPU time is
 // scarce (and ci/gpu.sh runs these under compute-sanitizer too). RC_PARAMS still sets the seed, can ask
 // for fewer cases, and replays a failure with its reproduce=.
-template <class Testable>
-void check_cases(int cases, Testable&& testable) {
+template <class Testable> void check_cases(int cases, Testable&& testable) {
   const testing::TestInfo* t = testing::UnitTest::GetInstance()->current_test_info();
   rc::detail::TestMetadata metadata;
   metadata.id = std::string(t->test_suite_name()) + "/" + t->name();
@@ -101,9 +101,9 @@ void check_gradient(const cuda::EngineOptions& options, std::int64_t max_batch, 
     const auto cmp = reference::compare(g, bound, reference::whole_batch_roundings(b.size, bound_options));
     RC_CLASSIFY(b.size > cuda::kBiasGradChunk, "two-pass bias gradient");
     RC_CLASSIFY(bound.uncertain_units > 0, "a ReLU within rounding of its kink");
-    RC_LOG() << s.describe() << ": error ratio " << cmp.max_ratio << " at " << ParamLayout(m).describe_element(cmp.worst)
-             << " (got " << cmp.worst_value << ", reference " << cmp.worst_reference << ", bound " << cmp.worst_bound
-             << ")\n";
+    RC_LOG() << s.describe() << ": error ratio " << cmp.max_ratio << " at "
+             << ParamLayout(m).describe_element(cmp.worst) << " (got " << cmp.worst_value << ", reference "
+             << cmp.worst_reference << ", bound " << cmp.worst_bound << ")\n";
     RC_ASSERT(cmp.passed());
     // The loss is reported in double from float32 outputs: close to the reference's, not bitwise (with
     // TF32 the outputs carry 2^-11-sized errors, so only its finiteness is asked for).

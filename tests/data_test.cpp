@@ -40,8 +40,7 @@ void expect_same_example(const Batch& a, std::int64_t i, const Batch& b, std::in
   for (std::size_t k = 0; k < in; ++k) EXPECT_EQ(a.x[ui * in + k], b.x[uj * in + k]) << "x[" << k << "]";
   if (a.loss == Loss::mse)
     for (std::size_t k = 0; k < out; ++k) EXPECT_EQ(a.y[ui * out + k], b.y[uj * out + k]) << "y[" << k << "]";
-  else
-    EXPECT_EQ(a.labels[ui], b.labels[uj]);
+  else EXPECT_EQ(a.labels[ui], b.labels[uj]);
 }
 
 void expect_same_batch(const Batch& a, const Batch& b) {
@@ -73,13 +72,11 @@ TEST(SyntheticData, ExampleDependsOnlyOnSeedAndIndex) {
     // ... and the example is the one example() writes directly.
     std::vector<float> x(3), y(4);
     std::int64_t label = -1;
-    small.example(2, x.data(), loss == Loss::mse ? y.data() : nullptr,
-                  loss == Loss::cross_entropy ? &label : nullptr);
+    small.example(2, x.data(), loss == Loss::mse ? y.data() : nullptr, loss == Loss::cross_entropy ? &label : nullptr);
     for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(a.x[3 + k], x[k]);
     if (loss == Loss::mse)
       for (std::size_t k = 0; k < 4; ++k) EXPECT_EQ(a.y[4 + k], y[k]);
-    else
-      EXPECT_EQ(a.labels[1], label);
+    else EXPECT_EQ(a.labels[1], label);
   }
 }
 
@@ -202,9 +199,8 @@ TEST(BatchSlices, ConcatRejectsMismatchedShapes) {
 
 // ---- ArrayDataset::load ---------------------------------------------------------------------------
 
-template <class T>
-fs::path write_fixture(const ScratchDir& dir, const std::string& name, std::vector<std::int64_t> shape,
-                       const std::vector<T>& data) {
+template <class T> fs::path write_fixture(const ScratchDir& dir, const std::string& name,
+                                          std::vector<std::int64_t> shape, const std::vector<T>& data) {
   const fs::path p = dir / name;
   write_npy(p, std::span<const std::int64_t>(shape), std::span<const T>(data));
   return p;

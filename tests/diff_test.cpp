@@ -59,7 +59,13 @@ struct RunSpec {
 json header(const RunSpec& r) {
   return {{"dpcheck_trace", 1},
           {"dpcheck_version", "0.1.0"},
-          {"config", {{"model", "4,3,2"}, {"optimizer", "momentum"}, {"lr", r.lr}, {"batch", 8}, {"seed", 0}, {"world_size", r.world}}},
+          {"config",
+           {{"model", "4,3,2"},
+            {"optimizer", "momentum"},
+            {"lr", r.lr},
+            {"batch", 8},
+            {"seed", 0},
+            {"world_size", r.world}}},
           {"target", {{"engine", "cpu"}, {"comm", "local"}, {"kernels", ""}, {"mutant", ""}, {"tf32", false}}},
           {"world_size", r.world},
           {"digest", "xxh3"},
@@ -215,10 +221,12 @@ TEST_F(DiffTraces, ADifferentParamTensorOnRankZeroAtStepThreeIsNamedWithBothSumm
   ASSERT_EQ(d.differing_steps.size(), 2u);
   EXPECT_EQ(d.differing_steps[1].step, 4);
   const std::string text = report(d);
-  EXPECT_NE(text.find("  A: digest " + digest_of("step 3 params layers.1.weight") + "  max_abs 0.5  sum -1.25  non_finite 0"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("  A: digest " + digest_of("step 3 params layers.1.weight") + "  max_abs 0.5  sum -1.25  non_finite 0"),
+      std::string::npos)
       << text;
-  EXPECT_NE(text.find("  B: digest " + digest_of("drifted") + "  max_abs 0.75  sum -1.25  non_finite 1"), std::string::npos)
+  EXPECT_NE(text.find("  B: digest " + digest_of("drifted") + "  max_abs 0.75  sum -1.25  non_finite 1"),
+            std::string::npos)
       << text;
 }
 
@@ -283,8 +291,9 @@ TEST_F(DiffTraces, AnotherConfigurationIsListedButDoesNotFailByItself) {
   const TraceDiff d = diff(trace(RunSpec{}), b);
   EXPECT_TRUE(d.identical());
   EXPECT_EQ(d.config_differences, (std::vector<std::string>{"lr 0.01 vs 0.1", "target.engine \"cpu\" vs \"cuda\""}));
-  EXPECT_EQ(report(d), "configuration differs: lr 0.01 vs 0.1\nconfiguration differs: target.engine \"cpu\" vs \"cuda\"\n"
-                       "identical: 5 steps matched (200 items compared; world size 2)\n");
+  EXPECT_EQ(report(d),
+            "configuration differs: lr 0.01 vs 0.1\nconfiguration differs: target.engine \"cpu\" vs \"cuda\"\n"
+            "identical: 5 steps matched (200 items compared; world size 2)\n");
 }
 
 TEST_F(DiffTraces, ACollectiveOfAnotherSizeIsOneDifference) {
@@ -334,15 +343,17 @@ TEST_F(DiffTraces, ADamagedTraceIsRefusedNamingItsLine) {
   EXPECT_NE(refusal(head + "\n").find("bad.jsonl:2: empty line"), std::string::npos);
   json v2 = header(RunSpec{});
   v2["dpcheck_trace"] = 2;
-  EXPECT_NE(refusal(v2.dump() + "\n").find("bad.jsonl:1: trace format version 2 is not one this dpcheck reads (version 1)"),
-            std::string::npos);
+  EXPECT_NE(
+      refusal(v2.dump() + "\n").find("bad.jsonl:1: trace format version 2 is not one this dpcheck reads (version 1)"),
+      std::string::npos);
   json no_digest = step_line(RunSpec{}, 1);
   no_digest["ranks"][1]["params"][2].erase("digest");
   EXPECT_NE(refusal(head + step0 + no_digest.dump() + "\n").find("bad.jsonl:3: ranks[1].params[2] has no \"digest\""),
             std::string::npos);
   json short_hex = step_line(RunSpec{}, 1);
   short_hex["collectives"][0]["ranks"][0]["out"] = "abc";
-  EXPECT_NE(refusal(head + step0 + short_hex.dump() + "\n").find("collectives[0].ranks[0].out is \"abc\""), std::string::npos);
+  EXPECT_NE(refusal(head + step0 + short_hex.dump() + "\n").find("collectives[0].ranks[0].out is \"abc\""),
+            std::string::npos);
   json three_ranks = step_line(RunSpec{}, 1);
   three_ranks["ranks"].push_back(three_ranks["ranks"][0]);
   EXPECT_NE(refusal(head + three_ranks.dump() + "\n").find("\"ranks\" holds 3 entries where the header says 2"),
@@ -360,19 +371,23 @@ TEST(DiffInputKind, TracesDirectoriesAndEverythingElse) {
   const fs::path t = write_trace(dir / "t.jsonl", trace(RunSpec{}));
   EXPECT_EQ(diff_input_kind(t, "A"), DiffInput::trace);
   EXPECT_EQ(diff_input_kind(dir.path(), "B"), DiffInput::npy_dir);
-  EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "missing", "B"); }).find("B " + (dir / "missing").string() +
-                                                                                        ": no such file"),
+  EXPECT_NE(message_of<UsageError>([&] {
+              diff_input_kind(dir / "missing", "B");
+            }).find("B " + (dir / "missing").string() + ": no such file"),
             std::string::npos);
   ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
   EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "fifo", "A"); }).find("a FIFO"), std::string::npos);
   const std::vector<std::int64_t> shape{2};
   const std::vector<float> v{1, 2};
   write_npy(dir / "x.npy", shape, std::span<const float>(v));
-  EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "x.npy", "A"); }).find("a single .npy file"), std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "x.npy", "A"); }).find("a single .npy file"),
+            std::string::npos);
   std::ofstream(dir / "log.jsonl") << "{\"step\": 0}\n";
-  EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "log.jsonl", "A"); }).find("neither a trace"), std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "log.jsonl", "A"); }).find("neither a trace"),
+            std::string::npos);
   std::ofstream(dir / "empty");
-  EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "empty", "A"); }).find("neither a trace"), std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { diff_input_kind(dir / "empty", "A"); }).find("neither a trace"),
+            std::string::npos);
 }
 
 // ---- .npy directories ---------------------------------------------------------------------------
@@ -414,7 +429,8 @@ class DiffTensors : public testing::Test {
     t.rtol = r;
     return t;
   }
-  static std::string report(const fs::path& a, const fs::path& b, const std::vector<TensorDiff>& d, const Tolerance& t) {
+  static std::string report(const fs::path& a, const fs::path& b, const std::vector<TensorDiff>& d,
+                            const Tolerance& t) {
     std::ostringstream out;
     print_tensor_diffs(out, a, b, d, t);
     return out.str();
@@ -452,7 +468,8 @@ TEST_F(DiffTensors, OneUlpIsFoundAtItsIndexAndPassesUlpOneButNotBitwise) {
   EXPECT_DOUBLE_EQ(t.max_rel, (static_cast<double>(next) - w) / next);
   EXPECT_TRUE(named(bitwise, "layers.0.bias").passed);
   const std::string text = report(a, b, bitwise, Tolerance{});
-  EXPECT_NE(text.find("FAILED: 1 of 4 tensors differ (tolerance: bitwise): layers.0.weight"), std::string::npos) << text;
+  EXPECT_NE(text.find("FAILED: 1 of 4 tensors differ (tolerance: bitwise): layers.0.weight"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("[3, 1]: " + float_bits_text(w) + " vs " + float_bits_text(next)), std::string::npos) << text;
 
   EXPECT_TRUE(all_passed(diff_tensor_dirs(a, b, ulp(1))));
@@ -482,7 +499,8 @@ TEST_F(DiffTensors, APyTorchStateDictPairsByItsOwnNamesInNaturalOrder) {
   const std::vector<TensorDiff> diffs = diff_tensor_dirs(d / "a", d / "b", Tolerance{});
   std::vector<std::string> names;
   for (const TensorDiff& t : diffs) names.push_back(t.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight", "fc10.bias", "fc10.weight"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight", "fc10.bias", "fc10.weight"}));
   for (const TensorDiff& t : diffs) {
     EXPECT_EQ(t.passed, t.name.ends_with("weight")) << t.name;
     if (t.name.ends_with("bias")) {
@@ -507,18 +525,22 @@ TEST_F(DiffTensors, FilesOnOneSideShapesAndDtypesFailNamed) {
   EXPECT_EQ(named(d, "layers.0.bias").status_text(), "shape (4,) vs (2, 2)");
   EXPECT_EQ(named(d, "steps").status_text(), "dtype int64 vs float64");
   EXPECT_TRUE(named(d, "layers.0.weight").passed);
-  for (const char* failing : {"optimizer.exp_avg", "extra", "layers.0.bias", "steps"}) EXPECT_FALSE(named(d, failing).passed) << failing;
+  for (const char* failing : {"optimizer.exp_avg", "extra", "layers.0.bias", "steps"})
+    EXPECT_FALSE(named(d, failing).passed) << failing;
   const std::string text = report(a, b, d, ulp(1000));
-  EXPECT_NE(text.find("FAILED: 4 of 5 tensors differ (tolerance: --ulp 1000): extra (only in B), layers.0.bias (shape (4,) vs "
-                      "(2, 2)), optimizer.exp_avg (only in A), steps (dtype int64 vs float64)"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find(
+          "FAILED: 4 of 5 tensors differ (tolerance: --ulp 1000): extra (only in B), layers.0.bias (shape (4,) vs "
+          "(2, 2)), optimizer.exp_avg (only in A), steps (dtype int64 vs float64)"),
+      std::string::npos)
       << text;
 }
 
 TEST_F(DiffTensors, NaNsEqualOnlyBitForBitAndInt64ComparesExactly) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float other_nan = std::bit_cast<float>(std::bit_cast<std::uint32_t>(nan) | 1u);
-  const fs::path a = checkpoint("a", nan), b = checkpoint("b", nan), c = checkpoint("c", other_nan), n = checkpoint("n", 0.3f);
+  const fs::path a = checkpoint("a", nan), b = checkpoint("b", nan), c = checkpoint("c", other_nan),
+                 n = checkpoint("n", 0.3f);
   EXPECT_TRUE(all_passed(diff_tensor_dirs(a, b, Tolerance{})));
   const TensorDiff payload = named(diff_tensor_dirs(a, c, ulp(1'000'000)), "layers.0.weight");
   EXPECT_FALSE(payload.passed);
@@ -563,12 +585,15 @@ TEST_F(DiffTensors, ADirectoryWithoutNpyFilesIsRefusedWithAHint) {
   EXPECT_NE(m.find("B " + (dir_ / "ckpt").string() + " holds no .npy files"), std::string::npos) << m;
   EXPECT_NE(m.find("step-00000010 ... step-00000012: give one of them"), std::string::npos) << m;
   fs::create_directories(dir_ / "empty");
-  EXPECT_NE(message_of<UsageError>([&] { diff_tensor_dirs(dir_ / "empty", a, Tolerance{}); }).find("A "), std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { diff_tensor_dirs(dir_ / "empty", a, Tolerance{}); }).find("A "),
+            std::string::npos);
 }
 
 // ---- the command ----------------------------------------------------------------------------------
 
-CommandResult dpcheck_diff(const std::string& args) { return run_command(std::string(DPCHECK_BINARY) + " diff " + args, 60); }
+CommandResult dpcheck_diff(const std::string& args) {
+  return run_command(std::string(DPCHECK_BINARY) + " diff " + args, 60);
+}
 
 TEST(DiffCommand, ExitStatusesAndTheJsonReport) {
   const ScratchDir dir;
@@ -584,7 +609,8 @@ TEST(DiffCommand, ExitStatusesAndTheJsonReport) {
 
   r = dpcheck_diff(a + " " + c + " --json " + json_path);
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("first difference: step 3, optimizer, rank 0, params layers.1.weight"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("first difference: step 3, optimizer, rank 0, params layers.1.weight"), std::string::npos)
+      << r.output;
   const json report = json::parse(read_file(json_path));
   EXPECT_FALSE(report["identical"].get<bool>());
   EXPECT_EQ(report["first_difference"]["step"], 3);
@@ -601,8 +627,9 @@ TEST(DiffCommand, ExitStatusesAndTheJsonReport) {
 
   // Bad usage: one line, status 2, no report written.
   fs::remove(json_path);
-  for (const std::string& bad : {a + " " + (dir / "p").string(), a + " " + b + " --ulp 1", a + " " + (dir / "nothing").string(),
-                                 (dir / "p").string() + " " + (dir / "p").string() + " --ulp 1 --rtol 0"}) {
+  for (const std::string& bad :
+       {a + " " + (dir / "p").string(), a + " " + b + " --ulp 1", a + " " + (dir / "nothing").string(),
+        (dir / "p").string() + " " + (dir / "p").string() + " --ulp 1 --rtol 0"}) {
     r = dpcheck_diff(bad + " --json " + json_path);
     EXPECT_EQ(r.status, 2) << bad << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;

@@ -167,11 +167,13 @@ TEST(Divergence, ReplayReproducesFailure) {
     std::vector<fs::path> bundles;
     for (const auto& e : fs::directory_iterator(dir.path())) bundles.push_back(e.path());
     ASSERT_EQ(bundles.size(), 1u) << m.name << ": one failure, one bundle\n" << run.output;
-    EXPECT_NE(run.output.find("replay it with: dpcheck replay " + bundles[0].string()), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("replay it with: dpcheck replay " + bundles[0].string()), std::string::npos)
+        << run.output;
     const CommandResult again = run_command(std::string(DPCHECK_BINARY) + " replay " + bundles[0].string(), 120);
     EXPECT_EQ(again.status, 1) << m.name << "\n" << again.output;
     EXPECT_NE(again.output.find("reproduced bit for bit"), std::string::npos) << m.name << "\n" << again.output;
-    const CommandResult without = run_command(std::string(DPCHECK_BINARY) + " replay " + bundles[0].string() + " --mutant none", 120);
+    const CommandResult without =
+        run_command(std::string(DPCHECK_BINARY) + " replay " + bundles[0].string() + " --mutant none", 120);
     EXPECT_EQ(without.status, 0) << m.name << "\n" << without.output;
     EXPECT_NE(without.output.find("the replay target passes"), std::string::npos) << m.name << "\n" << without.output;
     hit.push_back(std::string(m.name));
@@ -187,10 +189,12 @@ TEST(Divergence, ReplayReproducesFailure) {
 // The bundle records the buckets: without them the broken bucket never runs and the replay would pass.
 TEST(Divergence, ABucketedRunReplaysWithItsBuckets) {
   const ScratchDir dir;
-  const CommandResult run = run_command(std::string(DPCHECK_BINARY) +
-                                            " train --model 8,16,4 --batch 8 --world-size 2 --steps 3 --bucket-mb 0.0005"
-                                            " --mutant bucket-boundary-off-by-one --bundle-dir " + dir.path().string(),
-                                        60);
+  const CommandResult run =
+      run_command(std::string(DPCHECK_BINARY) +
+                      " train --model 8,16,4 --batch 8 --world-size 2 --steps 3 --bucket-mb 0.0005"
+                      " --mutant bucket-boundary-off-by-one --bundle-dir " +
+                      dir.path().string(),
+                  60);
   EXPECT_EQ(run.status, 1) << run.output;
   const fs::path bundle = dir.path() / "dpcheck-bundle-step-00000000";
   ASSERT_TRUE(fs::is_directory(bundle)) << run.output;
@@ -204,8 +208,9 @@ TEST(Divergence, CheckFiniteNamesTheRankBeforeTheAllReduce) {
   const ScratchDir dir;
   const CommandResult run = train(dir.path(), "rank-nan-gradient");
   EXPECT_EQ(run.status, 1) << run.output;
-  EXPECT_NE(run.output.find("step 1: rank 2: its local gradient at layers.0.weight[0, 0] is nan, before the all-reduce"),
-            std::string::npos)
+  EXPECT_NE(
+      run.output.find("step 1: rank 2: its local gradient at layers.0.weight[0, 0] is nan, before the all-reduce"),
+      std::string::npos)
       << run.output;
   // Attributed on replay: the local gradient of rank 2 is the first phase out of the bound.
   std::vector<fs::path> bundles;
@@ -239,9 +244,10 @@ TEST(Divergence, AStuckRankAmongThreadsEndsTheRunWithinTheTimeoutLeavingABundle)
 // reader accepts, so the replay starts from the bundle's start and still gives the same verdict.
 TEST(Divergence, ADivergedRunReplaysFromItsStart) {
   const ScratchDir dir;
-  const CommandResult run = run_command(std::string(DPCHECK_BINARY) + " train --model 4,3 --batch 8 --steps 3 --lr 1e38" +
-                                            " --world-size 2 --bundle-dir " + dir.path().string(),
-                                        60);
+  const CommandResult run =
+      run_command(std::string(DPCHECK_BINARY) + " train --model 4,3 --batch 8 --steps 3 --lr 1e38" +
+                      " --world-size 2 --bundle-dir " + dir.path().string(),
+                  60);
   EXPECT_EQ(run.status, 1) << run.output;
   const fs::path bundle = dir.path() / "dpcheck-bundle-step-00000002";
   ASSERT_TRUE(fs::is_directory(bundle)) << run.output;
@@ -254,10 +260,12 @@ TEST(Divergence, ADivergedRunReplaysFromItsStart) {
 TEST(Divergence, ReplayOfACheckpointDirectoryAtAStep) {
   const ScratchDir dir;
   const std::string ckpt = (dir.path() / "ckpt").string();
-  const CommandResult run = run_command(std::string(DPCHECK_BINARY) +
-                                            " train --model 6,8,3 --batch 12 --world-size 2 --steps 3 --checkpoint-every 1"
-                                            " --checkpoint-dir " + ckpt + " --keep 5",
-                                        120);
+  const CommandResult run =
+      run_command(std::string(DPCHECK_BINARY) +
+                      " train --model 6,8,3 --batch 12 --world-size 2 --steps 3 --checkpoint-every 1"
+                      " --checkpoint-dir " +
+                      ckpt + " --keep 5",
+                  120);
   ASSERT_EQ(run.status, 0) << run.output;
   const CommandResult replay = run_command(std::string(DPCHECK_BINARY) + " replay " + ckpt + " --step 2", 120);
   EXPECT_EQ(replay.status, 0) << replay.output;
@@ -267,7 +275,8 @@ TEST(Divergence, ReplayOfACheckpointDirectoryAtAStep) {
   const CommandResult broken =
       run_command(std::string(DPCHECK_BINARY) + " replay " + ckpt + " --step 2 --mutant drop-one-sample", 120);
   EXPECT_EQ(broken.status, 1) << broken.output;
-  EXPECT_NE(broken.output.find("first phase out of the bound: local gradient on rank 1"), std::string::npos) << broken.output;
+  EXPECT_NE(broken.output.find("first phase out of the bound: local gradient on rank 1"), std::string::npos)
+      << broken.output;
 }
 
 // Three runs of one seed with their checkpoints and traces: on 2 ranks, on 3, and on 3 with a bug that
@@ -276,10 +285,11 @@ TEST(Divergence, DriftTellsRoundingFromABug) {
   const ScratchDir dir;
   const auto train_run = [&](const std::string& name, int ranks, const std::string& extra) {
     const std::string d = (dir.path() / name).string();
-    const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " train --model 8,16,4 --batch 25 --steps 4 --policy uneven" +
-                                            " --world-size " + std::to_string(ranks) + " --checkpoint-every 1 --keep 10" +
-                                            " --checkpoint-dir " + d + " --trace " + d + ".jsonl" + extra,
-                                        120);
+    const CommandResult r =
+        run_command(std::string(DPCHECK_BINARY) + " train --model 8,16,4 --batch 25 --steps 4 --policy uneven" +
+                        " --world-size " + std::to_string(ranks) + " --checkpoint-every 1 --keep 10" +
+                        " --checkpoint-dir " + d + " --trace " + d + ".jsonl" + extra,
+                    120);
     ASSERT_EQ(r.status, 0) << r.output;
   };
   train_run("two", 2, "");
@@ -288,15 +298,18 @@ TEST(Divergence, DriftTellsRoundingFromABug) {
   const std::string bin = std::string(DPCHECK_BINARY) + " drift ";
   const std::string two = (dir.path() / "two").string(), three = (dir.path() / "three").string(),
                     broken = (dir.path() / "broken").string();
-  const CommandResult rounding = run_command(bin + two + " " + three + " --trace-a " + two + ".jsonl --trace-b " + three + ".jsonl", 120);
+  const CommandResult rounding =
+      run_command(bin + two + " " + three + " --trace-a " + two + ".jsonl --trace-b " + three + ".jsonl", 120);
   EXPECT_EQ(rounding.status, 0) << rounding.output;
   EXPECT_NE(rounding.output.find("rounding, amplified by training"), std::string::npos) << rounding.output;
-  const CommandResult bug = run_command(bin + two + " " + broken + " --trace-a " + two + ".jsonl --trace-b " + broken + ".jsonl", 120);
+  const CommandResult bug =
+      run_command(bin + two + " " + broken + " --trace-a " + two + ".jsonl --trace-b " + broken + ".jsonl", 120);
   EXPECT_EQ(bug.status, 1) << bug.output;
   EXPECT_NE(bug.output.find("bug: step 1 of B leaves the bound from its own parameters (local gradient on rank 0"),
             std::string::npos)
       << bug.output;
-  EXPECT_NE(bug.output.find("replay it with: dpcheck replay " + broken + " --step 1 --mutant mean-of-means"), std::string::npos)
+  EXPECT_NE(bug.output.find("replay it with: dpcheck replay " + broken + " --step 1 --mutant mean-of-means"),
+            std::string::npos)
       << bug.output;
   // Without the trace that names its target, the broken run's steps do not replay to its bits.
   const CommandResult undecided = run_command(bin + two + " " + broken, 120);

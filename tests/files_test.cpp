@@ -1,8 +1,8 @@
 // write_file_atomic, sync_directory and FileDescriptor (src/io/files.hpp): a write that fails anywhere
 // leaves the old file as it was and no temporary file behind; links are written through; what rename
 // would destroy is refused; new files get new_file_mode whatever the umask.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,7 +27,8 @@ class FilesTest : public testing::Test {
   // The directory's entries, sorted: a temporary file left behind shows up here.
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
-    for (const fs::directory_entry& e : fs::directory_iterator(dir_.path())) names.push_back(e.path().filename().string());
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_.path()))
+      names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
   }

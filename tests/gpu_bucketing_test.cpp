@@ -90,8 +90,8 @@ TEST(GpuBucketing, OverlappedBucketsGiveTheBitsOfOneAllReduce) {
       TrainConfig cb = c;
       cb.bucket_mb = static_cast<double>(elements) * sizeof(float) / (1024.0 * 1024.0);
       const TrainingRun bucketed = train(cb, 3);
-      const std::string what = std::to_string(elements) + "-element buckets, accumulate " + std::to_string(v.accumulate) +
-                               (v.loss_scaling ? ", loss scaling" : "");
+      const std::string what = std::to_string(elements) + "-element buckets, accumulate " +
+                               std::to_string(v.accumulate) + (v.loss_scaling ? ", loss scaling" : "");
       EXPECT_TRUE(bucketed.synchronized) << what;
       EXPECT_TRUE(bucketed.may_overlap) << what << ": no communication thread on the GPU";
       EXPECT_GT(bucketed.buckets, 0u) << what;

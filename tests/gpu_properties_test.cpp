@@ -74,7 +74,8 @@ TEST_P(OnCudaLocal, CorrectImplementationPasses) {
   const PropertyDef& p = find_property(GetParam().name);
   const PropertyResult r = run_property(p, target, options(p));
   if (!r.skipped.empty()) GTEST_SKIP() << p.name << " cannot run here: " << r.skipped;
-  EXPECT_TRUE(r.passed) << target.describe() << ": " << r.failure << "\n" << r.counterexample << "\nreplay: " << r.reproduce;
+  EXPECT_TRUE(r.passed) << target.describe() << ": " << r.failure << "\n"
+                        << r.counterexample << "\nreplay: " << r.reproduce;
   EXPECT_EQ(r.cases, options(p).cases);
   if (r.has_error_ratio) {
     RecordProperty("max_error_ratio", std::to_string(r.max_error_ratio));

@@ -19,17 +19,16 @@
 #include "src/comm.hpp"
 
 // Skips the test, naming the runtime's reason, where no CUDA device can be used.
-#define DPCHECK_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    std::string why_;                                                                \
+#define DPCHECK_REQUIRE_GPU()                                                       \
+  do {                                                                              \
+    std::string why_;                                                               \
     if (!cuda::device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)
 
 namespace dpcheck {
 
 // A device copy of `host` (at least one element, so that an empty input still has an address).
-template <class T>
-cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t s) {
+template <class T> cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t s) {
   cuda::DeviceBuffer<T> d(std::max<std::size_t>(host.size(), 1));
   if (!host.empty())
     DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, s));
@@ -38,8 +37,7 @@ cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t s) {
 }
 
 // The first n elements of d, after the work queued on s.
-template <class T>
-std::vector<T> download(const cuda::DeviceBuffer<T>& d, std::size_t n, cudaStream_t s) {
+template <class T> std::vector<T> download(const cuda::DeviceBuffer<T>& d, std::size_t n, cudaStream_t s) {
   std::vector<T> host(n);
   if (n > 0) DPCHECK_CUDA_CHECK(cudaMemcpyAsync(host.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost, s));
   DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -47,8 +45,7 @@ std::vector<T> download(const cuda::DeviceBuffer<T>& d, std::size_t n, cudaStrea
 }
 
 // All bits set: a NaN in float32 and in float64, so an element the kernel does not write cannot pass.
-template <class T>
-void poison(const cuda::DeviceBuffer<T>& d, std::size_t n, cudaStream_t s) {
+template <class T> void poison(const cuda::DeviceBuffer<T>& d, std::size_t n, cudaStream_t s) {
   DPCHECK_CUDA_CHECK(cudaMemsetAsync(d.get(), 0xff, n * sizeof(T), s));
 }
 

@@ -100,8 +100,10 @@ TEST(ReplicaHashXxh64, BothSidesPrimesRoundAndAvalancheAreXxh64s) {
   for (const Xxh64Parts& x : {kReferenceParts, kKernelParts}) {
     for (std::size_t n = 0; n <= 100; ++n) {
       const std::vector<unsigned char> a = random_bytes(n, 100 + n);
-      for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{0x9E3779B97F4A7C15}, ~std::uint64_t{0}})
-        ASSERT_EQ(xxh64_from(x, a.data(), n, seed), XXH64(a.data(), n, seed)) << x.side << ": " << n << " bytes, seed " << seed;
+      for (std::uint64_t seed :
+           {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{0x9E3779B97F4A7C15}, ~std::uint64_t{0}})
+        ASSERT_EQ(xxh64_from(x, a.data(), n, seed), XXH64(a.data(), n, seed))
+            << x.side << ": " << n << " bytes, seed " << seed;
     }
   }
 }
@@ -181,8 +183,8 @@ TEST(ReplicaHash, FlipsInLargeBuffersChangeIt) {
   const std::size_t n = kLaneBytes + 16 * 3 + 5;
   std::vector<unsigned char> a = random_bytes(n, 4);
   const std::uint64_t base = host_hash(a, 0);
-  for (std::size_t byte : {std::size_t{0}, std::size_t{15}, std::size_t{16}, kLaneBytes - 1, kLaneBytes, kLaneBytes + 17,
-                           n - 6, n - 5, n - 1}) {
+  for (std::size_t byte : {std::size_t{0}, std::size_t{15}, std::size_t{16}, kLaneBytes - 1, kLaneBytes,
+                           kLaneBytes + 17, n - 6, n - 5, n - 1}) {
     a[byte] ^= 0x80;
     EXPECT_NE(host_hash(a, 0), base) << "byte " << byte;
     a[byte] ^= 0x80;
@@ -219,8 +221,7 @@ TEST(ReplicaHash, TailBytesAndLengthMatter) {
 // element: here an empty input stays unallocated (a null pointer), as the hasher must accept.
 cuda::DeviceBuffer<unsigned char> upload_exact(const std::vector<unsigned char>& host, cudaStream_t s) {
   cuda::DeviceBuffer<unsigned char> d(host.size());
-  if (!host.empty())
-    DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice, s));
+  if (!host.empty()) DPCHECK_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice, s));
   DPCHECK_CUDA_CHECK(cudaStreamSynchronize(s));
   return d;
 }
@@ -233,8 +234,8 @@ void set_byte(const cuda::DeviceBuffer<unsigned char>& d, std::size_t at, const 
 // Empty, shorter than a word, a word, a word and a byte, a page less one, 1 MiB, 1 MiB with a ragged
 // tail, two words for some lanes, and more than four words a lane (the kernel's four-loads loop, then
 // its remainder).
-const std::vector<std::size_t> kSizes{0,   1,   15, 16, 17, 4095, kMiB, kMiB + 13, kLaneBytes + 16 * 3 + 5,
-                                      4 * kLaneBytes + 16 * 100 + 9};
+const std::vector<std::size_t> kSizes{
+    0, 1, 15, 16, 17, 4095, kMiB, kMiB + 13, kLaneBytes + 16 * 3 + 5, 4 * kLaneBytes + 16 * 100 + 9};
 
 TEST(HashGpu, EqualsTheHostRestatementOnEverySize) {
   DPCHECK_REQUIRE_GPU();

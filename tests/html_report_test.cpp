@@ -79,7 +79,9 @@ std::vector<std::string> pre_texts(const XMLElement* root) {
   for (const XMLElement* p : find(root, "pre")) out.push_back(p->GetText() != nullptr ? p->GetText() : "");
   return out;
 }
-bool contains(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
 
 // Nothing that a browser would fetch: no script, stylesheet link, image, frame or object, no src, no
 // href but to an id on the page, no url() or @import in the style, no address of any scheme.
@@ -90,8 +92,8 @@ void expect_self_contained(const XMLDocument& doc, const std::string& page) {
   for (const XMLElement* e : find(doc, "", "id")) ids.insert(e->Attribute("id"));
   std::vector<const XMLElement*> all{doc.RootElement()};
   collect(doc.RootElement()->FirstChildElement(), "", nullptr, all);
-  static const std::set<std::string> fetching{"script", "link", "img", "image", "iframe", "frame", "object",
-                                              "embed", "audio", "video", "source", "use", "base", "form"};
+  static const std::set<std::string> fetching{"script", "link",  "img",   "image",  "iframe", "frame", "object",
+                                              "embed",  "audio", "video", "source", "use",    "base",  "form"};
   for (const XMLElement* e : all) {
     EXPECT_EQ(fetching.count(e->Name()), 0u) << e->Name();
     for (const tinyxml2::XMLAttribute* a = e->FirstAttribute(); a != nullptr; a = a->Next()) {
@@ -157,8 +159,10 @@ TEST(HtmlEscape, EveryMarkupCharacterBecomesAnEntity) {
 }
 
 TEST_F(HtmlReport, VerifyPageDrawsEachCaseRatioAndThePower) {
-  const CommandResult r = run("verify --cases 60 --property gradient_average_matches_whole_batch --property "
-                              "sampler_shards_disjoint --report " + path("r.json") + " --html " + path("r.html"));
+  const CommandResult r =
+      run("verify --cases 60 --property gradient_average_matches_whole_batch --property "
+          "sampler_shards_disjoint --report " +
+          path("r.json") + " --html " + path("r.html"));
   ASSERT_EQ(r.status, 0) << r.output;
   const json report = json::parse(read_file(path("r.json")));
   const std::string page = read_file(path("r.html"));
@@ -191,9 +195,10 @@ TEST_F(HtmlReport, VerifyPageDrawsEachCaseRatioAndThePower) {
 }
 
 TEST_F(HtmlReport, VerifyPageShowsAFailureWithItsMinimalCaseAndReplay) {
-  const CommandResult r = run("verify --cases 20 --reruns 1 --mutant allreduce-sum-no-average --property "
-                              "gradient_average_matches_whole_batch --report " + path("r.json") + " --html " +
-                              path("r.html"));
+  const CommandResult r =
+      run("verify --cases 20 --reruns 1 --mutant allreduce-sum-no-average --property "
+          "gradient_average_matches_whole_batch --report " +
+          path("r.json") + " --html " + path("r.html"));
   ASSERT_EQ(r.status, 1) << r.output;
   const json report = json::parse(read_file(path("r.json")));
   const std::string page = read_file(path("r.html"));
@@ -211,9 +216,9 @@ TEST_F(HtmlReport, VerifyPageShowsAFailureWithItsMinimalCaseAndReplay) {
 }
 
 TEST_F(HtmlReport, ConformPageListsEveryCheckAndEachFailure) {
-  const CommandResult r = run(std::string("conform --comm ") + DPCHECK_RING_PLUGIN +
-                              " --world-size 2 --no-properties --max-mib 1 --report " + path("c.json") + " --html " +
-                              path("c.html"));
+  const CommandResult r =
+      run(std::string("conform --comm ") + DPCHECK_RING_PLUGIN +
+          " --world-size 2 --no-properties --max-mib 1 --report " + path("c.json") + " --html " + path("c.html"));
   ASSERT_EQ(r.status, 0) << r.output;
   json report = json::parse(read_file(path("c.json")));
   std::string page = read_file(path("c.html"));
@@ -257,7 +262,8 @@ json train_report() {
           {"target", {{"engine", "cpu"}, {"comm", "local"}, {"world_size", 4}, {"mutant", "optimizer-rank-perturb"}}},
           {"config", {{"model", "8,16,4"}, {"batch", 32}, {"optimizer", "adam"}, {"lr", 1e-3}}},
           {"passed", false},
-          {"failure", {{"step", 23}, {"what", "replicas differ: layers.0.weight[3] is 0.5 on rank 0 and 0.50000006 on rank 2"}}},
+          {"failure",
+           {{"step", 23}, {"what", "replicas differ: layers.0.weight[3] is 0.5 on rank 0 and 0.50000006 on rank 2"}}},
           {"steps", steps}};
 }
 
@@ -288,7 +294,8 @@ TEST(HtmlTrain, EveryStepIsPlottedAsTheReportHoldsIt) {
   for (std::size_t i = 0; i < marks.size(); ++i) {
     EXPECT_EQ(number(marks[i], "data-step"), report["steps"][i]["step"].get<double>());
     EXPECT_EQ(text_of(marks[i], "data-identical") == "true", report["steps"][i]["replicas_identical"].get<bool>());
-    EXPECT_EQ(text_of(marks[i], "class"), report["steps"][i]["replicas_identical"].get<bool>() ? "identical" : "diverged");
+    EXPECT_EQ(text_of(marks[i], "class"),
+              report["steps"][i]["replicas_identical"].get<bool>() ? "identical" : "diverged");
   }
   EXPECT_TRUE(contains(pre_texts(doc->RootElement()), report["failure"]["what"].get<std::string>()));
 }
@@ -296,8 +303,10 @@ TEST(HtmlTrain, EveryStepIsPlottedAsTheReportHoldsIt) {
 // The pages `dpcheck train --html` and `dpcheck bench scaling --html` write are the library's pages of
 // the reports written beside them, and plot exactly what those hold.
 TEST_F(HtmlReport, TrainWritesThePageOfItsReport) {
-  const CommandResult r = run("train --model 6,12,3 --batch 12 --steps 4 --world-size 2 --check-gradient-every 2 "
-                              "--bucket-mb 0.0001 --report " + path("t.json") + " --html " + path("t.html"));
+  const CommandResult r =
+      run("train --model 6,12,3 --batch 12 --steps 4 --world-size 2 --check-gradient-every 2 "
+          "--bucket-mb 0.0001 --report " +
+          path("t.json") + " --html " + path("t.html"));
   ASSERT_EQ(r.status, 0) << r.output;
   const json report = json::parse(read_file(path("t.json")));
   const std::string page = read_file(path("t.html"));
@@ -318,8 +327,10 @@ TEST_F(HtmlReport, TrainWritesThePageOfItsReport) {
 }
 
 TEST_F(HtmlReport, BenchScalingWritesThePageOfItsReport) {
-  const CommandResult r = run("bench scaling --model 6,12,3 --batch 8 --world-size 2 --steps 1 --warmup 0 "
-                              "--bucket-mb 0.0001 --json " + path("s.json") + " --html " + path("s.html"));
+  const CommandResult r =
+      run("bench scaling --model 6,12,3 --batch 8 --world-size 2 --steps 1 --warmup 0 "
+          "--bucket-mb 0.0001 --json " +
+          path("s.json") + " --html " + path("s.html"));
   ASSERT_EQ(r.status, 0) << r.output;
   const json report = json::parse(read_file(path("s.json")));
   const std::string page = read_file(path("s.html"));
@@ -328,7 +339,8 @@ TEST_F(HtmlReport, BenchScalingWritesThePageOfItsReport) {
   expect_self_contained(*doc, page);
   ASSERT_EQ(report["rows"].size(), 2u);
   std::vector<std::pair<double, double>> measured;
-  for (const json& row : report["rows"]) measured.emplace_back(row["ranks"].get<double>(), row["speedup_measured"].get<double>());
+  for (const json& row : report["rows"])
+    measured.emplace_back(row["ranks"].get<double>(), row["speedup_measured"].get<double>());
   EXPECT_EQ(points(*doc, "speedup_measured"), measured);
   EXPECT_EQ(report["rows"][0]["speedup_measured"].get<double>(), 1.0);
 }
@@ -350,21 +362,22 @@ json scaling_report() {
   for (int n : {1, 2, 4, 8, 16}) {
     const double comm = n == 1 ? 0 : 6 + 2.0 * n;
     const bool measured = n <= 8;
-    rows.push_back({{"ranks", n},
-                    {"compute_ms", compute / n},
-                    {"allreduce_ms", n == 1 || !measured ? json(nullptr) : json(comm * 1.1)},
-                    {"allreduce_fit_ms", n == 1 ? json(nullptr) : json(comm)},
-                    {"predicted_ms", compute / n + comm},
-                    {"predicted_overlap_ms", std::max(compute / n, comm)},
-                    {"measured_ms", measured ? json(compute / n + comm * 1.1) : json(nullptr)},
-                    {"measured_bucketed_ms", measured ? json(compute / n + comm * 0.8) : json(nullptr)},
-                    {"speedup_predicted", compute / (compute / n + comm)},
-                    {"speedup_predicted_overlap", compute / std::max(compute / n, comm)},
-                    {"speedup_measured", measured ? json(compute / (compute / n + comm * 1.1)) : json(nullptr)},
-                    {"speedup_measured_bucketed", measured ? json(compute / (compute / n + comm * 0.8)) : json(nullptr)},
-                    {"model_error", measured ? json(0.1) : json(nullptr)},
-                    {"exposed_comm_ms", measured ? json(comm) : json(nullptr)},
-                    {"exposed_comm_bucketed_ms", measured ? json(comm * 0.5) : json(nullptr)}});
+    rows.push_back(
+        {{"ranks", n},
+         {"compute_ms", compute / n},
+         {"allreduce_ms", n == 1 || !measured ? json(nullptr) : json(comm * 1.1)},
+         {"allreduce_fit_ms", n == 1 ? json(nullptr) : json(comm)},
+         {"predicted_ms", compute / n + comm},
+         {"predicted_overlap_ms", std::max(compute / n, comm)},
+         {"measured_ms", measured ? json(compute / n + comm * 1.1) : json(nullptr)},
+         {"measured_bucketed_ms", measured ? json(compute / n + comm * 0.8) : json(nullptr)},
+         {"speedup_predicted", compute / (compute / n + comm)},
+         {"speedup_predicted_overlap", compute / std::max(compute / n, comm)},
+         {"speedup_measured", measured ? json(compute / (compute / n + comm * 1.1)) : json(nullptr)},
+         {"speedup_measured_bucketed", measured ? json(compute / (compute / n + comm * 0.8)) : json(nullptr)},
+         {"model_error", measured ? json(0.1) : json(nullptr)},
+         {"exposed_comm_ms", measured ? json(comm) : json(nullptr)},
+         {"exposed_comm_bucketed_ms", measured ? json(comm * 0.5) : json(nullptr)}});
   }
   return {{"command", "bench scaling"},
           {"model", "784,256,10"},
@@ -383,7 +396,8 @@ TEST(HtmlScaling, EverySpeedUpPointIsTheRowsAndTheBreakEvenSitsAtN) {
   const std::string page = html::scaling_page(report);
   const auto doc = parse(page);
   expect_self_contained(*doc, page);
-  for (const char* series : {"speedup_predicted", "speedup_predicted_overlap", "speedup_measured", "speedup_measured_bucketed"}) {
+  for (const char* series :
+       {"speedup_predicted", "speedup_predicted_overlap", "speedup_measured", "speedup_measured_bucketed"}) {
     std::vector<std::pair<double, double>> expected;
     for (const json& r : report["rows"])
       if (!r[series].is_null()) expected.emplace_back(r["ranks"].get<double>(), r[series].get<double>());
@@ -391,7 +405,8 @@ TEST(HtmlScaling, EverySpeedUpPointIsTheRowsAndTheBreakEvenSitsAtN) {
     EXPECT_EQ(points(*doc, series), expected) << series;
   }
   std::map<std::string, double> marks;
-  for (const XMLElement* l : find(*doc, "line", "data-break-even")) marks[text_of(l, "data-break-even")] = number(l, "data-x");
+  for (const XMLElement* l : find(*doc, "line", "data-break-even"))
+    marks[text_of(l, "data-break-even")] = number(l, "data-x");
   EXPECT_EQ(marks, (std::map<std::string, double>{{"predicted", 2.0}}));
   bool ideal = false;
   for (const XMLElement* p : find(*doc, "polyline", "data-series")) ideal |= text_of(p, "data-series") == "ideal";
@@ -423,7 +438,8 @@ TEST(HtmlBench, AllreduceBusbwIsPlottedPerBackendAndN) {
   ASSERT_EQ(circles.size(), rows.size());
   std::multiset<std::tuple<std::string, double, double, double>> drawn, expected;
   for (const XMLElement* c : circles)
-    drawn.emplace(text_of(c, "data-backend"), std::stod(text_of(c, "data-ranks")), number(c, "data-x"), number(c, "data-y"));
+    drawn.emplace(text_of(c, "data-backend"), std::stod(text_of(c, "data-ranks")), number(c, "data-x"),
+                  number(c, "data-y"));
   for (const bench::AllreduceRow& r : rows)
     expected.emplace(r.backend, r.ranks, static_cast<double>(r.bytes), r.busbw_gbs);
   EXPECT_EQ(drawn, expected);
@@ -435,12 +451,21 @@ TEST(HtmlBench, AllreduceBusbwIsPlottedPerBackendAndN) {
 }
 
 TEST(HtmlBench, OtherBenchTablesAreTables) {
-  const json step = json::array({{{"dims", {784, 256, 10}}, {"batch", 256}, {"eager_ms", 0.31}, {"graph_ms", 0.2},
-                                  {"torch_ms", 0.25}, {"ratio", 0.8}, {"goal", 1.0}, {"tflops", 3.1},
-                                  {"same_bits", true}, {"torch_note", ""}}});
-  const json hash{{"bytes", 1 << 26}, {"hash_ms", 1.2}, {"hash_gbs", 55.0}, {"copy_ms", 0.9}, {"copy_gbs", 70.0}, {"ratio", 0.78}};
-  const json trace{{"model", "784,256,10"}, {"batch", 256}, {"world_size", 4}, {"engine", "cpu"}, {"step_s", 0.01},
-                   {"traced_step_s", 0.0104}, {"overhead", 0.04}, {"line_bytes", 900}};
+  const json step = json::array({{{"dims", {784, 256, 10}},
+                                  {"batch", 256},
+                                  {"eager_ms", 0.31},
+                                  {"graph_ms", 0.2},
+                                  {"torch_ms", 0.25},
+                                  {"ratio", 0.8},
+                                  {"goal", 1.0},
+                                  {"tflops", 3.1},
+                                  {"same_bits", true},
+                                  {"torch_note", ""}}});
+  const json hash{{"bytes", 1 << 26}, {"hash_ms", 1.2},   {"hash_gbs", 55.0},
+                  {"copy_ms", 0.9},   {"copy_gbs", 70.0}, {"ratio", 0.78}};
+  const json trace{{"model", "784,256,10"}, {"batch", 256},     {"world_size", 4},
+                   {"engine", "cpu"},       {"step_s", 0.01},   {"traced_step_s", 0.0104},
+                   {"overhead", 0.04},      {"line_bytes", 900}};
   for (const auto& [report, title] : {std::pair{step, "bench step"}, {hash, "bench hash"}, {trace, "bench trace"}}) {
     const std::string page = html::bench_page(report, title);
     const auto doc = parse(page);

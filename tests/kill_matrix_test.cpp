@@ -84,7 +84,10 @@ TEST_P(KillMatrix, MutantIsCaughtByItsPropertyAndShrunk) {
       continue;
     }
     const PropertyResult r = run_property(p, target, options(p, aimed));
-    row += std::string(" ") + std::string(p.name) + (!r.skipped.empty() ? "=skipped" : r.passed ? "=survived" : "=KILLED");
+    row += std::string(" ") + std::string(p.name) +
+           (!r.skipped.empty() ? "=skipped"
+            : r.passed         ? "=survived"
+                               : "=KILLED");
     if (!aimed) continue;
     if (!r.skipped.empty()) GTEST_SKIP() << p.name << " cannot run here: " << r.skipped;
     caught_by_aimed = !r.passed;
@@ -126,7 +129,9 @@ TEST_P(KillMatrix, MutantIsCaughtByItsPropertyAndShrunk) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMutants, KillMatrix, testing::ValuesIn(mutants().begin(), mutants().end()),
-                         [](const testing::TestParamInfo<MutantInfo>& param) { return test_case_name(param.param.name); });
+                         [](const testing::TestParamInfo<MutantInfo>& param) {
+                           return test_case_name(param.param.name);
+                         });
 
 }  // namespace
 }  // namespace dpcheck

@@ -58,11 +58,11 @@ struct Ratio {
   double worst = 0;
   Eigen::Index at = 0;
 };
-template <class Got>
-Ratio ratio_of(const Got& got, const Matrix<double>& want, const Matrix<double>& bound) {
+template <class Got> Ratio ratio_of(const Got& got, const Matrix<double>& want, const Matrix<double>& bound) {
   Ratio r;
   for (Eigen::Index i = 0; i < want.size(); ++i) {
-    const double q = error_ratio(static_cast<double>(got[static_cast<std::size_t>(i)]), want.data()[i], bound.data()[i]);
+    const double q =
+        error_ratio(static_cast<double>(got[static_cast<std::size_t>(i)]), want.data()[i], bound.data()[i]);
     if (i == 0 || q > r.worst) r = {q, i};
   }
   return r;
@@ -88,8 +88,8 @@ void expect_close(const Matrix<double>& got, const Matrix<double>& want, const M
 }
 
 TEST(LinearReference, ProductsAndMagnitudesMatchPlainLoops) {
-  for (const auto& [rows, in, out] : {std::array{1, 1, 1}, std::array{3, 17, 5}, std::array{33, 7, 1},
-                                      std::array{2, 1, 9}, std::array{0, 4, 3}}) {
+  for (const auto& [rows, in, out] :
+       {std::array{1, 1, 1}, std::array{3, 17, 5}, std::array{33, 7, 1}, std::array{2, 1, 9}, std::array{0, 4, 3}}) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(in) + "x" + std::to_string(out));
     const Matrix<double> a = reference::to_matrix(random_floats(static_cast<std::size_t>(rows * in), 1, 1), rows, in);
     const Matrix<double> w = reference::to_matrix(random_floats(static_cast<std::size_t>(out * in), 1, 2), out, in);
@@ -115,7 +115,8 @@ TEST(LinearReference, ProductsAndMagnitudesMatchPlainLoops) {
 // The three products, composed into a whole model with identity activations and mse (bias added and
 // summed inline), give reference/mlp.cpp's gradient: the per-layer reference is the model's.
 TEST(LinearReference, ComposeToTheWholeModelGradient) {
-  for (const std::vector<int>& dims : {std::vector<int>{3, 1}, std::vector<int>{5, 7, 2}, std::vector<int>{1, 4, 3, 6}}) {
+  for (const std::vector<int>& dims :
+       {std::vector<int>{3, 1}, std::vector<int>{5, 7, 2}, std::vector<int>{1, 4, 3, 6}}) {
     const ModelConfig model{dims, Activation::identity, Loss::mse};
     const std::vector<float> params = init_params(model, 5);
     const Batch batch = first_examples(model, 11, 5);
@@ -135,15 +136,16 @@ TEST(LinearReference, ComposeToTheWholeModelGradient) {
     for (int l = L - 1; l >= 0; --l) {
       const auto li = static_cast<std::size_t>(l);
       const Matrix<double> gw = reference::linear_weight_grad(delta, act[li]).value;
-      for (Eigen::Index i = 0; i < gw.size(); ++i) grad[layout.weight(l).offset + static_cast<std::size_t>(i)] = gw.data()[i];
+      for (Eigen::Index i = 0; i < gw.size(); ++i)
+        grad[layout.weight(l).offset + static_cast<std::size_t>(i)] = gw.data()[i];
       const reference::RowVector<double> gb = delta.colwise().sum();
       for (Eigen::Index i = 0; i < gb.size(); ++i) grad[layout.bias(l).offset + static_cast<std::size_t>(i)] = gb(i);
       if (l > 0) delta = reference::linear_input_grad(delta, w[li]).value;
     }
     const auto want = reference::loss_and_gradient<double>(model, params, batch);
     for (std::size_t i = 0; i < grad.size(); ++i)
-      EXPECT_NEAR(grad[i], want.grad[i], 1e-12 * (1 + std::abs(want.grad[i]))) << dims_string(dims) << " "
-                                                                                 << layout.describe_element(i);
+      EXPECT_NEAR(grad[i], want.grad[i], 1e-12 * (1 + std::abs(want.grad[i])))
+          << dims_string(dims) << " " << layout.describe_element(i);
   }
 }
 
@@ -179,7 +181,9 @@ rc::Gen<int> gen_dim() {
 
 // All bits set: a NaN, so an element the kernel does not write cannot pass.
 // gamma for a k-term dot product on this path (see the top of the file).
-double gamma_for(std::int64_t k, bool tf32) { return tf32 ? reference::gamma(k + 4, u_tf32) : reference::gamma(k, u32); }
+double gamma_for(std::int64_t k, bool tf32) {
+  return tf32 ? reference::gamma(k + 4, u_tf32) : reference::gamma(k, u32);
+}
 
 void check_products(bool tf32) {
   cuda::Stream stream;
@@ -190,7 +194,8 @@ void check_products(bool tf32) {
     const int rows = *gen_dim(), in = *gen_dim(), out = *gen_dim();
     const bool accumulate = *rc::gen::arbitrary<bool>();
     const auto seed = *rc::gen::arbitrary<std::uint32_t>();
-    const auto nr = static_cast<std::size_t>(rows), ni = static_cast<std::size_t>(in), no = static_cast<std::size_t>(out);
+    const auto nr = static_cast<std::size_t>(rows), ni = static_cast<std::size_t>(in),
+               no = static_cast<std::size_t>(out);
     const std::vector<float> a = random_floats(nr * ni, seed, 1), w = random_floats(no * ni, seed, 2);
     const std::vector<float> d = random_floats(nr * no, seed, 3), old = random_floats(no * ni, seed, 4);
     const auto da = upload(a, s), dw = upload(w, s), dd = upload(d, s);
@@ -218,7 +223,8 @@ void check_products(bool tf32) {
     const Ratio qg = ratio_of(g, rg.value, bound_g);
     const Ratio qh = ratio_of(h, rh.value, gamma_for(out, tf32) * rh.magnitude);
     RC_LOG() << rows << "x" << in << "x" << out << (accumulate ? " accumulate" : "") << ": error ratios z " << qz.worst
-             << " at " << qz.at << ", gW " << qg.worst << " at " << qg.at << ", h " << qh.worst << " at " << qh.at << "\n";
+             << " at " << qz.at << ", gW " << qg.worst << " at " << qg.at << ", h " << qh.worst << " at " << qh.at
+             << "\n";
     RC_ASSERT(qz.worst <= 1.0);
     RC_ASSERT(qg.worst <= 1.0);
     RC_ASSERT(qh.worst <= 1.0);

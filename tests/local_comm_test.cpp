@@ -213,7 +213,8 @@ TEST(Bench, SmallAllreduceRunFindsNoWrongElements) {
   cfg.warmup = 1;
   const bench::MemcpyBaseline base = bench::measure_memcpy(1 << 20, 2, 3);
   EXPECT_GT(base.gbs, 0.0);
-  const std::vector<bench::AllreduceRow> rows = bench::bench_allreduce(bench::thread_backend(*find_backend("local"), "local"), cfg, base);
+  const std::vector<bench::AllreduceRow> rows =
+      bench::bench_allreduce(bench::thread_backend(*find_backend("local"), "local"), cfg, base);
   ASSERT_EQ(rows.size(), 6u);
   for (const bench::AllreduceRow& row : rows) {
     EXPECT_EQ(row.backend, "local");
@@ -302,8 +303,8 @@ TEST(Bench, MpiRowsComeBackFromWorkersUnderMpirun) {
   bench::MemcpyBaseline base;
   base.gbs = 10.0;
   const bench::MpiWorkerLaunch launch{DPCHECK_MPIRUN, DPCHECK_BINARY, std::chrono::seconds(120)};
-  const std::vector<bench::AllreduceRow> rows = bench::allreduce_rows_via_mpirun(
-      launch, {"mpi", "MPI_Allreduce"}, cfg, base);
+  const std::vector<bench::AllreduceRow> rows =
+      bench::allreduce_rows_via_mpirun(launch, {"mpi", "MPI_Allreduce"}, cfg, base);
   ASSERT_EQ(rows.size(), 8u);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const bench::AllreduceRow& row = rows[i];

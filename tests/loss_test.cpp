@@ -113,14 +113,16 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed, std::uint64_
   const std::uint64_t key = mix_key(seed, 0x1055);
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i)
-    v[i] = scale * std::ldexp(random_symmetric(key, stream, i), static_cast<int>(random_u64(key, stream + 1000, i) % 9) - 4);
+    v[i] = scale *
+           std::ldexp(random_symmetric(key, stream, i), static_cast<int>(random_u64(key, stream + 1000, i) % 9) - 4);
   return v;
 }
 
 std::vector<std::int64_t> random_labels(std::size_t n, int classes, std::uint64_t seed) {
   const std::uint64_t key = mix_key(seed, 0x1abe);
   std::vector<std::int64_t> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int64_t>(random_below(key, 0, i, static_cast<std::uint64_t>(classes)));
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::int64_t>(random_below(key, 0, i, static_cast<std::uint64_t>(classes)));
   return v;
 }
 
@@ -164,7 +166,10 @@ TEST(LossGpu, MseDeltaAndRowLossWithinDerivedBound) {
     const reference::LossDelta want = reference::mse_delta(Z, Y, c);
     const double qd = worst_ratio(
         delta, [&](std::size_t i) { return want.delta.data()[i]; },
-        [&](std::size_t i) { return reference::gamma(2, u32) * std::abs(double{c}) * std::abs(Z.data()[i] - Y.data()[i]); }, n);
+        [&](std::size_t i) {
+          return reference::gamma(2, u32) * std::abs(double{c}) * std::abs(Z.data()[i] - Y.data()[i]);
+        },
+        n);
     RC_LOG() << rows << "x" << cols << ": delta error ratio " << qd << "\n";
     RC_ASSERT(qd <= 1.0);
     if (want_loss) {

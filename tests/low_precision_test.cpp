@@ -17,8 +17,7 @@ namespace {
 
 // Every exponent and sign, with significands whose discarded bits lie at, just below and just above a
 // tie and at the extremes, for fp16 (13 bits discarded) and for bf16 (16 bits): about 1.3 million values.
-template <class F>
-void for_rounding_cases(F&& f) {
+template <class F> void for_rounding_cases(F&& f) {
   for (std::uint32_t sign = 0; sign < 2; ++sign)
     for (std::uint32_t exponent = 0; exponent < 256; ++exponent)
       for (std::uint32_t high = 0; high < 1024; high += 3) {
@@ -34,8 +33,7 @@ bool same_value(float a, float b) {
 }
 
 // Ours against Eigen's conversion to the same format: the same value back, and the same bits.
-template <class EigenType>
-void expect_rounding_as_eigen(Precision p, std::uint16_t (*to_bits)(float)) {
+template <class EigenType> void expect_rounding_as_eigen(Precision p, std::uint16_t (*to_bits)(float)) {
   long checked = 0;
   for_rounding_cases([&](float f) {
     ++checked;
@@ -86,7 +84,8 @@ TEST(LowPrecision, EdgesOfTheFormats) {
 }
 
 TEST(LowPrecision, NamesParseBack) {
-  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) EXPECT_EQ(parse_precision(precision_name(p)), p);
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    EXPECT_EQ(parse_precision(precision_name(p)), p);
   EXPECT_THROW(parse_precision("fp8"), UsageError);
   try {
     parse_precision("half");

@@ -70,10 +70,11 @@ void expect_tight(Precision p, DType allreduce, double floor) {
     EXPECT_TRUE(result.template is<rc::detail::SuccessResult>()) << metadata.description << ": " << message.str();
     if (!result.template is<rc::detail::SuccessResult>()) return;
   }
-  std::printf("%s (all-reduce %s): worst error ratio %.4f over %d cases in %d block(s); the dropped example left the "
-              "bound in %d of %d\n",
-              std::string(precision_name(p)).c_str(), std::string(allreduce_dtype_name(allreduce)).c_str(), worst, cases,
-              blocks, caught, probed);
+  std::printf(
+      "%s (all-reduce %s): worst error ratio %.4f over %d cases in %d block(s); the dropped example left the "
+      "bound in %d of %d\n",
+      std::string(precision_name(p)).c_str(), std::string(allreduce_dtype_name(allreduce)).c_str(), worst, cases,
+      blocks, caught, probed);
   EXPECT_LE(worst, 1.0);
   EXPECT_GE(worst, floor) << "the bound has grown loose: no case of " << blocks << " blocks came within " << floor;
   EXPECT_GE(caught, probed * 9 / 10) << "the check lost its power";

@@ -64,8 +64,8 @@ TEST(ParseDims, AcceptsCommaSeparatedPositiveWidths) {
 }
 
 TEST(ParseDims, RejectsAnythingButTwoOrMorePositiveIntegers) {
-  for (const char* bad : {"", "4", "4,,1", "4,0", "-1,2", "4,x", "4,1,", ",4,1", "4, 1", "+4,1", "4.5,1",
-                          "99999999999999999999,1"}) {
+  for (const char* bad :
+       {"", "4", "4,,1", "4,0", "-1,2", "4,x", "4,1,", ",4,1", "4, 1", "+4,1", "4.5,1", "99999999999999999999,1"}) {
     EXPECT_THROW(parse_dims(bad), UsageError) << "'" << bad << "'";
   }
   try {

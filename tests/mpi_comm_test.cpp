@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "src/error.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/error.hpp"
 #include "tests/comm_conformance.hpp"
 
 namespace dpcheck {
@@ -62,8 +62,8 @@ template <class T> void check_same_bits_as_local(std::size_t len) {
     });
     for (int r = 0; r < n; ++r)
       EXPECT_EQ(std::memcmp(mine.data(), local[static_cast<std::size_t>(r)].data(), len * sizeof(T)), 0)
-          << conformance::where(c) << " " << dtype_name(dtype_of<T>()) << " " << reduce_op_name(op) << " len "
-          << len << ": differs from local rank " << r;
+          << conformance::where(c) << " " << dtype_name(dtype_of<T>()) << " " << reduce_op_name(op) << " len " << len
+          << ": differs from local rank " << r;
   }
 }
 
@@ -84,11 +84,11 @@ TEST(MpiComm, NativeCollectivesAgreeWithTheClosedForms) {
   EXPECT_EQ(c.rank(), world().rank());
   // 16-bit sums of small integers are exact even rounded at every combination, as MPI's tree with the
   // user-defined operations does (src/comm/mpi_native_comm.cpp); the patterns move untouched.
-  for (const char* check : {"rank and size", "allreduce sum, min and max of every dtype",
-                            "allreduce avg is the sum divided by N", "broadcast int64", "allgather float32",
-                            "uint8 broadcast and allgather", "allgather in place", "all and allgather_value",
-                            "16-bit sums are exact on small integers", "broadcast bfloat16", "broadcast float16",
-                            "allgather bfloat16", "allgather float16"})
+  for (const char* check :
+       {"rank and size", "allreduce sum, min and max of every dtype", "allreduce avg is the sum divided by N",
+        "broadcast int64", "allgather float32", "uint8 broadcast and allgather", "allgather in place",
+        "all and allgather_value", "16-bit sums are exact on small integers", "broadcast bfloat16", "broadcast float16",
+        "allgather bfloat16", "allgather float16"})
     conformance::run_check(c, check);
 }
 
@@ -154,7 +154,8 @@ TEST_P(MissingRank, EndsThePeersCallWithATimeoutNamingIt) {
     const double waited = seconds_since(t0);
     EXPECT_GE(waited, 0.9 * timeout_s) << "rank " << r;
     EXPECT_LT(waited, 5.0) << "rank " << r;
-    EXPECT_EQ(message.rfind("allreduce timed out on rank " + std::to_string(r) + " " + std::string(after), 0), 0u) << message;
+    EXPECT_EQ(message.rfind("allreduce timed out on rank " + std::to_string(r) + " " + std::string(after), 0), 0u)
+        << message;
     EXPECT_NE(message.find("no message from rank " + std::to_string(missing)), std::string::npos) << message;
     if (r == 0) std::printf("[ timeout  ] rank 0 saw: %s\n", message.c_str());
 

@@ -43,12 +43,14 @@ TEST_F(MpiTrain, TrainsAcrossProcessesWithEveryCheck) {
   EXPECT_NE(o.output.find("all steps passed the replica check"), std::string::npos) << o.output;
   // Only rank 0 prints: one line a step.
   std::size_t steps = 0;
-  for (std::size_t at = o.output.find("step    "); at != std::string::npos; at = o.output.find("step    ", at + 1)) ++steps;
+  for (std::size_t at = o.output.find("step    "); at != std::string::npos; at = o.output.find("step    ", at + 1))
+    ++steps;
   EXPECT_EQ(steps, 4u) << o.output;
 }
 
 TEST_F(MpiTrain, ADesyncStopsEveryProcess) {
-  const CommandResult o = run(mpirun(3) + kTrain + " --steps 4 --mutant optimizer-rank-perturb --bundle-dir " + dir_.string());
+  const CommandResult o =
+      run(mpirun(3) + kTrain + " --steps 4 --mutant optimizer-rank-perturb --bundle-dir " + dir_.string());
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("replicas differ after step 0"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("rank 2"), std::string::npos) << o.output;
@@ -60,7 +62,8 @@ TEST_F(MpiTrain, ResumeAfterTheProcessesEndedIsBitwiseEqual) {
   ASSERT_EQ(run(mpirun(2) + kTrain + " --steps 5 --checkpoint-dir " + straight.string()).status, 0);
   const CommandResult first = run(mpirun(2) + kTrain + " --steps 2 --checkpoint-dir " + split.string());
   ASSERT_EQ(first.status, 0) << first.output;
-  const CommandResult second = run(mpirun(2) + kTrain + " --steps 5 --resume " + split.string() + " --checkpoint-dir " + split.string());
+  const CommandResult second =
+      run(mpirun(2) + kTrain + " --steps 5 --resume " + split.string() + " --checkpoint-dir " + split.string());
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
   const fs::path a = straight / "step-00000005", b = split / "step-00000005";
@@ -79,7 +82,10 @@ TEST_F(MpiTrain, ResumeAfterTheProcessesEndedIsBitwiseEqual) {
 }
 
 TEST_F(MpiTrain, AStuckRankEndsTheJobWithinTheTimeoutNamingTheCollectiveAndTheRank) {
-  const CommandResult o = run(mpirun(3) + kTrain + " --steps 6 --timeout 2 --inject-fault stall --fault-rank 1 --fault-step 2 --bundle-dir " + dir_.string(), 60);
+  const CommandResult o =
+      run(mpirun(3) + kTrain +
+              " --steps 6 --timeout 2 --inject-fault stall --fault-rank 1 --fault-step 2 --bundle-dir " + dir_.string(),
+          60);
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_LT(o.seconds, 30.0) << o.output;
   EXPECT_NE(o.output.find("timed out"), std::string::npos) << o.output;
@@ -90,7 +96,8 @@ TEST_F(MpiTrain, AStuckRankEndsTheJobWithinTheTimeoutNamingTheCollectiveAndTheRa
 // By default Open MPI ends the whole job as soon as a process dies, and says which rank. Told not to,
 // the surviving ranks end on their own within the timeout, naming the collective and the dead rank.
 TEST_F(MpiTrain, AKilledRankEndsTheJobNamingTheRank) {
-  const std::string fault = kTrain + " --steps 6 --timeout 3 --inject-fault kill --fault-rank 2 --fault-step 1 --bundle-dir " + dir_.string();
+  const std::string fault =
+      kTrain + " --steps 6 --timeout 3 --inject-fault kill --fault-rank 2 --fault-step 1 --bundle-dir " + dir_.string();
   const CommandResult o = run(mpirun(3) + fault, 60);
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_LT(o.seconds, 30.0) << o.output;
@@ -113,12 +120,13 @@ TEST_F(MpiTrain, BadInputOfOneRankAloneIsNamedByItWithinSeconds) {
   fs::copy_file(DPCHECK_COMM_PLUGIN, has / "p.so");
   const std::string args = " train --model 6,9,3 --steps 1 --timeout 60 --comm ./p.so";
   const std::string launcher = std::string(DPCHECK_MPIEXEC) + " --allow-run-as-root --oversubscribe";
-  const CommandResult alone = run(launcher + " -np 1 -wdir " + has.string() + " " + DPCHECK_BINARY + args + " : -np 1 -wdir " +
-                                      lacks.string() + " " + DPCHECK_BINARY + args,
+  const CommandResult alone = run(launcher + " -np 1 -wdir " + has.string() + " " + DPCHECK_BINARY + args +
+                                      " : -np 1 -wdir " + lacks.string() + " " + DPCHECK_BINARY + args,
                                   60);
   EXPECT_EQ(alone.status, 2) << alone.output;
   EXPECT_LT(alone.seconds, 30.0) << alone.output;
-  EXPECT_NE(alone.output.find("dpcheck: error: rank 1: --comm ./p.so: no such file"), std::string::npos) << alone.output;
+  EXPECT_NE(alone.output.find("dpcheck: error: rank 1: --comm ./p.so: no such file"), std::string::npos)
+      << alone.output;
   EXPECT_EQ(alone.output.find("timed out"), std::string::npos) << alone.output;
 
   const CommandResult every = run(mpirun(3) + " train --comm mpi --steps 1", 60);
@@ -136,8 +144,8 @@ namespace {
 // The write audit around a real multi-process run: a non-zero rank that opens a log of its own is
 // named with its path; the correct writer passes.
 TEST_F(MpiTrain, AuditCatchesASideChannelLogNamingTheRankAndThePath) {
-  const std::string train = kTrain + " --steps 2 --checkpoint-dir " + (dir_ / "ckpt").string() + " --log " +
-                            (dir_ / "log.jsonl").string();
+  const std::string train =
+      kTrain + " --steps 2 --checkpoint-dir " + (dir_ / "ckpt").string() + " --log " + (dir_ / "log.jsonl").string();
   const std::string audit = std::string(DPCHECK_BINARY) + " audit -- ";
   const CommandResult clean = run(audit + mpirun(4) + train);
   EXPECT_EQ(clean.status, 0) << clean.output;

@@ -1,8 +1,8 @@
 // The kill matrix across processes: `dpcheck verify --comm mpi` under mpirun, every CPU mutant against
-// the property aimed at it (of a property whose cases launch processes themselves, the first mutant). Each must be caught (exit 1, a FAILED line) with a small minimal case and a
-// replay line which, run through mpirun as printed, fails again with the same case; the correct
-// implementation must pass every property. Mutants come from the mutant table, so a new one is covered
-// without an edit here. Skips, with the reason, where mpirun or MPI is missing.
+// the property aimed at it (of a property whose cases launch processes themselves, the first mutant). Each must be
+// caught (exit 1, a FAILED line) with a small minimal case and a replay line which, run through mpirun as printed,
+// fails again with the same case; the correct implementation must pass every property. Mutants come from the mutant
+// table, so a new one is covered without an edit here. Skips, with the reason, where mpirun or MPI is missing.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "properties/mutants.hpp"
-#include "properties/runner.hpp"
 #include "properties/properties.hpp"
+#include "properties/runner.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {
@@ -146,7 +146,8 @@ TEST(MpiVerify, CorrectImplementationPassesEveryProperty) {
   EXPECT_NE(o.output.find("world size " + std::to_string(kRanks)), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("all properties passed"), std::string::npos) << o.output;
   // Every property ran; none was skipped (the launcher is here, so only_rank0_writes can run).
-  for (const PropertyDef& p : properties()) EXPECT_NE(o.output.find(std::string(p.name) + " "), std::string::npos) << p.name;
+  for (const PropertyDef& p : properties())
+    EXPECT_NE(o.output.find(std::string(p.name) + " "), std::string::npos) << p.name;
   EXPECT_EQ(o.output.find("skipped"), std::string::npos) << o.output;
 }
 
@@ -174,8 +175,8 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
     const auto first = std::find_if(mutants().begin(), mutants().end(),
                                     [&](const MutantInfo& other) { return other.caught_by == m.caught_by; });
     if (first->name != m.name)
-      GTEST_SKIP() << property << " launches its own processes, and kill_matrix_test catches " << name
-                   << " there; " << first->name << " runs it under mpirun";
+      GTEST_SKIP() << property << " launches its own processes, and kill_matrix_test catches " << name << " there; "
+                   << first->name << " runs it under mpirun";
   }
   // Enough cases for the run-level floors to be judged (power, tightness).
   const int cases = std::max({kCases, kMinLaunchingCases * def.case_divisor,
@@ -195,7 +196,8 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   const std::optional<std::string> minimal = block_after(o.output, "  minimal case: ");
   if (!minimal) {
     // A verdict on the whole run (a check that lost its power, a bound grown loose): no case to shrink.
-    EXPECT_TRUE(o.output.find("lost its power") != std::string::npos || o.output.find("grown loose") != std::string::npos)
+    EXPECT_TRUE(o.output.find("lost its power") != std::string::npos ||
+                o.output.find("grown loose") != std::string::npos)
         << o.output;
     return;
   }
@@ -224,7 +226,8 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   const std::string printed_launch = "mpirun -np " + std::to_string(kRanks) + " dpcheck";
   // A mutant of one precision's path names its precision alone: verify draws no format for it.
   const std::string rest = " verify --comm mpi --precision " + std::string(m.precision.empty() ? "fp32" : m.precision) +
-                           (m.precision.empty() ? " --allreduce-dtype fp32" : "") + " --mutant " + name + " --reproduce '";
+                           (m.precision.empty() ? " --allreduce-dtype fp32" : "") + " --mutant " + name +
+                           " --reproduce '";
   ASSERT_EQ(printed.rfind(printed_launch + rest, 0), 0u) << printed;
 
   // Run as printed, with this build's launcher and binary in place of "mpirun" and "dpcheck".
@@ -237,7 +240,8 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
   const CommandResult again = run_command(command, kLimitS);
   EXPECT_EQ(again.status, 1) << command << "\n" << again.output;
   EXPECT_NE(again.output.find("one replayed case"), std::string::npos) << again.output;
-  EXPECT_NE(again.output.find("\nFAILED " + property + " after "), std::string::npos) << command << "\n" << again.output;
+  EXPECT_NE(again.output.find("\nFAILED " + property + " after "), std::string::npos) << command << "\n"
+                                                                                      << again.output;
   EXPECT_EQ(block_after(again.output, "  minimal case: "), minimal) << command << "\n" << again.output;
 
   std::printf("%s: caught by %s%s, minimal case %s (examples %lld, layers %d, widest %lld), %.1f s; replay %.1f s\n",
@@ -247,7 +251,9 @@ TEST_P(MpiVerify, MutantIsCaughtShrunkAndReplayedThroughMpirun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMutants, MpiVerify, testing::ValuesIn(mutants().begin(), mutants().end()),
-                         [](const testing::TestParamInfo<MutantInfo>& param) { return test_case_name(param.param.name); });
+                         [](const testing::TestParamInfo<MutantInfo>& param) {
+                           return test_case_name(param.param.name);
+                         });
 
 }  // namespace
 }  // namespace dpcheck

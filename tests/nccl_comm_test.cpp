@@ -31,8 +31,8 @@ template <class H> void same_16bit_bits_on_every_rank(Communicator& c, std::size
   c.allreduce(std::span<H>(v), op);
   std::vector<H> v0 = v;
   c.broadcast(std::span<H>(v0), 0);
-  EXPECT_EQ(std::memcmp(v.data(), v0.data(), len * sizeof(H)), 0) << conformance::where(c) << " "
-                                                                  << dtype_name(dtype_of<H>());
+  EXPECT_EQ(std::memcmp(v.data(), v0.data(), len * sizeof(H)), 0)
+      << conformance::where(c) << " " << dtype_name(dtype_of<H>());
 }
 
 // Every rank ends with the same bits as rank 0, for float, double and 16-bit sums of awkward values
@@ -63,15 +63,16 @@ TEST_P(Conformance, OnOneRankPerDevice) {
   const int devices = cuda::device_count();
   for (int n = 1; n <= devices; ++n) {
     const std::string check = GetParam().check;
-    const bool ring_order =
-        n >= 3 && (check == "float sum is the serial fixed-order sum" || check == "16-bit sum is rounded once at the end");
-    cuda::run_nccl_threads(n, [&](Communicator& c) {
-      Staged staged(c);
-      if (ring_order)
-        float_sum_is_bitwise_identical_on_every_rank(staged);
-      else
-        GetParam().run(staged);
-    }, 30s);
+    const bool ring_order = n >= 3 && (check == "float sum is the serial fixed-order sum" ||
+                                       check == "16-bit sum is rounded once at the end");
+    cuda::run_nccl_threads(
+        n,
+        [&](Communicator& c) {
+          Staged staged(c);
+          if (ring_order) float_sum_is_bitwise_identical_on_every_rank(staged);
+          else GetParam().run(staged);
+        },
+        30s);
   }
 }
 
@@ -80,15 +81,18 @@ INSTANTIATE_TEST_SUITE_P(NcclCommGpu, Conformance, testing::ValuesIn(conformance
 
 TEST(NcclCommGpu, ReportsItselfAsADeviceBackend) {
   DPCHECK_REQUIRE_GPU();
-  cuda::run_nccl_threads(1, [](Communicator& c) {
-    EXPECT_EQ(c.backend(), "nccl");
-    EXPECT_EQ(c.memory_space(), MemorySpace::device);
-    EXPECT_EQ(c.size(), 1);
-    EXPECT_NE(&c.host(), &c);
-    EXPECT_EQ(c.host().memory_space(), MemorySpace::host);
-    // Each rank's buffers are on its own GPU: checks must gather copies, not read a peer's memory.
-    EXPECT_FALSE(c.shares_address_space());
-  }, 30s);
+  cuda::run_nccl_threads(
+      1,
+      [](Communicator& c) {
+        EXPECT_EQ(c.backend(), "nccl");
+        EXPECT_EQ(c.memory_space(), MemorySpace::device);
+        EXPECT_EQ(c.size(), 1);
+        EXPECT_NE(&c.host(), &c);
+        EXPECT_EQ(c.host().memory_space(), MemorySpace::host);
+        // Each rank's buffers are on its own GPU: checks must gather copies, not read a peer's memory.
+        EXPECT_FALSE(c.shares_address_space());
+      },
+      30s);
 }
 
 // avg is the sum divided by N (src/comm.hpp), on the device too: with an awkward N's reciprocal it would
@@ -96,21 +100,28 @@ TEST(NcclCommGpu, ReportsItselfAsADeviceBackend) {
 TEST(NcclCommGpu, AverageIsTheSumDividedByN) {
   DPCHECK_REQUIRE_GPU();
   const int n = cuda::device_count();
-  cuda::run_nccl_threads(n, [&](Communicator& c) {
-    Staged staged(c);
-    std::vector<float> v = conformance::awkward_values<float>(c.rank(), 4099), s = v;
-    staged.allreduce(std::span<float>(v), ReduceOp::avg);
-    staged.allreduce(std::span<float>(s), ReduceOp::sum);
-    for (float& x : s) x = x / static_cast<float>(n);
-    EXPECT_EQ(std::memcmp(v.data(), s.data(), v.size() * sizeof(float)), 0) << conformance::where(c);
-  }, 30s);
+  cuda::run_nccl_threads(
+      n,
+      [&](Communicator& c) {
+        Staged staged(c);
+        std::vector<float> v = conformance::awkward_values<float>(c.rank(), 4099), s = v;
+        staged.allreduce(std::span<float>(v), ReduceOp::avg);
+        staged.allreduce(std::span<float>(s), ReduceOp::sum);
+        for (float& x : s) x = x / static_cast<float>(n);
+        EXPECT_EQ(std::memcmp(v.data(), s.data(), v.size() * sizeof(float)), 0) << conformance::where(c);
+      },
+      30s);
 }
 
 // More ranks than GPUs is refused up front (NCCL would refuse two ranks on one GPU), with or without a
 // device.
 TEST(NcclComm, MoreRanksThanDevicesIsAUsageError) {
-  EXPECT_THROW(cuda::run_nccl_threads(cuda::device_count() + 1, [](Communicator&) {}, 1s), UsageError);
-  EXPECT_THROW(cuda::run_nccl_threads(0, [](Communicator&) {}, 1s), UsageError);
+  EXPECT_THROW(cuda::run_nccl_threads(
+                   cuda::device_count() + 1, [](Communicator&) {}, 1s),
+               UsageError);
+  EXPECT_THROW(cuda::run_nccl_threads(
+                   0, [](Communicator&) {}, 1s),
+               UsageError);
 }
 
 TEST(NcclComm, WithoutADeviceIsAUsageErrorWithTheRuntimesReason) {
@@ -118,7 +129,8 @@ TEST(NcclComm, WithoutADeviceIsAUsageErrorWithTheRuntimesReason) {
   if (cuda::device_available(&why)) GTEST_SKIP() << "a CUDA device is present";
   EXPECT_EQ(cuda::device_count(), 0);
   try {
-    cuda::run_nccl_threads(1, [](Communicator&) {}, 1s);
+    cuda::run_nccl_threads(
+        1, [](Communicator&) {}, 1s);
     FAIL() << "ran without a device";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA device: " + why), std::string::npos) << e.what();

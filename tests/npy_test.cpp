@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -149,8 +149,7 @@ constexpr char kVersion3F32_2x3[] =
     "\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40\x00\x00\x40\x40"
     "\x00\x00\x80\x40\x00\x00\xa0\x40";
 
-template <std::size_t N>
-std::string bytes_of(const char (&literal)[N]) {
+template <std::size_t N> std::string bytes_of(const char (&literal)[N]) {
   return std::string(literal, N - 1);  // the literal's own terminating NUL is not part of the file
 }
 
@@ -165,8 +164,7 @@ std::string make_npy(std::string_view dict, std::string_view data = {}, int majo
   std::string out = "\x93NUMPY";
   out += static_cast<char>(major);
   out += '\0';
-  for (std::size_t i = 0; i < length_bytes; ++i)
-    out += static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  for (std::size_t i = 0; i < length_bytes; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xFF);
   return out + header + std::string(data);
 }
 
@@ -193,18 +191,15 @@ class NpyTest : public ::testing::Test {
   }
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_))
-      names.push_back(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
   }
   // read_npy(file) must be rejected with a UsageError "<file>: ...<problem>...".
   void expect_rejected(const fs::path& p, const std::string& problem) const {
     const std::string msg = message_of<UsageError>([&] { read_npy(p); });
-    EXPECT_EQ(msg.rfind(p.string() + ": ", 0), 0u)
-        << "message does not start with the file: " << msg;
-    EXPECT_NE(msg.find(problem), std::string::npos)
-        << "message lacks \"" << problem << "\": " << msg;
+    EXPECT_EQ(msg.rfind(p.string() + ": ", 0), 0u) << "message does not start with the file: " << msg;
+    EXPECT_NE(msg.find(problem), std::string::npos) << "message lacks \"" << problem << "\": " << msg;
   }
 
   const ScratchDir scratch_;
@@ -316,9 +311,8 @@ TEST_F(NpyTest, DataOffsetIsAMultipleOf64ForEveryHeaderLength) {
     write_npy(p, DType::f32, shape, nullptr);
     const std::string file = read_file(p);
     ASSERT_GE(file.size(), 10u);
-    const std::size_t header_len = static_cast<unsigned char>(file[8]) |
-                                   static_cast<std::size_t>(static_cast<unsigned char>(file[9]))
-                                       << 8;
+    const std::size_t header_len =
+        static_cast<unsigned char>(file[8]) | static_cast<std::size_t>(static_cast<unsigned char>(file[9])) << 8;
     const std::string header = file.substr(10);
     SCOPED_TRACE(header);
     EXPECT_EQ(file.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
@@ -374,14 +368,12 @@ class NpyRoundTrip : public NpyTest, public ::testing::WithParamInterface<RoundT
 
 // Elements that a careless conversion would change: signed zero, infinities, a NaN with a payload,
 // subnormals, the extremes. They are compared bit for bit.
-template <class T>
-T nan_with_payload() {
+template <class T> T nan_with_payload() {
   using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   return std::bit_cast<T>(std::bit_cast<Bits>(std::numeric_limits<T>::quiet_NaN()) | Bits{1});
 }
 
-template <class T>
-std::vector<T> awkward_values(std::int64_t n) {
+template <class T> std::vector<T> awkward_values(std::int64_t n) {
   using L = std::numeric_limits<T>;
   std::vector<T> v;
   if constexpr (std::is_floating_point_v<T>) {
@@ -398,8 +390,7 @@ std::vector<T> awkward_values(std::int64_t n) {
   return v;
 }
 
-template <class T>
-void check_round_trip(const fs::path& p, const std::vector<std::int64_t>& shape) {
+template <class T> void check_round_trip(const fs::path& p, const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) n *= d;
   const std::vector<T> values = awkward_values<T>(n);
@@ -436,8 +427,8 @@ TEST_P(NpyRoundTrip, WritesAndReadsBackBitForBit) {
 }
 
 std::vector<RoundTripCase> round_trip_cases() {
-  const std::vector<std::vector<std::int64_t>> shapes = {
-      {}, {1}, {7}, {3, 5}, {2, 3, 4}, {0}, {0, 4}, {4, 0}, {2, 0, 3}, {1, 1, 1, 1, 9}};
+  const std::vector<std::vector<std::int64_t>> shapes = {{},  {1},    {7},    {3, 5},    {2, 3, 4},
+                                                         {0}, {0, 4}, {4, 0}, {2, 0, 3}, {1, 1, 1, 1, 9}};
   std::vector<RoundTripCase> cases;
   for (DType t : {DType::f32, DType::f64, DType::i64}) {
     for (const auto& s : shapes) cases.push_back({t, s});
@@ -445,8 +436,7 @@ std::vector<RoundTripCase> round_trip_cases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Npy, NpyRoundTrip, ::testing::ValuesIn(round_trip_cases()),
-                         round_trip_name);
+INSTANTIATE_TEST_SUITE_P(Npy, NpyRoundTrip, ::testing::ValuesIn(round_trip_cases()), round_trip_name);
 
 // ---- headers NumPy would read, written differently ----------------------------------------------
 
@@ -492,9 +482,7 @@ void PrintTo(const RejectCase& c, std::ostream* os) { *os << c.name; }
 
 class NpyReject : public NpyTest, public ::testing::WithParamInterface<RejectCase> {};
 
-TEST_P(NpyReject, NamesFileAndProblem) {
-  expect_rejected(put("x.npy", GetParam().file), GetParam().problem);
-}
+TEST_P(NpyReject, NamesFileAndProblem) { expect_rejected(put("x.npy", GetParam().file), GetParam().problem); }
 
 std::string with_descr(const char* descr) {
   return make_npy(std::string("{'descr': ") + descr + ", 'fortran_order': False, 'shape': (2,), }",
@@ -516,9 +504,7 @@ std::vector<RejectCase> reject_cases() {
       {"BigEndianFloat32", with_descr("'>f4'"), "big-endian dtype '>f4' is not supported"},
       {"BigEndianInt64", with_descr("'>i8'"), "big-endian dtype '>i8' is not supported"},
       {"Structured", with_descr("[('a', '<f4'), ('b', '<f4')]"), "structured dtypes"},
-      {"FortranOrder",
-       make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
-                std::string(24, '\0')),
+      {"FortranOrder", make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", std::string(24, '\0')),
        "Fortran order is not supported; save with np.ascontiguousarray"},
       {"BadMagic", "\x93NUMPZ" + good.substr(6), "bad magic"},
       {"TextFile", "shape,descr\n2,3\n", "bad magic"},
@@ -532,41 +518,29 @@ std::vector<RejectCase> reject_cases() {
       {"NegativeDim", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }"),
        "negative dimension -3 in shape"},
       {"Version4", version4, "unsupported .npy format version 4.0"},
-      {"MissingShape", make_npy("{'descr': '<f4', 'fortran_order': False}"),
-       "the header has no 'shape'"},
-      {"ExtraKey",
-       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (), 'x': 1}",
-                std::string(4, '\0')),
+      {"MissingShape", make_npy("{'descr': '<f4', 'fortran_order': False}"), "the header has no 'shape'"},
+      {"ExtraKey", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (), 'x': 1}", std::string(4, '\0')),
        "unexpected key 'x'"},
-      {"DuplicateKey",
-       make_npy("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': ()}"),
+      {"DuplicateKey", make_npy("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': ()}"),
        "key 'descr' appears twice"},
       {"FortranOrderNotBool", make_npy("{'descr': '<f4', 'fortran_order': 0, 'shape': ()}"),
        "'fortran_order' is not True or False"},
-      {"ShapeList", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': [2, 3]}"),
-       "'shape' is not a tuple"},
+      {"ShapeList", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': [2, 3]}"), "'shape' is not a tuple"},
       {"ShapeParenthesizedInt", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (5)}"),
        "'shape' is not a tuple"},
-      {"ShapeFloat", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2.5,)}"),
-       "malformed header"},
-      {"UnclosedDict", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), "),
-       "malformed header"},
+      {"ShapeFloat", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2.5,)}"), "malformed header"},
+      {"UnclosedDict", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), "), "malformed header"},
       {"NotADict", make_npy("['descr', '<f4']"), "malformed header: expected '{'"},
-      {"HugeInteger",
-       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}"),
+      {"HugeInteger", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}"),
        "does not fit in 64 bits"},
-      {"DeeplyNested",
-       make_npy("{'descr': " + std::string(100000, '[') + ", 'fortran_order': False, 'shape': ()}"),
+      {"DeeplyNested", make_npy("{'descr': " + std::string(100000, '[') + ", 'fortran_order': False, 'shape': ()}"),
        "nested too deeply"},
-      {"ShapeOverflows",
-       make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296)}"),
+      {"ShapeOverflows", make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296)}"),
        "is too large"},
   };
 }
 
-std::string reject_name(const ::testing::TestParamInfo<RejectCase>& info) {
-  return info.param.name;
-}
+std::string reject_name(const ::testing::TestParamInfo<RejectCase>& info) { return info.param.name; }
 
 INSTANTIATE_TEST_SUITE_P(Npy, NpyReject, ::testing::ValuesIn(reject_cases()), reject_name);
 
@@ -607,7 +581,9 @@ TEST_F(NpyTest, FiniteFloat32NamesTheFileTheElementAndTheValue) {
     bool as_float32;
     std::string words;
   } cases[] = {
-      {{1, 2, 3, std::numeric_limits<double>::quiet_NaN(), 5, 6}, true, "element [1, 0] is nan; the values must be finite"},
+      {{1, 2, 3, std::numeric_limits<double>::quiet_NaN(), 5, 6},
+       true,
+       "element [1, 0] is nan; the values must be finite"},
       {{1, 2, 3, 4, inf, 6}, false, "element [1, 1] is inf; the values must be finite"},
       {{1, -inf, 3, 4, 5, 6}, true, "element [0, 1] is -inf"},
       {{1, 2, 1e300, 4, 5, 6}, false, "element [0, 2] is 1e+300, beyond float32's range"},
@@ -676,8 +652,7 @@ NpyArray array_of(DType t, std::vector<std::int64_t> shape, const void* data, st
   NpyArray a;
   a.dtype = t;
   a.shape = std::move(shape);
-  a.data.assign(static_cast<const unsigned char*>(data),
-                static_cast<const unsigned char*>(data) + bytes);
+  a.data.assign(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + bytes);
   return a;
 }
 
@@ -710,18 +685,15 @@ TEST(NpyArray, RejectsConversionsAcrossIntegerAndFloat) {
               (void)ai.as_float32();
             }).find("cannot convert a int64 array of shape (2,) to float32"),
             std::string::npos);
-  EXPECT_NE(message_of<UsageError>([&] { (void)ai.as_float64(); }).find("to float64"),
-            std::string::npos);
-  EXPECT_NE(message_of<UsageError>([&] { (void)af.as_int64(); }).find("float32 array"),
-            std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { (void)ai.as_float64(); }).find("to float64"), std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { (void)af.as_int64(); }).find("float32 array"), std::string::npos);
   EXPECT_EQ(ai.as_int64(), (std::vector<std::int64_t>{1, 2}));
 }
 
 TEST(NpyArray, RejectsDataThatDoesNotMatchShape) {
   const float f[] = {1, 2, 3};
   const NpyArray a = array_of(DType::f32, {2, 2}, f, sizeof f);
-  EXPECT_NE(message_of<UsageError>([&] { (void)a.as_float32(); }).find("does not match"),
-            std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { (void)a.as_float32(); }).find("does not match"), std::string::npos);
 }
 
 // ---- failed writes leave nothing behind ---------------------------------------------------------
@@ -729,8 +701,8 @@ TEST(NpyArray, RejectsDataThatDoesNotMatchShape) {
 TEST_F(NpyTest, WriteIntoMissingDirectoryThrowsAndLeavesNothing) {
   const fs::path p = dir_ / "missing" / "x.npy";
   const float f[] = {1, 2};
-  const std::string msg = message_of<Error>(
-      [&] { write_npy(p, std::vector<std::int64_t>{2}, std::span<const float>(f)); });
+  const std::string msg =
+      message_of<Error>([&] { write_npy(p, std::vector<std::int64_t>{2}, std::span<const float>(f)); });
   EXPECT_EQ(msg.rfind(p.string() + ": ", 0), 0u) << msg;
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
   EXPECT_TRUE(listing().empty());
@@ -741,8 +713,8 @@ TEST_F(NpyTest, WriteIntoMissingDirectoryThrowsAndLeavesNothing) {
 TEST_F(NpyTest, FailedRenameRemovesTemporaryFile) {
   fs::create_directory(dir_ / "x.npy");
   const float f[] = {1, 2};
-  const std::string msg = message_of<Error>(
-      [&] { write_npy(dir_ / "x.npy", std::vector<std::int64_t>{2}, std::span<const float>(f)); });
+  const std::string msg =
+      message_of<Error>([&] { write_npy(dir_ / "x.npy", std::vector<std::int64_t>{2}, std::span<const float>(f)); });
   EXPECT_NE(msg.find((dir_ / "x.npy").string() + ": cannot replace it"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::strerror(EISDIR)), std::string::npos) << msg;
   EXPECT_EQ(listing(), std::vector<std::string>{"x.npy"});
@@ -755,8 +727,8 @@ TEST_F(NpyTest, WriteIntoReadOnlyDirectoryLeavesOldFileIntact) {
   write_npy(p, std::vector<std::int64_t>{2}, std::span<const float>(old_values));
   fs::permissions(dir_, fs::perms::owner_write, fs::perm_options::remove);
   const float new_values[] = {3, 4, 5};
-  const std::string msg = message_of<Error>(
-      [&] { write_npy(p, std::vector<std::int64_t>{3}, std::span<const float>(new_values)); });
+  const std::string msg =
+      message_of<Error>([&] { write_npy(p, std::vector<std::int64_t>{3}, std::span<const float>(new_values)); });
   fs::permissions(dir_, fs::perms::owner_write, fs::perm_options::add);
   EXPECT_NE(msg.find(std::strerror(EACCES)), std::string::npos) << msg;
   EXPECT_EQ(read_npy(p).as_float32(), (std::vector<float>{1, 2}));

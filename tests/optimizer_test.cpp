@@ -329,7 +329,9 @@ using MakeStepper = std::function<std::unique_ptr<Stepper>(const OptimizerConfig
 class CpuStepper final : public Stepper {
  public:
   CpuStepper(const OptimizerConfig& config, std::size_t n) : opt_(make_cpu_optimizer(config, n)) {}
-  void step(std::vector<float>& params, const std::vector<float>& grads) override { opt_->step(params.data(), grads.data()); }
+  void step(std::vector<float>& params, const std::vector<float>& grads) override {
+    opt_->step(params.data(), grads.data());
+  }
   std::vector<float> state() const override {
     std::vector<float> s(opt_->state_size());
     opt_->store_state(s);
@@ -378,7 +380,8 @@ double worst_ratio(const RunResult& r, OptimizerKind kind) {
   };
   for (std::size_t i = 0; i < n; ++i) {
     worst = std::max(worst, ratio(std::abs(r.params[i] - r.ref_params[i]), r.bound.p[i]));
-    if (kind == OptimizerKind::momentum) worst = std::max(worst, ratio(std::abs(r.state[i] - r.ref_state[i]), r.bound.m[i]));
+    if (kind == OptimizerKind::momentum)
+      worst = std::max(worst, ratio(std::abs(r.state[i] - r.ref_state[i]), r.bound.m[i]));
     if (kind == OptimizerKind::adam) {
       worst = std::max(worst, ratio(std::abs(r.state[i] - r.ref_state[i]), r.bound.m[i]));
       worst = std::max(worst, ratio(std::abs(r.state[n + i] - r.ref_state[n + i]), r.bound.v[i]));
@@ -620,9 +623,10 @@ TEST(OptimizerStepBound, CatchesDampenedMomentumAStuckStepCountAndEpsInsideTheRo
     const StepByHand inside = adam_by_hand(adam, false, true);
     eps_inside += step_ratio(adam_bound, inside.params, inside.state) > 1.0;
   }
-  std::printf("of %d drawn steps, the bound catches dampened momentum in %d, Adam's step count stuck at 1 in %d, "
-              "eps inside the square root in %d\n",
-              cases, dampened, stuck, eps_inside);
+  std::printf(
+      "of %d drawn steps, the bound catches dampened momentum in %d, Adam's step count stuck at 1 in %d, "
+      "eps inside the square root in %d\n",
+      cases, dampened, stuck, eps_inside);
   RecordProperty("dampened_caught", dampened);
   RecordProperty("stuck_step_caught", stuck);
   RecordProperty("eps_inside_caught", eps_inside);

@@ -37,10 +37,13 @@ const std::string kFinalizeBarrier = std::string(DPCHECK_COMM_PLUGIN_DIR) + "/li
 // fn on every rank of n threads, each with a communicator of the plugin at `path`.
 void run_plugin(const std::string& path, int n, const std::function<void(Communicator&)>& fn) {
   const dpcheck_comm_plugin_t& plugin = load_comm_plugin(path);
-  run_local(n, [&](Communicator& base) {
-    const std::unique_ptr<Communicator> comm = make_plugin_communicator(plugin, path, base);
-    fn(*comm);
-  }, 30s);
+  run_local(
+      n,
+      [&](Communicator& base) {
+        const std::unique_ptr<Communicator> comm = make_plugin_communicator(plugin, path, base);
+        fn(*comm);
+      },
+      30s);
 }
 
 // The table of ABIs: what each table declares, and so what dpcheck hands it.
@@ -55,9 +58,9 @@ TEST(PluginComm, EachAbiIsHandedWhatItDeclares) {
   const std::vector<DType> all = {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16};
   const std::vector<ReduceOp> every = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
   const std::vector<Row> rows = {
-      {kAbi1, 1, abi1, every},        // ABI 1: its own dtypes, even with masks set past its table
-      {kAbi2, 2, all, every},         // ABI 2: every dtype there was
-      {kUnchanged, 3, abi1, every},   // an ABI-2 source recompiled unchanged: masks 0, ABI 1's set
+      {kAbi1, 1, abi1, every},       // ABI 1: its own dtypes, even with masks set past its table
+      {kAbi2, 2, all, every},        // ABI 2: every dtype there was
+      {kUnchanged, 3, abi1, every},  // an ABI-2 source recompiled unchanged: masks 0, ABI 1's set
       {kFloat32Sum, 3, {DType::f32}, {ReduceOp::sum}},
       {kCorrect, 3, all, every},
       {kRing, 3, all, every},
@@ -71,7 +74,8 @@ TEST(PluginComm, EachAbiIsHandedWhatItDeclares) {
       EXPECT_EQ(comm_plugin_has_dtype(p, t), declared) << dtype_name(t);
       for (ReduceOp op : every) {
         const bool op_declared = std::find(row.ops.begin(), row.ops.end(), op) != row.ops.end();
-        EXPECT_EQ(comm_plugin_supports(p, t, op), declared && op_declared) << dtype_name(t) << " " << reduce_op_name(op);
+        EXPECT_EQ(comm_plugin_supports(p, t, op), declared && op_declared)
+            << dtype_name(t) << " " << reduce_op_name(op);
       }
     }
     EXPECT_FALSE(comm_plugin_has_dtype(p, DType::u8));  // dpcheck's own control messages
@@ -163,8 +167,8 @@ TEST(PluginComm, PluginsThatDeclareSixteenBitFloatsReduceAndMoveThem) {
     for (int n : {1, 2, 3, 5}) {
       SCOPED_TRACE(path + " N=" + std::to_string(n));
       run_plugin(path, n, [](Communicator& c) {
-        for (const char* check : {"16-bit sums are exact on small integers", "broadcast bfloat16",
-                                  "broadcast float16", "allgather bfloat16", "allgather float16"})
+        for (const char* check : {"16-bit sums are exact on small integers", "broadcast bfloat16", "broadcast float16",
+                                  "allgather bfloat16", "allgather float16"})
           conformance::run_check(c, check);
       });
     }
@@ -174,7 +178,8 @@ TEST(PluginComm, PluginsThatDeclareSixteenBitFloatsReduceAndMoveThem) {
 // rounds at every hop (as NCCL does), and so gives other bits once there are three ranks.
 TEST(PluginComm, ThePluginThatRoundsOnceHasTheLocalBackendsBits) {
   for (int n : {1, 2, 3, 5})
-    run_plugin(kCorrect, n, [](Communicator& c) { conformance::run_check(c, "16-bit sum is rounded once at the end"); });
+    run_plugin(kCorrect, n,
+               [](Communicator& c) { conformance::run_check(c, "16-bit sum is rounded once at the end"); });
   std::vector<float> ring_sum;
   run_plugin(kRing, 3, [&](Communicator& c) {
     std::vector<Bf16> b(8, narrow16<Bf16>(c.rank() == 0 ? 256.0f : 1.0f));
@@ -237,10 +242,12 @@ TEST(PluginComm, ASixteenBitCollectiveOnAnAbiOnePluginIsAUsageErrorNamingPluginD
 // From the top: the refusal leaves run_local as the UsageError itself (exit 2 in the command), not as
 // another rank's echo of it.
 TEST(PluginComm, TheRefusalReachesTheCallerAsAUsageError) {
-  EXPECT_THROW(run_plugin(kAbi1, 2, [](Communicator& c) {
-    std::vector<Bf16> b(4);
-    c.allreduce(std::span<Bf16>(b), ReduceOp::sum);
-  }), UsageError);
+  EXPECT_THROW(run_plugin(kAbi1, 2,
+                          [](Communicator& c) {
+                            std::vector<Bf16> b(4);
+                            c.allreduce(std::span<Bf16>(b), ReduceOp::sum);
+                          }),
+               UsageError);
 }
 
 }  // namespace

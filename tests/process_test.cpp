@@ -202,7 +202,8 @@ TEST(RunChild, AddsReplacesAndDropsEnvironmentVariables) {
 // A signal this process ignores or blocks while it waits (as `dpcheck audit` ignores SIGINT) is at its
 // default in the child, so that the child can still be stopped by it.
 TEST(RunChild, StartsTheChildWithDefaultSignals) {
-  struct sigaction ignore {}, old_action {};
+  struct sigaction ignore {
+  }, old_action{};
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGTERM, &ignore, &old_action);
   sigset_t block, old_mask;

@@ -86,7 +86,8 @@ TEST(Properties, TheScaleClassDrawsLargeWorldsWithSmallModels) {
   rc::detail::checkGTest([&] {
     const Scenario s = *gen_scenario(space);
     RC_ASSERT(s.simulated);
-    RC_ASSERT(std::find(space.scale_worlds.begin(), space.scale_worlds.end(), s.world_size) != space.scale_worlds.end());
+    RC_ASSERT(std::find(space.scale_worlds.begin(), space.scale_worlds.end(), s.world_size) !=
+              space.scale_worlds.end());
     RC_ASSERT(s.train.model.layers() <= 2);
     RC_ASSERT(*std::max_element(s.train.model.dims.begin(), s.train.model.dims.end()) <= 4);
     RC_ASSERT(s.train.steps <= 2 && s.at_step < s.train.steps);
@@ -117,7 +118,8 @@ TEST(Properties, TheSamplerPastTwoToTheThirtyOneIsCheckedPlaceByPlace) {
       EXPECT_TRUE(check_sampler(s, Target{}).passed) << s.describe();
       const SamplerOutcome o = check_sampler(s, broken);
       EXPECT_FALSE(o.passed) << s.describe();
-      EXPECT_NE(o.message.find("where the " + std::string(split_name(split)) + " split"), std::string::npos) << o.message;
+      EXPECT_NE(o.message.find("where the " + std::string(split_name(split)) + " split"), std::string::npos)
+          << o.message;
       s.sampler.dataset_size = (std::int64_t{1} << 31) - 4096;
       EXPECT_TRUE(check_sampler(s, broken).passed) << s.describe();
     }
@@ -184,8 +186,9 @@ TEST(Properties, ARunsFailureReasonIsDpchecksOwnWordsNotTheLaunchers) {
       "  Process name: [[7375,1],1]\n"
       "  Exit code:    1\n"
       "--------------------------------------------------------------------------\n";
-  EXPECT_EQ(run_failure_reason(open_mpi),
-            "dpcheck: error: replicas diverged: replicas differ after step 0: first difference in layers.0.weight[0, 0]");
+  EXPECT_EQ(
+      run_failure_reason(open_mpi),
+      "dpcheck: error: replicas diverged: replicas differ after step 0: first difference in layers.0.weight[0, 0]");
   // Without an error line of dpcheck's, the last lines that are not the launcher's.
   EXPECT_EQ(run_failure_reason("a\nb\nc\nd\n-----\nPrimary job  terminated normally, but 1 process returned\n"),
             "b | c | d");

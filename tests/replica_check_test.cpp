@@ -103,9 +103,8 @@ TEST(ReplicaCheck, HashCoversParametersStateAndStepCount) {
   // Three single-rank checks of different replicas give three different hashes: the check cannot
   // pass on a hash that ignores part of the replica.
   const auto fresh = check_world(1, OptimizerKind::momentum, [](int, Engine&, Optimizer&) {});
-  const auto stepped = check_world(1, OptimizerKind::momentum, [](int, Engine& e, Optimizer& o) {
-    step_with_fixed_gradient(e, o);
-  });
+  const auto stepped =
+      check_world(1, OptimizerKind::momentum, [](int, Engine& e, Optimizer& o) { step_with_fixed_gradient(e, o); });
   const auto state_only = check_world(1, OptimizerKind::momentum, [](int, Engine& e, Optimizer& o) {
     step_with_fixed_gradient(e, o);
     o.state()[0] += 1.0f;

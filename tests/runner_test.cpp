@@ -9,18 +9,18 @@
 
 #include "properties/replay.hpp"
 #include "properties/runner.hpp"
-#include "src/error.hpp"
 #include "src/comm/local_comm.hpp"
+#include "src/error.hpp"
 
 namespace dpcheck {
 namespace {
 
 // What the test properties do, set by each test (the bodies are plain functions).
 struct Behaviour {
-  int fail_from = 1000;       // a drawn x in [0, 1000) fails from here on
-  bool alternate = false;     // failing cases fail on every other run only
-  double probe = -1;          // the probe ratio every case records
-  double tightness = -1;      // the tightness every case records on both paths
+  int fail_from = 1000;    // a drawn x in [0, 1000) fails from here on
+  bool alternate = false;  // failing cases fail on every other run only
+  double probe = -1;       // the probe ratio every case records
+  double tightness = -1;   // the tightness every case records on both paths
   int runs = 0;
 };
 Behaviour g;
@@ -173,7 +173,8 @@ TEST(ReplayCommand, EveryBackend) {
   Target fp16_mutant;
   fp16_mutant.mutant = "fp16-no-scaling";
   fp16_mutant.precision = Precision::fp16;
-  EXPECT_EQ(replay_command(fp16_mutant, t), "dpcheck verify --precision fp16 --mutant fp16-no-scaling --reproduce 'p:c:0'");
+  EXPECT_EQ(replay_command(fp16_mutant, t),
+            "dpcheck verify --precision fp16 --mutant fp16-no-scaling --reproduce 'p:c:0'");
   local.world_size = 4;
   local.mutant = "allreduce-rank-order";
   EXPECT_EQ(replay_command(local, t),

@@ -199,8 +199,7 @@ TEST(SamplerPytorchExamples, PadWithFewerExamplesThanRanks) {
     EXPECT_EQ(one.padded(), 3);
     // The padding (5) exceeds D (2), so PyTorch repeats the whole list: [0 1] + [0 1 0 1 0].
     const DistributedSampler two(config_of(2, 7, split, Policy::pad));
-    EXPECT_EQ(all_shares(two, 0),
-              (std::vector<Indices>{{0}, {1}, {0}, {1}, {0}, {1}, {0}}));
+    EXPECT_EQ(all_shares(two, 0), (std::vector<Indices>{{0}, {1}, {0}, {1}, {0}, {1}, {0}}));
     EXPECT_EQ(two.padded(), 5);
   }
 }
@@ -281,8 +280,7 @@ TEST(SamplerShuffle, IsAPermutation) {
   for (std::int64_t d : {1, 2, 3, 10, 97, 1000}) {
     const DistributedSampler s(config_of(d, 4, Split::strided, Policy::pad, true, 42));
     for (std::int64_t epoch : {0, 1, 2, 1000}) {
-      EXPECT_TRUE(is_permutation_of_range(s.epoch_order(epoch), d))
-          << "D=" << d << " epoch " << epoch;
+      EXPECT_TRUE(is_permutation_of_range(s.epoch_order(epoch), d)) << "D=" << d << " epoch " << epoch;
     }
   }
 }
@@ -356,8 +354,7 @@ TEST(SamplerShuffle, SharesAreCutFromTheEpochOrder) {
       for (std::int64_t epoch : {0, 4}) {
         const Indices order = s.epoch_order(epoch);
         for (int r = 0; r < 5; ++r) {
-          EXPECT_EQ(s.indices(r, epoch), reference_share(order, 5, split, policy, r))
-              << "rank " << r;
+          EXPECT_EQ(s.indices(r, epoch), reference_share(order, 5, split, policy, r)) << "rank " << r;
         }
       }
     }
@@ -386,8 +383,7 @@ TEST(SamplerShareOf, CutsTheOrderItIsGiven) {
 // Counts how often each example appears across all ranks' shares and checks it against the policy:
 // uneven covers every example once, drop-last leaves out exactly the tail of the order, and pad
 // adds exactly padded() repeats taken from the head of the order.
-void check_coverage(const DistributedSampler& s, const std::vector<Indices>& shares,
-                    const Indices& order) {
+void check_coverage(const DistributedSampler& s, const std::vector<Indices>& shares, const Indices& order) {
   const SamplerConfig& c = s.config();
   const std::int64_t d = c.dataset_size;
   std::vector<std::int64_t> count(static_cast<std::size_t>(d), 0);
@@ -406,11 +402,9 @@ void check_coverage(const DistributedSampler& s, const std::vector<Indices>& sha
     if (c.policy == Policy::pad) {
       for (std::int64_t p = d; p < total; ++p) expected += (p % d == pos) ? 1 : 0;
     }
-    EXPECT_EQ(count[static_cast<std::size_t>(example)], expected)
-        << "example " << example << " at position " << pos;
+    EXPECT_EQ(count[static_cast<std::size_t>(example)], expected) << "example " << example << " at position " << pos;
   }
-  const std::int64_t seen =
-      std::count_if(count.begin(), count.end(), [](std::int64_t k) { return k > 0; });
+  const std::int64_t seen = std::count_if(count.begin(), count.end(), [](std::int64_t k) { return k > 0; });
   EXPECT_EQ(seen, d - s.dropped());
   const std::int64_t repeats = std::accumulate(count.begin(), count.end(), std::int64_t{0}) - seen;
   EXPECT_EQ(repeats, s.padded());
@@ -445,14 +439,12 @@ TEST(SamplerGrid, SizesCoverageAndPytorchAgreement) {
               const Indices order = s.epoch_order(epoch);
               const std::vector<Indices> shares = all_shares(s, epoch);
               for (int r = 0; r < n; ++r) {
-                EXPECT_EQ(static_cast<std::int64_t>(shares[static_cast<std::size_t>(r)].size()),
-                          s.share_size(r))
+                EXPECT_EQ(static_cast<std::int64_t>(shares[static_cast<std::size_t>(r)].size()), s.share_size(r))
                     << "rank " << r << " epoch " << epoch;
                 if (policy != Policy::uneven) {
                   EXPECT_EQ(s.share_size(r), s.total_size() / n);
                 }
-                EXPECT_EQ(shares[static_cast<std::size_t>(r)],
-                          reference_share(order, n, split, policy, r))
+                EXPECT_EQ(shares[static_cast<std::size_t>(r)], reference_share(order, n, split, policy, r))
                     << "rank " << r << " epoch " << epoch;
               }
               check_coverage(s, shares, order);

@@ -45,7 +45,8 @@ ComputeShape fine_buckets(int k) {
 
 TEST(SpeedupModel, TheSeedsWorkedAnswer) {
   const Seed seed;
-  const std::vector<Prediction> rows = predict(seed.ranks, seed.compute, seed.allreduce, single_bucket(1.0 / 3.0, 1), 0);
+  const std::vector<Prediction> rows =
+      predict(seed.ranks, seed.compute, seed.allreduce, single_bucket(1.0 / 3.0, 1), 0);
   const auto row = [&](int n) { return rows[static_cast<std::size_t>(n - 1)]; };
   // T(N) = 400/N + 25 ms.
   EXPECT_DOUBLE_EQ(row(1).step, 0.400);
@@ -55,7 +56,7 @@ TEST(SpeedupModel, TheSeedsWorkedAnswer) {
   EXPECT_DOUBLE_EQ(row(16).step, 0.050);
   EXPECT_NEAR(row(2).speedup, 400.0 / 225.0, 1e-12);  // 1.78
   EXPECT_NEAR(row(4).speedup, 3.2, 1e-12);
-  EXPECT_NEAR(row(8).speedup, 16.0 / 3.0, 1e-12);     // 5.33
+  EXPECT_NEAR(row(8).speedup, 16.0 / 3.0, 1e-12);  // 5.33
   EXPECT_NEAR(row(16).speedup, 8.0, 1e-12);
   // Never past C / A = 16, however many devices.
   for (const Prediction& p : rows) EXPECT_LT(p.speedup, 16.0);
@@ -87,9 +88,9 @@ TEST(SpeedupModel, OneBucketReadyAtTheStartHidesNothingBehindTheForwardPass) {
   s.bucket_bytes = {4};
   s.bucket_ready = {0};
   const std::vector<double> a{0.5};
-  EXPECT_DOUBLE_EQ(overlapped_step(1.0, s, a), 1.0);    // 0.25 + max(0.75, 0.5)
+  EXPECT_DOUBLE_EQ(overlapped_step(1.0, s, a), 1.0);  // 0.25 + max(0.75, 0.5)
   const std::vector<double> b{1.0};
-  EXPECT_DOUBLE_EQ(overlapped_step(1.0, s, b), 1.25);   // 0.25 + 1.0
+  EXPECT_DOUBLE_EQ(overlapped_step(1.0, s, b), 1.25);  // 0.25 + 1.0
 }
 
 TEST(AlphaBeta, RingTimes) {
@@ -107,7 +108,7 @@ TEST(AlphaBeta, TreeTimesAndWhereTheTreeOvertakesTheRing) {
   EXPECT_NEAR(ab.tree_seconds(2, 1e6), 20e-6 + 2e-3, 1e-15);
   EXPECT_NEAR(ab.tree_seconds(5, 1e6), 60e-6 + 2e-3, 1e-15);
   EXPECT_NEAR(ab.tree_seconds(4096, 1e6), 240e-6 + 2e-3, 1e-15);
-  EXPECT_LT(ab.seconds(8, 1e6), ab.tree_seconds(8, 1e6));       // 140 us + 1.75 ms against 60 us + 2 ms
+  EXPECT_LT(ab.seconds(8, 1e6), ab.tree_seconds(8, 1e6));        // 140 us + 1.75 ms against 60 us + 2 ms
   EXPECT_GT(ab.seconds(4096, 1e6), ab.tree_seconds(4096, 1e6));  // 81.9 ms + 2 ms against 0.24 ms + 2 ms
   int crossover = 2;
   while (ab.seconds(crossover, 1e6) <= ab.tree_seconds(crossover, 1e6)) ++crossover;
@@ -241,7 +242,8 @@ TEST(ScalingReport, PrintsTheReportAsATable) {
   }
  ]
 })json");
-  const std::string expected = R"text(dpcheck bench scaling: model 64,512,64, batch 32, engine cpu, comm local; gradient 0.26 MB; buckets of 1 MiB
+  const std::string expected =
+      R"text(dpcheck bench scaling: model 64,512,64, batch 32, engine cpu, comm local; gradient 0.26 MB; buckets of 1 MiB
 all-reduce, ring alpha-beta fit over 10 timings (N = 2..3): alpha 10.1 us, beta 15.23 GB/s, rms relative error 10%
 times in ms per step; error = measured / predicted; exposed = communication the step did not hide
    N   compute    allred       fit |   predict  measured  error  S pred  S meas |   overlap  bucketed  error  S pred  S meas |  exposed  exp.bkt

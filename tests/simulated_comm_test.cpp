@@ -26,16 +26,33 @@ std::vector<std::vector<std::byte>> draw_buffers(int n, std::size_t count, DType
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> mantissa(-1.0, 1.0);
   std::uniform_int_distribution<int> exponent(-12, 12);
-  std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(n), std::vector<std::byte>(count * dtype_size(dtype)));
+  std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(n),
+                                          std::vector<std::byte>(count * dtype_size(dtype)));
   for (auto& buf : out)
     for (std::size_t i = 0; i < count; ++i) {
       const double v = std::ldexp(mantissa(rng), exponent(rng));
       switch (dtype) {
-        case DType::f32: { const auto f = static_cast<float>(v); std::memcpy(&buf[i * 4], &f, 4); break; }
+        case DType::f32: {
+          const auto f = static_cast<float>(v);
+          std::memcpy(&buf[i * 4], &f, 4);
+          break;
+        }
         case DType::f64: std::memcpy(&buf[i * 8], &v, 8); break;
-        case DType::bf16: { const std::uint16_t h = float_to_bf16_bits(static_cast<float>(v)); std::memcpy(&buf[i * 2], &h, 2); break; }
-        case DType::f16: { const std::uint16_t h = float_to_fp16_bits(static_cast<float>(v / 4096)); std::memcpy(&buf[i * 2], &h, 2); break; }
-        case DType::i64: { const auto k = static_cast<std::int64_t>(rng()) >> 3; std::memcpy(&buf[i * 8], &k, 8); break; }
+        case DType::bf16: {
+          const std::uint16_t h = float_to_bf16_bits(static_cast<float>(v));
+          std::memcpy(&buf[i * 2], &h, 2);
+          break;
+        }
+        case DType::f16: {
+          const std::uint16_t h = float_to_fp16_bits(static_cast<float>(v / 4096));
+          std::memcpy(&buf[i * 2], &h, 2);
+          break;
+        }
+        case DType::i64: {
+          const auto k = static_cast<std::int64_t>(rng()) >> 3;
+          std::memcpy(&buf[i * 8], &k, 8);
+          break;
+        }
         default: ADD_FAILURE() << "no draw for this dtype";
       }
     }
@@ -43,11 +60,14 @@ std::vector<std::vector<std::byte>> draw_buffers(int n, std::size_t count, DType
 }
 
 TEST(SimulatedComm, EveryAllreduceHasTheLocalBackendsBits) {
-  struct Kind { DType dtype; ReduceOp op; };
-  const Kind kinds[] = {{DType::f32, ReduceOp::sum}, {DType::f32, ReduceOp::avg}, {DType::f32, ReduceOp::min},
-                        {DType::f32, ReduceOp::max}, {DType::f64, ReduceOp::sum}, {DType::f64, ReduceOp::avg},
+  struct Kind {
+    DType dtype;
+    ReduceOp op;
+  };
+  const Kind kinds[] = {{DType::f32, ReduceOp::sum},  {DType::f32, ReduceOp::avg},  {DType::f32, ReduceOp::min},
+                        {DType::f32, ReduceOp::max},  {DType::f64, ReduceOp::sum},  {DType::f64, ReduceOp::avg},
                         {DType::bf16, ReduceOp::sum}, {DType::bf16, ReduceOp::avg}, {DType::f16, ReduceOp::avg},
-                        {DType::f16, ReduceOp::max}, {DType::i64, ReduceOp::sum}, {DType::i64, ReduceOp::max}};
+                        {DType::f16, ReduceOp::max},  {DType::i64, ReduceOp::sum},  {DType::i64, ReduceOp::max}};
   for (const int n : {1, 2, 3, 5, 8})
     for (const Kind& k : kinds)
       for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{3000}}) {
@@ -68,8 +88,8 @@ TEST(SimulatedComm, EveryAllreduceHasTheLocalBackendsBits) {
           }
         }
         sim.replicate();
-        EXPECT_EQ(last, local[0]) << "N " << n << ", " << dtype_name(k.dtype) << " " << reduce_op_name(k.op) << ", count "
-                                  << count;
+        EXPECT_EQ(last, local[0]) << "N " << n << ", " << dtype_name(k.dtype) << " " << reduce_op_name(k.op)
+                                  << ", count " << count;
       }
 }
 

@@ -155,8 +155,7 @@ class ScratchTest : public testing::Test {
 };
 
 // Runs f, which must throw E; returns the message.
-template <class E, class F>
-std::string message_of(F&& f) {
+template <class E, class F> std::string message_of(F&& f) {
   try {
     f();
   } catch (const E& e) {

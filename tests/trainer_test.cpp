@@ -46,10 +46,9 @@ TrainConfig config_of(std::int64_t batch, std::int64_t dataset_size, Policy poli
 }
 
 std::string describe(const TrainConfig& c, int world) {
-  return "N=" + std::to_string(world) + " batch=" + std::to_string(c.batch) + " data=" +
-         std::to_string(c.data_size()) + " " + std::string(split_name(c.split)) + " " +
-         std::string(policy_name(c.policy)) + " accumulate=" + std::to_string(c.accumulate) + " " +
-         std::string(loss_name(c.model.loss));
+  return "N=" + std::to_string(world) + " batch=" + std::to_string(c.batch) + " data=" + std::to_string(c.data_size()) +
+         " " + std::string(split_name(c.split)) + " " + std::string(policy_name(c.policy)) +
+         " accumulate=" + std::to_string(c.accumulate) + " " + std::string(loss_name(c.model.loss));
 }
 
 // Everything one rank owns, built the way the dpcheck command builds it: the same seed gives every
@@ -62,8 +61,10 @@ struct Rank {
   Trainer trainer;
 
   Rank(const TrainConfig& c, Communicator& comm)
-      : data(c.data_size(), c.model, c.seed), sampler(c.sampler(comm.size())),
-        engine(loaded_engine(c)), optimizer(make_cpu_optimizer(c.optimizer_for(comm.size()), engine->param_count())),
+      : data(c.data_size(), c.model, c.seed),
+        sampler(c.sampler(comm.size())),
+        engine(loaded_engine(c)),
+        optimizer(make_cpu_optimizer(c.optimizer_for(comm.size()), engine->param_count())),
         trainer(c, comm, *engine, *optimizer, sampler, data) {}
 
   static std::unique_ptr<Engine> loaded_engine(const TrainConfig& c) {
@@ -275,7 +276,8 @@ TEST(TrainerSlots, GlobalIndicesIsEveryRanksLocalIndicesInRankOrder) {
       });
       for (int s = 0; s < steps; ++s) {
         Indices joined;
-        for (int q = 0; q < world; ++q) joined.insert(joined.end(), local[at(q)][at(s)].begin(), local[at(q)][at(s)].end());
+        for (int q = 0; q < world; ++q)
+          joined.insert(joined.end(), local[at(q)][at(s)].begin(), local[at(q)][at(s)].end());
         EXPECT_FALSE(joined.empty()) << "step " << s;
         for (int q = 0; q < world; ++q) EXPECT_EQ(global[at(q)][at(s)], joined) << "rank " << q << " step " << s;
       }
@@ -489,7 +491,8 @@ TEST(TrainerStep, SingleRankSgdStepIsParamsMinusLrTimesWholeBatchGradient) {
     std::vector<float> expected(direct->param_count()), g(direct->param_count());
     direct->store_params(expected);
     direct->store_grads(g);
-    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = expected[i] + static_cast<float>(-c.optimizer.lr) * g[i];
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      expected[i] = expected[i] + static_cast<float>(-c.optimizer.lr) * g[i];
 
     const StepResult result = r.trainer.step();
     EXPECT_EQ(result.step, 5);

@@ -38,7 +38,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // no half-written checkpoint may ever load.
 TEST_F(Writer, KilledWhileCheckpointingLeavesOnlyWholeCheckpoints) {
   const std::string dpcheck = DPCHECK_BINARY;
-  const std::string flags = "train --model 64,128,64 --batch 16 --steps 30 --optimizer adam --seed 5 --checkpoint-every 1";
+  const std::string flags =
+      "train --model 64,128,64 --batch 16 --steps 30 --optimizer adam --seed 5 --checkpoint-every 1";
   const fs::path truth = dir_ / "truth";
   const auto started = std::chrono::steady_clock::now();
   const CommandResult uninterrupted =
@@ -97,8 +98,10 @@ TEST_F(Writer, KilledWhileCheckpointingLeavesOnlyWholeCheckpoints) {
       ++none;  // killed before the first checkpoint was complete
     }
   }
-  std::printf("50 kills within %.0f ms: %d in the middle of writing a checkpoint; %d left a loadable checkpoint, "
-              "%d were killed before the first one\n", kill_window_us / 1000.0, mid_write, loaded, none);
+  std::printf(
+      "50 kills within %.0f ms: %d in the middle of writing a checkpoint; %d left a loadable checkpoint, "
+      "%d were killed before the first one\n",
+      kill_window_us / 1000.0, mid_write, loaded, none);
   EXPECT_GT(mid_write, 5);  // the kills did land while checkpoints were being written
   EXPECT_GT(loaded, 10);
 }
@@ -108,7 +111,8 @@ TEST_F(Writer, KilledWhileCheckpointingLeavesOnlyWholeCheckpoints) {
 TEST_F(Writer, TheCommandRefusesAFifoAsTheLog) {
   const fs::path fifo = dir_ / "log.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  const CommandResult r = run_command(std::string(DPCHECK_BINARY) + " train --model 4,3 --batch 4 --log " + fifo.string(), 60);
+  const CommandResult r =
+      run_command(std::string(DPCHECK_BINARY) + " train --model 4,3 --batch 4 --log " + fifo.string(), 60);
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find(fifo.string()), std::string::npos) << r.output;
 }

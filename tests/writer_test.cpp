@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -244,7 +244,9 @@ class Corrupt : public Writer {
   void SetUp() override {
     config_ = small_config(OptimizerKind::adam);
     config_.dataset_size = 36;
-    run_local(1, [&](Communicator& comm) { RankZeroWriter(comm, dir_ / "good", {}).save(trained(config_, 4), config_.model); });
+    run_local(1, [&](Communicator& comm) {
+      RankZeroWriter(comm, dir_ / "good", {}).save(trained(config_, 4), config_.model);
+    });
   }
   TrainConfig config_;
 };
@@ -271,7 +273,8 @@ TEST_F(Corrupt, EveryDefectIsRefusedWithItsReason) {
     return elsewhere;
   };
   const std::vector<Corruption> table = {
-      {"bad JSON", [](const fs::path& s) { std::ofstream(s / "manifest.json", std::ios::trunc) << "{\"format\": dpcheck}"; },
+      {"bad JSON",
+       [](const fs::path& s) { std::ofstream(s / "manifest.json", std::ios::trunc) << "{\"format\": dpcheck}"; },
        {"manifest.json: not valid JSON"}},
       {"truncated JSON",
        [](const fs::path& s) {
@@ -279,11 +282,15 @@ TEST_F(Corrupt, EveryDefectIsRefusedWithItsReason) {
          std::ofstream(s / "manifest.json", std::ios::trunc) << text.substr(0, text.find('\n', text.size() / 2));
        },
        {"manifest.json: not valid JSON", "end of input"}},
-      {"not a JSON object", [](const fs::path& s) { std::ofstream(s / "manifest.json", std::ios::trunc) << "[4]"; },
+      {"not a JSON object",
+       [](const fs::path& s) { std::ofstream(s / "manifest.json", std::ios::trunc) << "[4]"; },
        {"manifest.json: the manifest is [4], not a JSON object"}},
       {"missing manifest", [](const fs::path& s) { fs::remove(s / "manifest.json"); }, {"manifest.json is missing"}},
-      {"missing file", [](const fs::path& s) { fs::remove(s / "layers.1.bias.npy"); }, {"layers.1.bias.npy is missing"}},
-      {"unlisted extra file", [](const fs::path& s) { fs::copy_file(s / "layers.1.bias.npy", s / "layers.2.bias.npy"); },
+      {"missing file",
+       [](const fs::path& s) { fs::remove(s / "layers.1.bias.npy"); },
+       {"layers.1.bias.npy is missing"}},
+      {"unlisted extra file",
+       [](const fs::path& s) { fs::copy_file(s / "layers.1.bias.npy", s / "layers.2.bias.npy"); },
        {"layers.2.bias.npy is not listed in the manifest"}},
       {"extra file listed",
        [](const fs::path& s) {
@@ -291,13 +298,23 @@ TEST_F(Corrupt, EveryDefectIsRefusedWithItsReason) {
          rehash(s, "optimizer.momentum_buffer.npy");
        },
        {"\"files\" lists \"optimizer.momentum_buffer.npy\", which is no tensor of model 5,7,3 with adam"}},
-      {"wrong size", [](const fs::path& s) { std::ofstream(s / "layers.0.weight.npy", std::ios::app) << 'x'; },
+      {"wrong size",
+       [](const fs::path& s) { std::ofstream(s / "layers.0.weight.npy", std::ios::app) << 'x'; },
        {"layers.0.weight.npy has ", " bytes, the manifest says "}},
-      {"hash mismatch", [&](const fs::path& s) { flip_last_byte(s / "layers.1.bias.npy"); },
+      {"hash mismatch",
+       [&](const fs::path& s) { flip_last_byte(s / "layers.1.bias.npy"); },
        {"layers.1.bias.npy: hash does not match the manifest"}},
-      {"wrong shape", [](const fs::path& s) { rewrite_tensor(s, "layers.0.weight.npy", [](auto&) {}, std::vector<std::int64_t>{5, 7}); },
+      {"wrong shape",
+       [](const fs::path& s) {
+         rewrite_tensor(
+             s, "layers.0.weight.npy", [](auto&) {}, std::vector<std::int64_t>{5, 7});
+       },
        {"layers.0.weight.npy has shape (5, 7), the model needs (7, 5)"}},
-      {"wrong dtype", [](const fs::path& s) { rewrite_tensor(s, "layers.0.bias.npy", [](auto&) {}, std::nullopt, true); },
+      {"wrong dtype",
+       [](const fs::path& s) {
+         rewrite_tensor(
+             s, "layers.0.bias.npy", [](auto&) {}, std::nullopt, true);
+       },
        {"layers.0.bias.npy holds float64, not float32"}},
       {"not a .npy file",
        [](const fs::path& s) {
@@ -306,46 +323,69 @@ TEST_F(Corrupt, EveryDefectIsRefusedWithItsReason) {
        },
        {"layers.0.bias.npy: not a .npy file"}},
       {"other model dims", [](const fs::path&) {}, {"written for model 5,7,3, this run has 5,8,3"}, {5, 8, 3}},
-      {"other optimizer", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"]["optimizer"] = "momentum"; }); },
+      {"other optimizer",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"]["optimizer"] = "momentum"; }); },
        {"\"optimizer.state\" is [\"exp_avg\",\"exp_avg_sq\"], but momentum keeps [\"momentum_buffer\"]"}},
-      {"a state block left out", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["optimizer"]["state"] = {"exp_avg"}; }); },
+      {"a state block left out",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["optimizer"]["state"] = {"exp_avg"}; }); },
        {"\"optimizer.state\" is [\"exp_avg\"], but adam keeps"}},
-      {"step 1e30", [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, 1e30); }); },
+      {"step 1e30",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, 1e30); }); },
        {"\"step\" is 1e+30, not an integer in [0, 2^53)"}},
-      {"step -1", [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, -1); }); },
+      {"step -1",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, -1); }); },
        {"\"step\" is -1, not an integer in [0, 2^53)"}},
-      {"step 2.5", [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, 2.5); }); },
+      {"step 2.5",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, 2.5); }); },
        {"\"step\" is 2.5, not an integer"}},
-      {"step \"3\"", [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, "3"); }); },
+      {"step \"3\"",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, "3"); }); },
        {"\"step\" is \"3\", not an integer"}},
-      {"step true", [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, true); }); },
+      {"step true",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, true); }); },
        {"\"step\" is true, not an integer"}},
-      {"step 2^53", [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, std::int64_t{1} << 53); }); },
+      {"step 2^53",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { set_step(m, std::int64_t{1} << 53); }); },
        {"\"step\" is 9007199254740992, not an integer in [0, 2^53)"}},
-      {"step missing", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m.erase("step"); }); }, {"\"step\" is missing"}},
-      {"epoch -1", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["epoch"] = -1; }); },
+      {"step missing",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m.erase("step"); }); },
+       {"\"step\" is missing"}},
+      {"epoch -1",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["epoch"] = -1; }); },
        {"\"epoch\" is -1, not an integer in [0, 2^53)"}},
-      {"step_in_epoch 999", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["step_in_epoch"] = 999; }); },
+      {"step_in_epoch 999",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["step_in_epoch"] = 999; }); },
        {"\"step_in_epoch\" is 999, beyond the end of an epoch (the recorded configuration has 3 steps an epoch)"}},
-      {"epoch and step disagree", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["epoch"] = 0; }); },
+      {"epoch and step disagree",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["epoch"] = 0; }); },
        {"\"epoch\" 0 and \"step_in_epoch\" 1 do not agree with \"step\" 4, which is step 1 of epoch 1"}},
-      {"optimizer steps -1", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["optimizer"]["steps"] = -1; }); },
+      {"optimizer steps -1",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["optimizer"]["steps"] = -1; }); },
        {"\"optimizer.steps\" is -1, not an integer in [0, 2^53)"}},
-      {"optimizer steps not the step", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["optimizer"]["steps"] = 3; }); },
+      {"optimizer steps not the step",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["optimizer"]["steps"] = 3; }); },
        {"\"optimizer.steps\" is 3 after 4 steps"}},
       {"NaN parameter",
-       [](const fs::path& s) { rewrite_tensor(s, "layers.1.weight.npy", [](auto& v) { v[8] = std::numeric_limits<float>::quiet_NaN(); }); },
+       [](const fs::path& s) {
+         rewrite_tensor(s, "layers.1.weight.npy", [](auto& v) { v[8] = std::numeric_limits<float>::quiet_NaN(); });
+       },
        {"layers.1.weight.npy holds nan at layers.1.weight[1, 1], not a finite number"}},
       {"Inf state",
-       [](const fs::path& s) { rewrite_tensor(s, "optimizer.exp_avg.npy", [](auto& v) { v[35] = std::numeric_limits<float>::infinity(); }); },
+       [](const fs::path& s) {
+         rewrite_tensor(s, "optimizer.exp_avg.npy", [](auto& v) { v[35] = std::numeric_limits<float>::infinity(); });
+       },
        {"optimizer.exp_avg.npy holds inf at layers.0.bias[0], not a finite number"}},
-      {"negative exp_avg_sq", [](const fs::path& s) { rewrite_tensor(s, "optimizer.exp_avg_sq.npy", [](auto& v) { v[44] = -1; }); },
+      {"negative exp_avg_sq",
+       [](const fs::path& s) { rewrite_tensor(s, "optimizer.exp_avg_sq.npy", [](auto& v) { v[44] = -1; }); },
        {"optimizer.exp_avg_sq.npy holds -1 at layers.1.weight[0, 2]: a running mean of squares is never negative"}},
-      {"unknown format", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["format"] = "pytorch"; }); },
+      {"unknown format",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["format"] = "pytorch"; }); },
        {"\"format\" is \"pytorch\", not \"dpcheck-checkpoint\""}},
-      {"unknown version", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["version"] = 2; }); },
+      {"unknown version",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["version"] = 2; }); },
        {"\"version\" is 2: this dpcheck reads version 1"}},
-      {"unknown field", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["note"] = "x"; }); },
+      {"unknown field",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["note"] = "x"; }); },
        {"\"note\" is not a field of a dpcheck checkpoint manifest"}},
       {"field given twice",
        [](const fs::path& s) {
@@ -354,17 +394,23 @@ TEST_F(Corrupt, EveryDefectIsRefusedWithItsReason) {
          std::ofstream(s / "manifest.json", std::ios::trunc) << text;
        },
        {"\"step\" is given twice"}},
-      {"config field missing", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"].erase("seed"); }); },
+      {"config field missing",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"].erase("seed"); }); },
        {"\"config.seed\" is missing"}},
-      {"config world size 0", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"]["world_size"] = 0; }); },
+      {"config world size 0",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"]["world_size"] = 0; }); },
        {"\"config.world_size\" is 0, not an integer in [1, 2^31)"}},
-      {"config model misspelt", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"]["model"] = "5,07,3"; }); },
+      {"config model misspelt",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["config"]["model"] = "5,07,3"; }); },
        {"\"config.model\" is \"5,07,3\", which dpcheck writes as \"5,7,3\""}},
-      {"file left out of the list", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["files"].erase("layers.1.bias.npy"); }); },
+      {"file left out of the list",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["files"].erase("layers.1.bias.npy"); }); },
        {"\"files\" lists 5 files, but model 5,7,3 with adam keeps 6 tensors"}},
-      {"bad hash text", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["files"]["layers.0.bias.npy"]["xxh3"] = "xyz"; }); },
+      {"bad hash text",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["files"]["layers.0.bias.npy"]["xxh3"] = "xyz"; }); },
        {"\"files[layers.0.bias.npy].xxh3\" is \"xyz\", not 16 lower-case hexadecimal digits"}},
-      {"size 1e30", [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["files"]["layers.0.bias.npy"]["bytes"] = 1e30; }); },
+      {"size 1e30",
+       [](const fs::path& s) { edit_manifest(s, [](auto& m) { m["files"]["layers.0.bias.npy"]["bytes"] = 1e30; }); },
        {"\"files[layers.0.bias.npy].bytes\" is 1e+30, not an integer in [0, 2^53)"}},
       {"step not the directory's",
        [](const fs::path& s) {
@@ -444,7 +490,8 @@ TEST_F(Corrupt, ParseManifestNeedsNoFiles) {
   ASSERT_EQ(m.files.size(), 6u);
   EXPECT_EQ(m.files.front().name, "layers.0.weight.npy");
   EXPECT_EQ(m.files.back().name, "optimizer.exp_avg_sq.npy");
-  for (const std::string& bad : std::vector<std::string>{"", "null", "{}", "[]", "1e30", "\"step\"", text.substr(0, text.size() - 3)}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "null", "{}", "[]", "1e30", "\"step\"", text.substr(0, text.size() - 3)}) {
     try {
       parse_manifest(bad);
       ADD_FAILURE() << bad;
@@ -455,7 +502,8 @@ TEST_F(Corrupt, ParseManifestNeedsNoFiles) {
 }
 
 TEST_F(Corrupt, TheNewestIsSkippedWithItsReasonAndTheOlderLoads) {
-  run_local(1, [&](Communicator& comm) { RankZeroWriter(comm, dir_ / "good", {}).save(trained(config_, 2), config_.model); });
+  run_local(
+      1, [&](Communicator& comm) { RankZeroWriter(comm, dir_ / "good", {}).save(trained(config_, 2), config_.model); });
   const fs::path newest = dir_ / "good" / "step-00000004";
   rewrite_tensor(newest, "layers.0.bias.npy", [](auto& v) { v[3] = std::numeric_limits<float>::quiet_NaN(); });
   std::vector<std::string> skipped;
@@ -526,7 +574,8 @@ TEST_F(Writer, ACheckpointRankZeroCannotWriteEndsTheSaveOnEveryRank) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_NE(said[0].find("\"optimizer.steps\" is 1 after 2 steps"), std::string::npos) << said[0];
   for (int r = 1; r < 4; ++r) {
-    EXPECT_EQ(said[static_cast<std::size_t>(r)].rfind("rank 0: cannot write checkpoint", 0), 0u) << said[static_cast<std::size_t>(r)];
+    EXPECT_EQ(said[static_cast<std::size_t>(r)].rfind("rank 0: cannot write checkpoint", 0), 0u)
+        << said[static_cast<std::size_t>(r)];
     EXPECT_NE(said[static_cast<std::size_t>(r)].find("\"optimizer.steps\" is 1 after 2 steps"), std::string::npos);
   }
   EXPECT_TRUE(fs::is_empty(dir_));
@@ -556,8 +605,11 @@ TEST_F(Writer, OnlyTheWritingRankPrunesOrRemovesAbandonedDirectories) {
   };
   const Checkpoint fourth = trained(c, 4);
   scene(dir_ / "silent");
-  run_local(3, [&](Communicator& comm) { EXPECT_TRUE(SilentWriter(comm, dir_ / "silent", {}, 1).save(fourth, c.model).empty()); });
-  for (const char* left : {"step-00000001", "step-00000002", "step-00000003"}) EXPECT_TRUE(fs::exists(dir_ / "silent" / left)) << left;
+  run_local(3, [&](Communicator& comm) {
+    EXPECT_TRUE(SilentWriter(comm, dir_ / "silent", {}, 1).save(fourth, c.model).empty());
+  });
+  for (const char* left : {"step-00000001", "step-00000002", "step-00000003"})
+    EXPECT_TRUE(fs::exists(dir_ / "silent" / left)) << left;
   EXPECT_FALSE(fs::exists(dir_ / "silent" / "step-00000004"));
   EXPECT_TRUE(fs::exists(dir_ / "silent" / (".step-00000009.tmp-" + std::to_string(child))));
 

@@ -298,8 +298,7 @@ int guarded(std::string& error, int rank, const Describe& describe, const Body& 
 
 /* ---- the reductions -------------------------------------------------------------------------------------- */
 
-template <class T>
-const gloo::ReductionFunction<T>* old_reduction(dpcheck_op_t op) {
+template <class T> const gloo::ReductionFunction<T>* old_reduction(dpcheck_op_t op) {
   switch (op) {
     case DPCHECK_MIN: return gloo::ReductionFunction<T>::min;
     case DPCHECK_MAX: return gloo::ReductionFunction<T>::max;
@@ -311,8 +310,7 @@ const gloo::ReductionFunction<T>* old_reduction(dpcheck_op_t op) {
 
 using NewReduction = void (*)(void*, const void*, const void*, std::size_t);
 
-template <class T>
-NewReduction new_reduction(dpcheck_op_t op) {
+template <class T> NewReduction new_reduction(dpcheck_op_t op) {
   switch (op) {
     case DPCHECK_MIN: return static_cast<NewReduction>(&gloo::min<T>);
     case DPCHECK_MAX: return static_cast<NewReduction>(&gloo::max<T>);
@@ -324,8 +322,7 @@ NewReduction new_reduction(dpcheck_op_t op) {
 
 /* avg: Gloo has no mean, so the adapter divides Gloo's sum by the world size, as PyTorch's DDP does
    over Gloo. Every rank divides the same bits by the same number, so a sum that agrees stays so. */
-template <class T>
-void divide(void* buf, std::size_t count, int world) {
+template <class T> void divide(void* buf, std::size_t count, int world) {
   T* p = static_cast<T*>(buf);
   if constexpr (std::is_same_v<T, gloo::float16>) {
     // Through float and back, rounding to nearest even, writing the bits (not float16's operator=).
@@ -338,9 +335,8 @@ void divide(void* buf, std::size_t count, int world) {
 
 /* ---- all-reduce ------------------------------------------------------------------------------------------- */
 
-template <class T>
-gloo::Algorithm* build_old(Algorithm a, const std::shared_ptr<gloo::Context>& context, T* ptr, int count,
-                           dpcheck_op_t op) {
+template <class T> gloo::Algorithm* build_old(Algorithm a, const std::shared_ptr<gloo::Context>& context, T* ptr,
+                                              int count, dpcheck_op_t op) {
   const std::vector<T*> ptrs{ptr};
   const gloo::ReductionFunction<T>* fn = old_reduction<T>(op);
   switch (a) {
@@ -358,8 +354,7 @@ gloo::Algorithm* build_old(Algorithm a, const std::shared_ptr<gloo::Context>& co
    count; halving-doubling and bcube keep receive buffers of about the whole count. */
 std::size_t footprint_of(std::size_t bytes) { return 3 * bytes + 4096; }
 
-template <class T>
-void allreduce_old(Comm& c, void* buf, std::size_t count, dpcheck_dtype_t dtype, dpcheck_op_t op) {
+template <class T> void allreduce_old(Comm& c, void* buf, std::size_t count, dpcheck_dtype_t dtype, dpcheck_op_t op) {
   const std::size_t bytes = count * sizeof(T);
   // The classes keep the count and the byte count in an int.
   if (bytes > static_cast<std::size_t>(INT_MAX))
@@ -374,8 +369,8 @@ void allreduce_old(Comm& c, void* buf, std::size_t count, dpcheck_dtype_t dtype,
     built.count = count;
     built.staging.reset(new unsigned char[bytes ? bytes : sizeof(T)]);
     built.footprint = footprint_of(bytes);
-    built.algorithm.reset(build_old<T>(c.algorithm, c.context, reinterpret_cast<T*>(built.staging.get()),
-                                       static_cast<int>(count), op));
+    built.algorithm.reset(
+        build_old<T>(c.algorithm, c.context, reinterpret_cast<T*>(built.staging.get()), static_cast<int>(count), op));
     if (c.cache.fits(built.footprint)) {
       entry = c.cache.insert(std::move(built));
     } else {
@@ -394,8 +389,7 @@ void allreduce_old(Comm& c, void* buf, std::size_t count, dpcheck_dtype_t dtype,
   }
 }
 
-template <class T>
-void allreduce_new(Comm& c, void* buf, std::size_t count, dpcheck_op_t op) {
+template <class T> void allreduce_new(Comm& c, void* buf, std::size_t count, dpcheck_op_t op) {
   gloo::AllreduceOptions opts(c.context);
   opts.setAlgorithm(c.algorithm == Algorithm::allreduce_bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
                                                               : gloo::AllreduceOptions::Algorithm::RING);
@@ -406,8 +400,7 @@ void allreduce_new(Comm& c, void* buf, std::size_t count, dpcheck_op_t op) {
   gloo::allreduce(opts);
 }
 
-template <class T>
-void allreduce_typed(Comm& c, void* buf, std::size_t count, dpcheck_dtype_t dtype, dpcheck_op_t op) {
+template <class T> void allreduce_typed(Comm& c, void* buf, std::size_t count, dpcheck_dtype_t dtype, dpcheck_op_t op) {
   if (is_old_api(c.algorithm)) allreduce_old<T>(c, buf, count, dtype, op);
   else allreduce_new<T>(c, buf, count, op);
   if (op == DPCHECK_AVG) divide<T>(buf, count, c.size);
@@ -429,25 +422,26 @@ std::chrono::milliseconds gloo_timeout(std::chrono::milliseconds fallback) {
 int gloo_init(const dpcheck_bootstrap_t* boot, void** comm) {
   *comm = nullptr;
   std::unique_ptr<Comm> c;
-  const int rc = guarded(init_error, boot->rank, [&] {
-    return "init (" + selection().name + ", " + std::to_string(boot->size) + " ranks over TCP on 127.0.0.1)";
-  }, [&] {
-    const Selection& s = selection();
-    if (!s.known) throw std::invalid_argument(s.unknown_error);
-    c = std::make_unique<Comm>();
-    c->rank = boot->rank;
-    c->size = boot->size;
-    c->algorithm = s.algorithm;
-    c->name = s.name;
-    c->context = std::make_shared<BootstrapContext>(boot->rank, boot->size);
-    c->timeout = gloo_timeout(c->context->getTimeout());
-    c->context->setTimeout(c->timeout);
-    gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";  // loopback only
-    attr.ai_family = AF_INET;
-    c->device = gloo::transport::tcp::CreateDevice(attr);
-    c->context->connect_full_mesh(c->device, *boot);
-  });
+  const int rc = guarded(
+      init_error, boot->rank,
+      [&] { return "init (" + selection().name + ", " + std::to_string(boot->size) + " ranks over TCP on 127.0.0.1)"; },
+      [&] {
+        const Selection& s = selection();
+        if (!s.known) throw std::invalid_argument(s.unknown_error);
+        c = std::make_unique<Comm>();
+        c->rank = boot->rank;
+        c->size = boot->size;
+        c->algorithm = s.algorithm;
+        c->name = s.name;
+        c->context = std::make_shared<BootstrapContext>(boot->rank, boot->size);
+        c->timeout = gloo_timeout(c->context->getTimeout());
+        c->context->setTimeout(c->timeout);
+        gloo::transport::tcp::attr attr;
+        attr.hostname = "127.0.0.1";  // loopback only
+        attr.ai_family = AF_INET;
+        c->device = gloo::transport::tcp::CreateDevice(attr);
+        c->context->connect_full_mesh(c->device, *boot);
+      });
   if (rc != 0) {
     try {
       c.reset();  // closes what was opened, waiting for no one
@@ -496,7 +490,9 @@ int gloo_broadcast(void* comm, void* buf, std::size_t count, dpcheck_dtype_t dty
 
 int gloo_allgather(void* comm, const void* send, void* recv, std::size_t count, dpcheck_dtype_t dtype, void*) {
   Comm* c = static_cast<Comm*>(comm);
-  const auto describe = [&] { return "allgather (" + std::to_string(count) + " " + dtype_name(dtype) + " elements a rank)"; };
+  const auto describe = [&] {
+    return "allgather (" + std::to_string(count) + " " + dtype_name(dtype) + " elements a rank)";
+  };
   return guarded(c->error, c->rank, describe, [&] {
     const std::size_t bytes = count * dtype_bytes(dtype);
     // gloo::allgather takes the remainder of an offset by the output's size, 0 here (SIGFPE): nothing
@@ -515,12 +511,14 @@ int gloo_allgather(void* comm, const void* send, void* recv, std::size_t count, 
 
 int gloo_barrier(void* comm) {
   Comm* c = static_cast<Comm*>(comm);
-  return guarded(c->error, c->rank, [] { return std::string("barrier"); }, [&] {
-    gloo::BarrierOptions opts(c->context);
-    opts.setTag(c->tag++);
-    opts.setTimeout(c->timeout);
-    gloo::barrier(opts);
-  });
+  return guarded(
+      c->error, c->rank, [] { return std::string("barrier"); },
+      [&] {
+        gloo::BarrierOptions opts(c->context);
+        opts.setTag(c->tag++);
+        opts.setTimeout(c->timeout);
+        gloo::barrier(opts);
+      });
 }
 
 const char* gloo_last_error(void* comm) {
@@ -541,8 +539,8 @@ void gloo_finalize(void* comm) {
 }
 
 std::uint32_t declared_dtypes() {
-  std::uint32_t mask = DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT64) |
-                       DPCHECK_DTYPE_BIT(DPCHECK_INT64);
+  std::uint32_t mask =
+      DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT64) | DPCHECK_DTYPE_BIT(DPCHECK_INT64);
 #ifdef DPCHECK_GLOO_DECLARE_FLOAT16
   // Only in libdpcheck_comm_gloo_float16.so: gloo::float16's assignment drops some results (README.md,
   // "float16"), which that build lets dpcheck show.
@@ -575,8 +573,9 @@ const Selection& selection() {
 #endif
     } else {
       out.name = "gloo, unknown algorithm " + out.value;
-      out.unknown_error = "DPCHECK_GLOO_ALGORITHM is '" + out.value + "', which names no algorithm of this plugin; valid: " +
-                          valid + " (unset or empty: " + kDefaultAlgorithm + ")";
+      out.unknown_error = "DPCHECK_GLOO_ALGORITHM is '" + out.value +
+                          "', which names no algorithm of this plugin; valid: " + valid +
+                          " (unset or empty: " + kDefaultAlgorithm + ")";
     }
     return out;
   }();

@@ -171,8 +171,16 @@ static void p_finalize(void* h) {
 /* NCCL reduces every dtype of the ABI, with every op (ncclAvg since NCCL 2.10). The version is the
    library's own, read when dpcheck first asks for the table. */
 static dpcheck_comm_plugin_t nccl_plugin = {
-    DPCHECK_PLUGIN_ABI, "nccl", DPCHECK_CUDA, p_init, p_allreduce, p_broadcast, p_allgather,
-    p_barrier, p_last_error, p_finalize,
+    DPCHECK_PLUGIN_ABI,
+    "nccl",
+    DPCHECK_CUDA,
+    p_init,
+    p_allreduce,
+    p_broadcast,
+    p_allgather,
+    p_barrier,
+    p_last_error,
+    p_finalize,
     NULL,
     DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16),
     DPCHECK_ABI1_OPS,

@@ -30,7 +30,7 @@
 typedef struct ring {
   const dpcheck_bootstrap_t* boot;
   int rank, size;
-  char* scratch;       /* the chunk received from the left neighbour, or (processes) every rank's */
+  char* scratch; /* the chunk received from the left neighbour, or (processes) every rank's */
   size_t scratch_bytes;
   char error[256];
 } ring_t;
@@ -147,8 +147,12 @@ static uint16_t float_to_fp16(float f) {
   }
 }
 
-static float widen(dpcheck_dtype_t t, uint16_t h) { return t == DPCHECK_BFLOAT16 ? bf16_to_float(h) : fp16_to_float(h); }
-static uint16_t narrow(dpcheck_dtype_t t, float f) { return t == DPCHECK_BFLOAT16 ? float_to_bf16(f) : float_to_fp16(f); }
+static float widen(dpcheck_dtype_t t, uint16_t h) {
+  return t == DPCHECK_BFLOAT16 ? bf16_to_float(h) : fp16_to_float(h);
+}
+static uint16_t narrow(dpcheck_dtype_t t, float f) {
+  return t == DPCHECK_BFLOAT16 ? float_to_bf16(f) : float_to_fp16(f);
+}
 
 /* acc[i] = acc[i] (op) in[i] */
 static void combine(void* acc, const void* in, size_t n, dpcheck_dtype_t t, dpcheck_op_t op) {
@@ -164,15 +168,15 @@ static void combine(void* acc, const void* in, size_t n, dpcheck_dtype_t t, dpch
     }
     return;
   }
-#define COMBINE(T)                                                              \
-  {                                                                             \
-    T* a = (T*)acc;                                                             \
-    const T* b = (const T*)in;                                                  \
-    for (i = 0; i < n; ++i) {                                                   \
-      if (op == DPCHECK_MIN) a[i] = b[i] < a[i] ? b[i] : a[i];                  \
-      else if (op == DPCHECK_MAX) a[i] = b[i] > a[i] ? b[i] : a[i];             \
-      else a[i] = a[i] + b[i];                                                  \
-    }                                                                           \
+#define COMBINE(T)                                                  \
+  {                                                                 \
+    T* a = (T*)acc;                                                 \
+    const T* b = (const T*)in;                                      \
+    for (i = 0; i < n; ++i) {                                       \
+      if (op == DPCHECK_MIN) a[i] = b[i] < a[i] ? b[i] : a[i];      \
+      else if (op == DPCHECK_MAX) a[i] = b[i] > a[i] ? b[i] : a[i]; \
+      else a[i] = a[i] + b[i];                                      \
+    }                                                               \
   }
   if (t == DPCHECK_FLOAT32) COMBINE(float)
   else if (t == DPCHECK_FLOAT64) COMBINE(double)
@@ -193,7 +197,9 @@ static void divide(void* buf, size_t n, dpcheck_dtype_t t, int size) {
 }
 
 /* Chunk c of n elements cut into `parts`: its first element and its length. */
-static size_t chunk_begin(size_t n, int parts, int c) { return n / (size_t)parts * (size_t)c + ((size_t)c < n % (size_t)parts ? (size_t)c : n % (size_t)parts); }
+static size_t chunk_begin(size_t n, int parts, int c) {
+  return n / (size_t)parts * (size_t)c + ((size_t)c < n % (size_t)parts ? (size_t)c : n % (size_t)parts);
+}
 static size_t chunk_len(size_t n, int parts, int c) { return chunk_begin(n, parts, c + 1) - chunk_begin(n, parts, c); }
 
 static int ring_init(const dpcheck_bootstrap_t* boot, void** comm) {
@@ -298,10 +304,12 @@ static void ring_finalize(void* comm) {
 /* Plugin ABI 3 asks a plugin to say what it takes: every dtype of the ABI, every op. A plugin that
    leaves the masks 0 is handed float32, float64 and int64 only. */
 static const dpcheck_comm_plugin_t ring_plugin = {
-    DPCHECK_PLUGIN_ABI, "ring", DPCHECK_HOST, ring_init, ring_allreduce, ring_broadcast, ring_allgather,
-    ring_barrier, ring_last_error, ring_finalize,
-    "example 1.0",
-    DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16),
+    DPCHECK_PLUGIN_ABI, "ring",
+    DPCHECK_HOST,       ring_init,
+    ring_allreduce,     ring_broadcast,
+    ring_allgather,     ring_barrier,
+    ring_last_error,    ring_finalize,
+    "example 1.0",      DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16),
     DPCHECK_ABI1_OPS,
 };
 

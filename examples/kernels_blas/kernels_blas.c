@@ -63,7 +63,9 @@ static void library_setup(void) {
   void (*own)(void) = (void (*)(void))bli_info_get_version_str;
   snprintf(library_version, sizeof library_version, "BLIS %s, %s kernels%s", bli_info_get_version_str(),
            bli_arch_string(bli_arch_query_id()),
-           bli_info_get_enable_openmp() ? ", OpenMP" : bli_info_get_enable_pthreads() ? ", pthreads" : "");
+           bli_info_get_enable_openmp()     ? ", OpenMP"
+           : bli_info_get_enable_pthreads() ? ", pthreads"
+                                            : "");
 #endif
   const char* library = object_of(own);
   const char* sgemm = object_of((void (*)(void))cblas_sgemm);
@@ -71,7 +73,8 @@ static void library_setup(void) {
     snprintf(library_error, sizeof library_error, "cannot tell which object defines cblas_sgemm (dladdr failed)");
   else if (strcmp(library, sgemm) != 0)
     snprintf(library_error, sizeof library_error,
-             "cblas_sgemm resolves to %s, not to %s (" LIBRARY_NAME "): another BLAS in the process "
+             "cblas_sgemm resolves to %s, not to %s (" LIBRARY_NAME
+             "): another BLAS in the process "
              "defines it first",
              sgemm, library);
   table.version = library_version;

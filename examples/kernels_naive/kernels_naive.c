@@ -44,8 +44,8 @@ static int naive_linear_backward(void* kernels, const float* x, const float* w, 
   return 0;
 }
 
-static int naive_activation_forward(void* kernels, dpcheck_activation_t activation, const float* x, float* y,
-                                    int64_t n, void* stream) {
+static int naive_activation_forward(void* kernels, dpcheck_activation_t activation, const float* x, float* y, int64_t n,
+                                    void* stream) {
   (void)kernels;
   (void)stream;
   for (int64_t i = 0; i < n; ++i) y[i] = activation == DPCHECK_RELU ? (x[i] > 0.0f ? x[i] : 0.0f) : tanhf(x[i]);
@@ -152,7 +152,7 @@ static const dpcheck_kernel_plugin_t naive = {
     naive_momentum_step,
     naive_adam_step,
     naive_last_error,
-    NULL, /* finalize: nothing to release */
+    NULL,          /* finalize: nothing to release */
     "example 1.0", /* version (plugin ABI 3), shown in dpcheck's reports */
 };
 

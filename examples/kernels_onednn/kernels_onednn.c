@@ -91,10 +91,10 @@ static dnnl_status_t matrix_desc(dnnl_memory_desc_t* md, int64_t rows, int64_t c
   return dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides);
 }
 
-#define TRY(call)                                \
-  do {                                           \
-    status = (call);                             \
-    if (status != dnnl_success) goto done;       \
+#define TRY(call)                          \
+  do {                                     \
+    status = (call);                       \
+    if (status != dnnl_success) goto done; \
   } while (0)
 
 /* The primitive for (op, accumulate, m, n, k): found in the cache or created into a free (or the least
@@ -191,8 +191,8 @@ done:
 }
 
 /* Runs C[m x n] (+)= A B (+ bias) on the given buffers and waits for it. */
-static int run_matmul(onednn_kernels* k, matmul_op op, int accumulate, int64_t m, int64_t n, int64_t kk,
-                      const float* a, const float* b, const float* bias, float* c) {
+static int run_matmul(onednn_kernels* k, matmul_op op, int accumulate, int64_t m, int64_t n, int64_t kk, const float* a,
+                      const float* b, const float* bias, float* c) {
   cached_matmul* e = matmul_for(k, op, accumulate, m, n, kk);
   if (!e) return 1;
   if (e->scratchpad_bytes > k->scratchpad_bytes) {
@@ -242,9 +242,8 @@ static int check_sizes(onednn_kernels* k, int64_t rows, int64_t in, int64_t out)
      crashes it (SIGFPE) while it creates the primitive, and 2^32 + 1 gets an implementation that would
      do one row. */
   if (rows > INT32_MAX || in > INT32_MAX || out > INT32_MAX) {
-    snprintf(k->error, sizeof k->error,
-             "sizes rows=%lld in=%lld out=%lld: each must be below 2^31 for oneDNN's matmul", (long long)rows,
-             (long long)in, (long long)out);
+    snprintf(k->error, sizeof k->error, "sizes rows=%lld in=%lld out=%lld: each must be below 2^31 for oneDNN's matmul",
+             (long long)rows, (long long)in, (long long)out);
     return 1;
   }
   return 0;
@@ -269,8 +268,8 @@ static int onednn_init(void** kernels) {
   return 0;
 }
 
-static int onednn_linear_forward(void* kernels, const float* x, const float* w, const float* b, float* y,
-                                 int64_t rows, int64_t in, int64_t out, void* stream) {
+static int onednn_linear_forward(void* kernels, const float* x, const float* w, const float* b, float* y, int64_t rows,
+                                 int64_t in, int64_t out, void* stream) {
   onednn_kernels* k = kernels;
   (void)stream;
   if (check_sizes(k, rows, in, out)) return 1;
@@ -279,16 +278,13 @@ static int onednn_linear_forward(void* kernels, const float* x, const float* w, 
   return run_matmul(k, OP_FORWARD, 0, rows, out, in, x, w, b, y);
 }
 
-static int onednn_linear_backward(void* kernels, const float* x, const float* w, const float* dy, float* dx,
-                                  float* dw, float* db, int64_t rows, int64_t in, int64_t out, int accumulate,
-                                  void* stream) {
+static int onednn_linear_backward(void* kernels, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                                  float* db, int64_t rows, int64_t in, int64_t out, int accumulate, void* stream) {
   onednn_kernels* k = kernels;
   (void)stream;
   if (check_sizes(k, rows, in, out)) return 1;
-  if (accumulate != 0 && accumulate != 1)
-    return fail(k, "linear_backward: accumulate is neither 0 nor 1");
-  if (!dw || !db || (rows > 0 && (!x || !dy || (dx && !w))))
-    return fail(k, "linear_backward: a NULL buffer");
+  if (accumulate != 0 && accumulate != 1) return fail(k, "linear_backward: accumulate is neither 0 nor 1");
+  if (!dw || !db || (rows > 0 && (!x || !dy || (dx && !w)))) return fail(k, "linear_backward: a NULL buffer");
   if (rows == 0) {
     /* An empty sum (a matmul with k = 0 is not asked of oneDNN): zero, or nothing to add. */
     if (!accumulate) {
@@ -363,8 +359,8 @@ const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) {
                                                                : "threadpool";
     const char* isa = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
     if (strncmp(isa, "cpu_isa_", 8) == 0) isa += 8;
-    snprintf(library_version, sizeof library_version, "oneDNN %d.%d.%d (%s threads, %s)", v->major, v->minor,
-             v->patch, runtime, isa);
+    snprintf(library_version, sizeof library_version, "oneDNN %d.%d.%d (%s threads, %s)", v->major, v->minor, v->patch,
+             runtime, isa);
     table.version = library_version;
   }
   return &table;

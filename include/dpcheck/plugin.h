@@ -98,8 +98,9 @@ typedef enum { DPCHECK_HOST = 0, DPCHECK_CUDA = 1 } dpcheck_memory_t;
 /* What a mask of 0 means: abi 1's dtypes and ops, never one added later. */
 #define DPCHECK_ABI1_DTYPES \
   (DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT64) | DPCHECK_DTYPE_BIT(DPCHECK_INT64))
-#define DPCHECK_ABI1_OPS \
-  (DPCHECK_OP_BIT(DPCHECK_SUM) | DPCHECK_OP_BIT(DPCHECK_AVG) | DPCHECK_OP_BIT(DPCHECK_MIN) | DPCHECK_OP_BIT(DPCHECK_MAX))
+#define DPCHECK_ABI1_OPS                                                                     \
+  (DPCHECK_OP_BIT(DPCHECK_SUM) | DPCHECK_OP_BIT(DPCHECK_AVG) | DPCHECK_OP_BIT(DPCHECK_MIN) | \
+   DPCHECK_OP_BIT(DPCHECK_MAX))
 
 /* ---- communicators ------------------------------------------------------------------------------ */
 

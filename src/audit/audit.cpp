@@ -48,9 +48,7 @@ std::string without_trailing_slash(std::string p) {
   return p;
 }
 
-std::string normal(std::string_view p) {
-  return without_trailing_slash(fs::path(p).lexically_normal().string());
-}
+std::string normal(std::string_view p) { return without_trailing_slash(fs::path(p).lexically_normal().string()); }
 
 // Whether `path` is `prefix` or lies below it, at a directory boundary. `strict`: only below it.
 bool covers(std::string_view prefix, std::string_view path, bool strict = false) {
@@ -337,9 +335,9 @@ std::string command_text(const std::vector<std::string>& argv) {
   std::string out;
   for (const std::string& a : argv) {
     if (!out.empty()) out += ' ';
-    const bool plain = !a.empty() && a.find_first_not_of(
-                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") ==
-                                         std::string::npos;
+    const bool plain =
+        !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") ==
+                          std::string::npos;
     if (plain) {
       out += a;
     } else {
@@ -379,8 +377,8 @@ std::string process_list(const std::vector<const Process*>& ps) {
 
 }  // namespace
 
-void print_report(std::ostream& out, const std::vector<std::string>& argv, const RunResult& run,
-                  const AllowList& allow, std::span<const Record> offenders) {
+void print_report(std::ostream& out, const std::vector<std::string>& argv, const RunResult& run, const AllowList& allow,
+                  std::span<const Record> offenders) {
   const Log& log = run.log;
   out << "\n==== dpcheck audit: " << command_text(argv) << "\n";
   out << "the command " << run.status_text() << "\n";
@@ -397,8 +395,8 @@ void print_report(std::ostream& out, const std::vector<std::string>& argv, const
 
   std::size_t ranked = 0;
   for (const Process& p : log.processes) ranked += p.rank ? 1 : 0;
-  out << "audited " << log.processes.size() << " process" << (log.processes.size() == 1 ? "" : "es") << ": "
-      << ranked << " with a rank, " << log.processes.size() - ranked << " with no rank\n";
+  out << "audited " << log.processes.size() << " process" << (log.processes.size() == 1 ? "" : "es") << ": " << ranked
+      << " with a rank, " << log.processes.size() - ranked << " with no rank\n";
 
   for (const int g : groups) {
     const std::vector<const Record*>& rs = records[g];
@@ -406,8 +404,9 @@ void print_report(std::ostream& out, const std::vector<std::string>& argv, const
     const bool no_rank = g == std::numeric_limits<int>::max();
     std::size_t bad = 0;
     for (const Record* r : rs) bad += (!no_rank && g != 0 && unallowed_path(*r, allow) != nullptr) ? 1 : 0;
-    out << "\n" << (no_rank ? std::string("no rank") : "rank " + std::to_string(g)) << ": " << rs.size()
-        << " write-intent call" << (rs.size() == 1 ? "" : "s");
+    out << "\n"
+        << (no_rank ? std::string("no rank") : "rank " + std::to_string(g)) << ": " << rs.size() << " write-intent call"
+        << (rs.size() == 1 ? "" : "s");
     if (no_rank) out << ", not judged (the launcher, its daemons, helpers)";
     else if (g == 0) out << ", not judged (rank 0 may write)";
     else out << ", " << bad << " outside the allowed paths";
@@ -449,8 +448,8 @@ void print_report(std::ostream& out, const std::vector<std::string>& argv, const
     out << "  " << a.prefix << std::string(width - a.prefix.size() + 2, ' ') << a.reason << "\n";
   out << "  and mkdir of the directories above these, which mkdir -p makes on the way\n";
   if (!log.unreadable.empty())
-    out << "\nwarning: " << log.unreadable.size() << " line(s) of the audit log are not records, e.g.: "
-        << log.unreadable.front().substr(0, 200) << "\n";
+    out << "\nwarning: " << log.unreadable.size()
+        << " line(s) of the audit log are not records, e.g.: " << log.unreadable.front().substr(0, 200) << "\n";
 
   out << "\n";
   if (!offenders.empty()) {
@@ -486,9 +485,15 @@ void print_report(std::ostream& out, const std::vector<std::string>& argv, const
 nlohmann::json report_json(const std::vector<std::string>& argv, const RunResult& run, const AllowList& allow,
                            std::span<const Record> offenders) {
   const auto record_json = [&](const Record& r) {
-    nlohmann::json j = {{"rank", rank_json(r.rank)}, {"pid", r.pid},       {"exe", r.exe},
-                        {"call", r.call},            {"path", r.path},     {"flags", r.flags},
-                        {"mode", r.mode},            {"result", r.result}, {"truncated", r.truncated}};
+    nlohmann::json j = {{"rank", rank_json(r.rank)},
+                        {"pid", r.pid},
+                        {"exe", r.exe},
+                        {"call", r.call},
+                        {"path", r.path},
+                        {"flags", r.flags},
+                        {"mode", r.mode},
+                        {"result", r.result},
+                        {"truncated", r.truncated}};
     if (!r.to.empty()) j["to"] = r.to;
     if (!r.target.empty()) j["target"] = r.target;
     if (r.rank && *r.rank != 0) {

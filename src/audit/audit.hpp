@@ -36,13 +36,13 @@ struct Record {
   std::optional<int> rank;  // from OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK or RANK; none if unset
   long pid = 0;
   std::string exe;
-  std::string call;    // the C library function: "openat", "fopen", "rename", "__open_2", ...
-  std::string path;    // absolute, with "." and ".." taken by name, symbolic links not followed
-  std::string to;      // the second name written by rename and link; empty for other calls
-  std::string target;  // a symbolic link's text (not itself a path written); empty for other calls
-  std::string flags;   // readable: "O_WRONLY|O_CREAT|O_TRUNC", fopen's mode "w", "AT_REMOVEDIR", ...
-  std::string mode;    // creation mode in octal ("0644"); empty when the call creates nothing
-  std::string result;  // "ok", or the error's name ("ENOENT"): a failed attempt is still an attempt
+  std::string call;        // the C library function: "openat", "fopen", "rename", "__open_2", ...
+  std::string path;        // absolute, with "." and ".." taken by name, symbolic links not followed
+  std::string to;          // the second name written by rename and link; empty for other calls
+  std::string target;      // a symbolic link's text (not itself a path written); empty for other calls
+  std::string flags;       // readable: "O_WRONLY|O_CREAT|O_TRUNC", fopen's mode "w", "AT_REMOVEDIR", ...
+  std::string mode;        // creation mode in octal ("0644"); empty when the call creates nothing
+  std::string result;      // "ok", or the error's name ("ENOENT"): a failed attempt is still an attempt
   bool truncated = false;  // a path was too long for one record and was cut
 
   // The paths this call writes: path, and `to` when there is one.
@@ -134,8 +134,8 @@ RunResult run_audited(const std::vector<std::string>& argv, const AuditOptions& 
 
 // Every write-intent call grouped by rank (0, 1, ..., then processes with no rank), the allow-list, and
 // the verdict with every offending call named by rank and path.
-void print_report(std::ostream& out, const std::vector<std::string>& argv, const RunResult& run,
-                  const AllowList& allow, std::span<const Record> offenders);
+void print_report(std::ostream& out, const std::vector<std::string>& argv, const RunResult& run, const AllowList& allow,
+                  std::span<const Record> offenders);
 
 nlohmann::json report_json(const std::vector<std::string>& argv, const RunResult& run, const AllowList& allow,
                            std::span<const Record> offenders);

@@ -61,8 +61,7 @@ namespace {
 // Resolved on first use rather than in a constructor, so that a call made before this library's
 // constructor has run (by another library's constructor) still works. Two threads resolving at once
 // store the same value.
-template <typename F>
-F real(std::atomic<void*>& slot, const char* name) noexcept {
+template <typename F> F real(std::atomic<void*>& slot, const char* name) noexcept {
   void* p = slot.load(std::memory_order_acquire);
   if (p == nullptr) {
     p = ::dlsym(RTLD_NEXT, name);
@@ -71,10 +70,10 @@ F real(std::atomic<void*>& slot, const char* name) noexcept {
   return reinterpret_cast<F>(p);
 }
 
-#define DPCHECK_REAL(name)                                    \
-  ([]() noexcept {                                            \
-    static constinit std::atomic<void*> slot{nullptr};        \
-    return real<decltype(&::name)>(slot, #name);              \
+#define DPCHECK_REAL(name)                             \
+  ([]() noexcept {                                     \
+    static constinit std::atomic<void*> slot{nullptr}; \
+    return real<decltype(&::name)>(slot, #name);       \
   }())
 
 // ---- recursion guard ---------------------------------------------------------------------------------
@@ -345,12 +344,10 @@ void put_open_flags(Text& t, int flags) noexcept {
   flags &= ~O_ACCMODE;
   // Several-bit flags first, so that O_TMPFILE is not printed as O_DIRECTORY plus a stray bit.
   static constexpr Flag names[] = {
-      {O_TMPFILE, "O_TMPFILE"}, {O_SYNC, "O_SYNC"},         {O_CREAT, "O_CREAT"},
-      {O_EXCL, "O_EXCL"},       {O_NOCTTY, "O_NOCTTY"},     {O_TRUNC, "O_TRUNC"},
-      {O_APPEND, "O_APPEND"},   {O_NONBLOCK, "O_NONBLOCK"}, {O_DSYNC, "O_DSYNC"},
-      {O_DIRECT, "O_DIRECT"},   {O_DIRECTORY, "O_DIRECTORY"}, {O_NOFOLLOW, "O_NOFOLLOW"},
-      {O_NOATIME, "O_NOATIME"}, {O_CLOEXEC, "O_CLOEXEC"},   {O_PATH, "O_PATH"},
-      {O_ASYNC, "O_ASYNC"},
+      {O_TMPFILE, "O_TMPFILE"}, {O_SYNC, "O_SYNC"},       {O_CREAT, "O_CREAT"},         {O_EXCL, "O_EXCL"},
+      {O_NOCTTY, "O_NOCTTY"},   {O_TRUNC, "O_TRUNC"},     {O_APPEND, "O_APPEND"},       {O_NONBLOCK, "O_NONBLOCK"},
+      {O_DSYNC, "O_DSYNC"},     {O_DIRECT, "O_DIRECT"},   {O_DIRECTORY, "O_DIRECTORY"}, {O_NOFOLLOW, "O_NOFOLLOW"},
+      {O_NOATIME, "O_NOATIME"}, {O_CLOEXEC, "O_CLOEXEC"}, {O_PATH, "O_PATH"},           {O_ASYNC, "O_ASYNC"},
   };
   for (const Flag& f : names) {
     if (f.bits != 0 && (flags & f.bits) == f.bits) {
@@ -468,7 +465,8 @@ void emit(Text& line) noexcept {
   if (n != static_cast<long>(line.size())) {
     static constinit std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
-      static constexpr char msg[] = "dpcheck audit: cannot append to the audit log (DPCHECK_AUDIT_LOG); writes of this process go unrecorded\n";
+      static constexpr char msg[] =
+          "dpcheck audit: cannot append to the audit log (DPCHECK_AUDIT_LOG); writes of this process go unrecorded\n";
       raw_write(2, msg, sizeof msg - 1);
     }
   }
@@ -503,7 +501,6 @@ struct Call {
   bool ok = true;
   int err = 0;
 };
-
 
 void record(const Call& call) noexcept {
   if (unrecorded_by_mutant(call.name)) return;
@@ -620,8 +617,7 @@ int audited_open(const char* name, int dirfd, const char* path, int flags, mode_
 }
 
 // Everything else that is always a write: records after the call, with its outcome.
-template <typename F>
-int audited(Call c, F&& call) noexcept {
+template <typename F> int audited(Call c, F&& call) noexcept {
   Guard guard;
   const int r = call();
   if (guard.outermost()) {
@@ -633,8 +629,8 @@ int audited(Call c, F&& call) noexcept {
   return r;
 }
 
-template <typename F>
-FILE* audited_fopen(const char* name, const char* path, const char* path_of_stream, const char* mode, F&& call) noexcept {
+template <typename F> FILE* audited_fopen(const char* name, const char* path, const char* path_of_stream,
+                                          const char* mode, F&& call) noexcept {
   Guard guard;
   FILE* f = call();
   if (guard.outermost() && fopen_writes(mode)) {
@@ -674,14 +670,14 @@ void put_at_flags(Text& t, int flags, const Flag* names, std::size_t count) noex
 
 // A failed real lookup (a symbol this C library lacks) fails the call the way a missing kernel call
 // does.
-#define DPCHECK_CALL_REAL(fn, fail_value, ...)          \
-  [&]() noexcept {                                      \
-    const auto f = DPCHECK_REAL(fn);                    \
-    if (f == nullptr) {                                 \
-      errno = ENOSYS;                                   \
-      return fail_value;                                \
-    }                                                   \
-    return f(__VA_ARGS__);                              \
+#define DPCHECK_CALL_REAL(fn, fail_value, ...) \
+  [&]() noexcept {                             \
+    const auto f = DPCHECK_REAL(fn);           \
+    if (f == nullptr) {                        \
+      errno = ENOSYS;                          \
+      return fail_value;                       \
+    }                                          \
+    return f(__VA_ARGS__);                     \
   }
 
 }  // namespace
@@ -720,8 +716,7 @@ DPCHECK_AUDIT_EXPORT int openat64(int dirfd, const char* path, int flags, ...) {
   va_start(ap, flags);
   const mode_t mode = variadic_mode(flags, ap);
   va_end(ap);
-  return audited_open("openat64", dirfd, path, flags, mode,
-                      DPCHECK_CALL_REAL(openat64, -1, dirfd, path, flags, mode));
+  return audited_open("openat64", dirfd, path, flags, mode, DPCHECK_CALL_REAL(openat64, -1, dirfd, path, flags, mode));
 }
 
 DPCHECK_AUDIT_EXPORT int creat(const char* path, mode_t mode) {
@@ -747,8 +742,7 @@ DPCHECK_AUDIT_EXPORT int __openat_2(int dirfd, const char* path, int flags) {
 }
 
 DPCHECK_AUDIT_EXPORT int __openat64_2(int dirfd, const char* path, int flags) {
-  return audited_open("__openat64_2", dirfd, path, flags, 0,
-                      DPCHECK_CALL_REAL(__openat64_2, -1, dirfd, path, flags));
+  return audited_open("__openat64_2", dirfd, path, flags, 0, DPCHECK_CALL_REAL(__openat64_2, -1, dirfd, path, flags));
 }
 
 // ---- stdio ------------------------------------------------------------------------------------------------
@@ -817,8 +811,9 @@ DPCHECK_AUDIT_EXPORT int renameat(int fromfd, const char* from, int tofd, const 
 }
 
 DPCHECK_AUDIT_EXPORT int renameat2(int fromfd, const char* from, int tofd, const char* to, unsigned flags) noexcept {
-  static constexpr Flag names[] = {
-      {RENAME_NOREPLACE, "RENAME_NOREPLACE"}, {RENAME_EXCHANGE, "RENAME_EXCHANGE"}, {RENAME_WHITEOUT, "RENAME_WHITEOUT"}};
+  static constexpr Flag names[] = {{RENAME_NOREPLACE, "RENAME_NOREPLACE"},
+                                   {RENAME_EXCHANGE, "RENAME_EXCHANGE"},
+                                   {RENAME_WHITEOUT, "RENAME_WHITEOUT"}};
   char flag_text[128];
   Text t(flag_text, sizeof flag_text);
   put_at_flags(t, static_cast<int>(flags), names, sizeof names / sizeof names[0]);
@@ -957,8 +952,7 @@ DPCHECK_AUDIT_EXPORT int truncate64(const char* path, off64_t length) noexcept {
 
 namespace dpcheck::audit_preload {
 namespace {
-template <typename F>
-int audited_mkstemp(const char* name, char* tmpl, int extra_flags, F&& call) noexcept {
+template <typename F> int audited_mkstemp(const char* name, char* tmpl, int extra_flags, F&& call) noexcept {
   Guard guard;
   const int fd = call();
   if (guard.outermost()) {

@@ -30,8 +30,10 @@ constexpr PlantKind kKinds[] = {
     {"open-truncate", "truncate: open(O_WRONLY|O_TRUNC) of an existing file", true, true, kOpen, "O_TRUNC"},
     {"open-append", "append: open(O_WRONLY|O_APPEND) of an existing file, one byte written", true, true, kOpen,
      "O_APPEND"},
-    {"open-rdwr", "in-place rewrite: open(O_RDWR) of an existing file, no create, truncate or append, one byte "
-     "written", true, true, kOpen, "O_RDWR"},
+    {"open-rdwr",
+     "in-place rewrite: open(O_RDWR) of an existing file, no create, truncate or append, one byte "
+     "written",
+     true, true, kOpen, "O_RDWR"},
     {"openat-create", "create: openat(O_WRONLY|O_CREAT|O_TRUNC)", true, false, kOpenat, "O_CREAT"},
     {"openat-rdwr", "in-place rewrite: openat(O_RDWR) of an existing file, one byte written", true, true, kOpenat,
      "O_RDWR"},
@@ -44,8 +46,8 @@ constexpr PlantKind kKinds[] = {
     {"link", "link() of an existing file to a new name", true, true, {"link"}, ""},
     {"symlink", "symlink() at a new name", true, false, {"symlink"}, ""},
     {"mkdir", "mkdir()", true, false, {"mkdir"}, ""},
-    {"mmap-shared", "mmap(PROT_WRITE, MAP_SHARED) of an existing file opened O_RDWR, one byte stored and synced",
-     true, true, kOpen, "O_RDWR"},
+    {"mmap-shared", "mmap(PROT_WRITE, MAP_SHARED) of an existing file opened O_RDWR, one byte stored and synced", true,
+     true, kOpen, "O_RDWR"},
     {"fopen-w", "fopen(\"w\")", true, false, {"fopen", "fopen64"}, "w"},
     {"fopen-a", "fopen(\"a\")", true, false, {"fopen", "fopen64"}, "a"},
     {"fopen-r+", "fopen(\"r+\") of an existing file, one byte written", true, true, {"fopen", "fopen64"}, "r+"},
@@ -54,8 +56,10 @@ constexpr PlantKind kKinds[] = {
     {"read-open", "read-only open(O_RDONLY)", false, true, kOpen, ""},
     {"read-openat", "read-only openat(O_RDONLY)", false, true, kOpenat, ""},
     {"read-fopen", "read-only fopen(\"r\")", false, true, {"fopen", "fopen64"}, ""},
-    {"read-mmap-private", "mmap(PROT_READ|PROT_WRITE, MAP_PRIVATE) of a file opened O_RDONLY, its private copy "
-     "changed", false, true, kOpen, ""},
+    {"read-mmap-private",
+     "mmap(PROT_READ|PROT_WRITE, MAP_PRIVATE) of a file opened O_RDONLY, its private copy "
+     "changed",
+     false, true, kOpen, ""},
 };
 
 // What every prepared file holds: mmap needs bytes to map, a read something to read.
@@ -70,9 +74,7 @@ void check(bool ok, const Plant& p, const std::string& what) {
   if (!ok) fail(p, what);
 }
 
-void write_one_byte(int fd, const Plant& p) {
-  check(::pwrite(fd, "X", 1, 0) == 1, p, "write");
-}
+void write_one_byte(int fd, const Plant& p) { check(::pwrite(fd, "X", 1, 0) == 1, p, "write"); }
 
 // Makes one plant's call, and whatever the call is for (a byte written, a map stored).
 void make_one(const fs::path& dir, const Plant& p) {

@@ -79,7 +79,8 @@ std::vector<const Backend*> parse_allreduce_backends(std::string_view list) {
   for (;;) {
     const std::size_t comma = rest.find(',');
     const std::string item(rest.substr(0, comma));
-    const auto it = std::find_if(all.begin(), all.end(), [&](const Backend* b) { return names_row(*b, lowercase_name(item)); });
+    const auto it =
+        std::find_if(all.begin(), all.end(), [&](const Backend* b) { return names_row(*b, lowercase_name(item)); });
     if (it == all.end()) {
       std::vector<std::string> names;
       for (const Backend* b : all) names.push_back(allreduce_name(*b));
@@ -103,10 +104,8 @@ AllreducePlan plan_allreduce(std::string_view backends, const std::vector<std::s
                                            : chosen          ? std::vector<const Backend*>{}
                                                              : allreduce_backends();
   for (const Backend* row : rows) {
-    if (row->ranks_as_threads())
-      plan.threads.push_back(thread_backend(*row, allreduce_name(*row)));
-    else
-      plan.processes.push_back(allreduce_name(*row));
+    if (row->ranks_as_threads()) plan.threads.push_back(thread_backend(*row, allreduce_name(*row)));
+    else plan.processes.push_back(allreduce_name(*row));
   }
   if (plan.processes.empty()) return plan;
   plan.launch.mpirun = find_in_path("mpirun");

@@ -29,8 +29,7 @@ using Clock = std::chrono::steady_clock;
 class AlignedBuffer {
  public:
   explicit AlignedBuffer(std::size_t bytes)
-      : data_(static_cast<unsigned char*>(
-            ::operator new (std::max<std::size_t>(bytes, 64), std::align_val_t{64}))) {}
+      : data_(static_cast<unsigned char*>(::operator new (std::max<std::size_t>(bytes, 64), std::align_val_t{64}))) {}
   ~AlignedBuffer() { ::operator delete (data_, std::align_val_t{64}); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -45,9 +44,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // Rank r's element j. Every partial sum is a small integer, so the float32 sum is exact in any order
 // and the check is 0 ULP; the value changes with j and with r, so a misplaced slice, a skipped rank or
 // a stale buffer all show up.
-float fill_value(int rank, std::size_t j) {
-  return static_cast<float>(j % 251 + static_cast<std::size_t>(rank));
-}
+float fill_value(int rank, std::size_t j) { return static_cast<float>(j % 251 + static_cast<std::size_t>(rank)); }
 float expected_sum(int ranks, std::size_t j) {
   const auto n = static_cast<std::size_t>(ranks);
   return static_cast<float>(n * (j % 251) + n * (n - 1) / 2);
@@ -60,8 +57,8 @@ void fill(std::span<float> buf, int rank) {
 // One rank's share of bench_allreduce for one N. Collective control decisions (the iteration count,
 // the #wrong total) go through the communicator under test, which is what an "mpi" backend will need
 // as well; rank 0 keeps the rows.
-void allreduce_rank(Communicator& c, const std::string& backend, const AllreduceConfig& cfg,
-                    double memcpy_gbs, std::vector<AllreduceRow>& rows) {
+void allreduce_rank(Communicator& c, const std::string& backend, const AllreduceConfig& cfg, double memcpy_gbs,
+                    std::vector<AllreduceRow>& rows) {
   const std::size_t max_bytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
   AlignedBuffer storage(max_bytes);
   auto* all = reinterpret_cast<float*>(storage.data());
@@ -204,12 +201,10 @@ MemcpyBaseline measure_memcpy(std::size_t bytes, int threads, int repeats) {
 
 std::vector<AllreduceRow> bench_allreduce(const BenchBackend& backend, const AllreduceConfig& cfg,
                                           const MemcpyBaseline& baseline) {
-  if (cfg.sizes.empty() || cfg.ranks.empty())
-    throw UsageError("allreduce: no sizes or no rank counts to run");
+  if (cfg.sizes.empty() || cfg.ranks.empty()) throw UsageError("allreduce: no sizes or no rank counts to run");
   for (std::size_t s : cfg.sizes)
     if (s == 0 || s % 4 != 0)
-      throw UsageError("allreduce: size " + std::to_string(s) +
-                       " is not a positive multiple of 4 bytes (float32)");
+      throw UsageError("allreduce: size " + std::to_string(s) + " is not a positive multiple of 4 bytes (float32)");
   for (int n : cfg.ranks)
     if (n < 1 || n > max_ranks)
       throw UsageError("allreduce: rank count " + std::to_string(n) + " is not between 1 and " +
@@ -225,8 +220,8 @@ std::vector<AllreduceRow> bench_allreduce(const BenchBackend& backend, const All
   return rows;
 }
 
-void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline,
-                           const std::vector<AllreduceRow>& rows, const std::vector<std::string>& notes) {
+void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline, const std::vector<AllreduceRow>& rows,
+                           const std::vector<std::string>& notes) {
   char line[256];
   out << "# dpcheck bench allreduce: float32 sum, in place; time is the median per call\n";
   std::snprintf(line, sizeof line,
@@ -235,15 +230,14 @@ void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline,
   out << line << "# traffic counts every rank's buffer read once and written once: 2 * N * size / time\n";
   for (const std::string& note : notes) out << "# note: " << note << "\n";
   out << "#\n";
-  std::snprintf(line, sizeof line, "# %13s %4s %12s %11s %10s %11s %11s %13s %8s %7s\n", "backend", "N",
-                "size", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "traffic(GB/s)", "/memcpy",
-                "#wrong");
+  std::snprintf(line, sizeof line, "# %13s %4s %12s %11s %10s %11s %11s %13s %8s %7s\n", "backend", "N", "size",
+                "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "traffic(GB/s)", "/memcpy", "#wrong");
   out << line;
   std::uint64_t wrong = 0;
   for (const AllreduceRow& r : rows) {
     std::snprintf(line, sizeof line, "  %13s %4d %12zu %11zu %10.1f %11.2f %11.2f %13.2f %8.2f %7llu\n",
-                  r.backend.c_str(), r.ranks, r.bytes, r.count, r.time_us, r.algbw_gbs, r.busbw_gbs,
-                  r.traffic_gbs, r.memcpy_ratio, static_cast<unsigned long long>(r.wrong));
+                  r.backend.c_str(), r.ranks, r.bytes, r.count, r.time_us, r.algbw_gbs, r.busbw_gbs, r.traffic_gbs,
+                  r.memcpy_ratio, static_cast<unsigned long long>(r.wrong));
     out << line;
     wrong += r.wrong;
   }
@@ -257,10 +251,8 @@ nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std:
   j["dtype"] = "float32";
   j["op"] = "sum";
   j["in_place"] = true;
-  j["memcpy"] = {{"bytes", baseline.bytes},
-                 {"threads", baseline.threads},
-                 {"repeats", baseline.repeats},
-                 {"gbs", baseline.gbs}};
+  j["memcpy"] = {
+      {"bytes", baseline.bytes}, {"threads", baseline.threads}, {"repeats", baseline.repeats}, {"gbs", baseline.gbs}};
   j["notes"] = notes;
   j["rows"] = nlohmann::ordered_json::array();
   for (const AllreduceRow& r : rows)
@@ -383,14 +375,10 @@ std::size_t parse_size(std::string_view text) {
   if (ec != std::errc{}) throw bad("not a number of bytes (examples: 4096, 4K, 1M, 2G)");
   const std::string_view suffix(end, static_cast<std::size_t>(text.data() + text.size() - end));
   int shift = 0;
-  if (suffix == "K" || suffix == "k")
-    shift = 10;
-  else if (suffix == "M" || suffix == "m")
-    shift = 20;
-  else if (suffix == "G" || suffix == "g")
-    shift = 30;
-  else if (!suffix.empty())
-    throw bad("unknown suffix '" + std::string(suffix) + "' (use K, M or G)");
+  if (suffix == "K" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "m") shift = 20;
+  else if (suffix == "G" || suffix == "g") shift = 30;
+  else if (!suffix.empty()) throw bad("unknown suffix '" + std::string(suffix) + "' (use K, M or G)");
   if (value == 0) throw bad("sizes must be positive");
   if (value > (std::numeric_limits<std::size_t>::max() >> shift)) throw bad("too large");
   return value << shift;

@@ -84,8 +84,8 @@ std::vector<AllreduceRow> bench_allreduce(const BenchBackend& backend, const All
                                           const MemcpyBaseline& baseline);
 
 // notes: lines printed under the table's header (and listed in the JSON), e.g. why a backend is missing.
-void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline,
-                           const std::vector<AllreduceRow>& rows, const std::vector<std::string>& notes = {});
+void print_allreduce_table(std::ostream& out, const MemcpyBaseline& baseline, const std::vector<AllreduceRow>& rows,
+                           const std::vector<std::string>& notes = {});
 nlohmann::ordered_json allreduce_json(const MemcpyBaseline& baseline, const std::vector<AllreduceRow>& rows,
                                       const std::vector<std::string>& notes = {});
 // The rows of allreduce_json read back (how a worker process hands its rows to the parent); Error

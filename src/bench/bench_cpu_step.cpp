@@ -91,7 +91,8 @@ std::string blas_kernel_note(const TorchCpuStep& t) {
       if (openblas_core_has(f.isa, t.blas_core)) return "";
       return "OpenBLAS runs its " + t.blas_core + " kernel on this " + f.name +
              " CPU (it did not recognize the model), so PyTorch's products run below the CPU's speed; "
-             "OPENBLAS_CORETYPE=" + f.core + " in the environment picks the fitting kernel";
+             "OPENBLAS_CORETYPE=" +
+             f.core + " in the environment picks the fitting kernel";
     }
   return "";
 }
@@ -107,8 +108,8 @@ const char* torch_status_name(TorchCpuStep::Status s) {
   return "?";
 }
 
-TorchCpuStep torch_cpu_step(const TorchCpuOptions& options, const ModelConfig& model, int batch, int threads, int warmup,
-                            int repeats) {
+TorchCpuStep torch_cpu_step(const TorchCpuOptions& options, const ModelConfig& model, int batch, int threads,
+                            int warmup, int repeats) {
   TorchCpuStep t;
   if (!options.run) {
     t.note = options.skipped;
@@ -117,9 +118,10 @@ TorchCpuStep torch_cpu_step(const TorchCpuOptions& options, const ModelConfig& m
   t.python = options.python;
   t.script = options.script;
   ChildOptions child;
-  child.argv = {options.python, options.script, "--device", "cpu", "--dims", dims_string(model.dims),
-                "--batch", std::to_string(batch), "--threads", std::to_string(threads),
-                "--warmup", std::to_string(warmup), "--repeats", std::to_string(repeats)};
+  child.argv = {options.python, options.script,          "--device", "cpu",
+                "--dims",       dims_string(model.dims), "--batch",  std::to_string(batch),
+                "--threads",    std::to_string(threads), "--warmup", std::to_string(warmup),
+                "--repeats",    std::to_string(repeats)};
   child.search_path = true;
   child.input = ChildOptions::Input::null;
   child.out = ChildOptions::Output::capture;
@@ -149,10 +151,13 @@ TorchCpuStep torch_cpu_step(const TorchCpuOptions& options, const ModelConfig& m
     t.threads = j.at("threads").get<int>();
     t.version = j.at("torch").get<std::string>();
     t.blas = j.at("blas").get<std::string>();
-    const auto text = [&](const char* key) { return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : ""; };
+    const auto text = [&](const char* key) {
+      return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+    };
     t.blas_version = text("blas_version");
     t.blas_library = text("blas_library");
-    if (j.contains("blas_threads") && j["blas_threads"].is_number_integer()) t.blas_threads = j["blas_threads"].get<int>();
+    if (j.contains("blas_threads") && j["blas_threads"].is_number_integer())
+      t.blas_threads = j["blas_threads"].get<int>();
     t.blas_core = text("blas_core");
     if (!(t.ms > 0)) throw Error("median_ms is not above 0");
   } catch (const std::exception& e) {
@@ -192,7 +197,8 @@ CpuStepResult bench_cpu_step(const CpuStepConfig& config) {
   std::uint32_t seed = 1;
   for (const GemmShape& s : shapes) {
     GemmBuffers g{s, std::vector<float>(static_cast<std::size_t>(s.m * s.k)),
-                  std::vector<float>(static_cast<std::size_t>(s.k * s.n)), std::vector<float>(static_cast<std::size_t>(s.m * s.n))};
+                  std::vector<float>(static_cast<std::size_t>(s.k * s.n)),
+                  std::vector<float>(static_cast<std::size_t>(s.m * s.n))};
     fill(g.a, seed++);
     fill(g.b, seed++);
     fill(g.c, seed++);
@@ -243,7 +249,8 @@ CpuStepResult bench_cpu_step(const CpuStepConfig& config) {
 
   // PyTorch last, once every buffer of dpcheck's is gone, on the threads dpcheck's step used.
   result.torch = torch_cpu_step(config.torch, m, config.batch, result.step().threads, config.warmup, config.repeats);
-  if (result.torch.status == TorchCpuStep::Status::ran) result.torch.gflops = result.flops / (result.torch.ms * 1e-3) / 1e9;
+  if (result.torch.status == TorchCpuStep::Status::ran)
+    result.torch.gflops = result.flops / (result.torch.ms * 1e-3) / 1e9;
 
   double best = 0;
   for (const CpuStepRow& r : result.rows)
@@ -261,7 +268,8 @@ std::string blas_text(const TorchCpuStep& t) {
   if (!t.blas_version.empty()) text += " " + t.blas_version;
   std::string more;
   if (!t.blas_core.empty()) more = "kernel " + t.blas_core;
-  if (t.blas_threads > 0) more += (more.empty() ? "" : ", ") + ("its own pool: " + std::to_string(t.blas_threads) + " threads");
+  if (t.blas_threads > 0)
+    more += (more.empty() ? "" : ", ") + ("its own pool: " + std::to_string(t.blas_threads) + " threads");
   if (!more.empty()) text += " (" + more + ")";
   return text;
 }
@@ -272,10 +280,12 @@ void print_cpu_step_table(std::ostream& out, const std::vector<CpuStepResult>& r
   char line[512];
   for (const CpuStepResult& r : results) {
     const CpuStepConfig& c = r.config;
-    out << "# dpcheck bench step --engine " << engine_for_memory(MemorySpace::host).name << ": model " << dims_string(c.model.dims) << " (" << activation_name(c.model.activation)
-        << ", " << loss_name(c.model.loss) << "), batch " << c.batch << "\n";
-    std::snprintf(line, sizeof line, "# %.2f GFLOP a step (2*m*n*k over its %zu products); median of %d after %d untimed\n",
-                  r.flops / 1e9, step_gemms(c.model, c.batch).size(), c.repeats, c.warmup);
+    out << "# dpcheck bench step --engine " << engine_for_memory(MemorySpace::host).name << ": model "
+        << dims_string(c.model.dims) << " (" << activation_name(c.model.activation) << ", " << loss_name(c.model.loss)
+        << "), batch " << c.batch << "\n";
+    std::snprintf(line, sizeof line,
+                  "# %.2f GFLOP a step (2*m*n*k over its %zu products); median of %d after %d untimed\n", r.flops / 1e9,
+                  step_gemms(c.model, c.batch).size(), c.repeats, c.warmup);
     out << line;
     out << "# the engine's path: " << r.engine_path << "\n";
     const TorchCpuStep& t = r.torch;
@@ -284,21 +294,20 @@ void print_cpu_step_table(std::ostream& out, const std::vector<CpuStepResult>& r
       out << "# PyTorch " << t.version << " (" << t.script << " --device cpu): " << t.threads
           << " threads (torch.get_num_threads()), BLAS " << blas_text(t) << "\n";
     if (torch_ran && !t.blas_kernel_note.empty()) out << "# " << t.blas_kernel_note << "\n";
-    if (!torch_ran)
-      out << "# " << t.note << "\n";
-    std::snprintf(line, sizeof line, "%-28s %-9s %7s %11s %9s %8s\n", "what", "path", "threads", "ms", "GFLOP/s", "of best");
+    if (!torch_ran) out << "# " << t.note << "\n";
+    std::snprintf(line, sizeof line, "%-28s %-9s %7s %11s %9s %8s\n", "what", "path", "threads", "ms", "GFLOP/s",
+                  "of best");
     out << line;
     for (const CpuStepRow& row : r.rows) {
-      const std::string what =
-          row.what == "step" ? "step (fwd, loss, bwd, SGD)" : "bare GEMMs of the step";
+      const std::string what = row.what == "step" ? "step (fwd, loss, bwd, SGD)" : "bare GEMMs of the step";
       std::snprintf(line, sizeof line, "%-28s %-9s %7d %11.3f %9.1f %8.2f\n", what.c_str(),
                     std::string(cpu::isa_name(row.isa)).c_str(), row.threads, row.ms, row.gflops, row.of_best);
       out << line;
     }
     if (torch_ran) {
       // The path column holds PyTorch's BLAS: its products are where its time goes.
-      std::snprintf(line, sizeof line, "%-28s %-9s %7d %11.3f %9.1f %8.2f\n", ("PyTorch " + t.version + " step").c_str(),
-                    t.blas.c_str(), t.threads, t.ms, t.gflops, t.of_best);
+      std::snprintf(line, sizeof line, "%-28s %-9s %7d %11.3f %9.1f %8.2f\n",
+                    ("PyTorch " + t.version + " step").c_str(), t.blas.c_str(), t.threads, t.ms, t.gflops, t.of_best);
       out << line;
     }
     std::snprintf(line, sizeof line, "step / best GEMM: %.2f", r.step().of_best);
@@ -311,10 +320,8 @@ void print_cpu_step_table(std::ostream& out, const std::vector<CpuStepResult>& r
       out << line;
       // torch.set_num_threads can be refused (an OpenMP runtime fixed earlier): say so rather than compare
       // unlike with unlike silently.
-      if (t.threads == r.step().threads)
-        out << "both on " << t.threads << " threads";
-      else
-        out << "dpcheck on " << r.step().threads << " threads, PyTorch on " << t.threads << " (NOT the same)";
+      if (t.threads == r.step().threads) out << "both on " << t.threads << " threads";
+      else out << "dpcheck on " << r.step().threads << " threads, PyTorch on " << t.threads << " (NOT the same)";
       out << "; PyTorch's products on " << t.blas << (t.blas_version.empty() ? "" : " " + t.blas_version)
           << (t.blas_core.empty() ? "" : " " + t.blas_core)
           << (t.blas_kernel_note.empty() ? "" : ", a kernel below this CPU's (see above)") << "\n";
@@ -356,21 +363,22 @@ nlohmann::ordered_json cpu_step_json(const std::vector<CpuStepResult>& results) 
       torch["ms"] = t.ms;
       torch["gflops"] = t.gflops;
     }
-    out.push_back({{"model", dims_string(r.config.model.dims)},
-                   {"activation", activation_name(r.config.model.activation)},
-                   {"loss", loss_name(r.config.model.loss)},
-                   {"batch", r.config.batch},
-                   {"warmup", r.config.warmup},
-                   {"repeats", r.config.repeats},
-                   {"gflop", r.flops / 1e9},
-                   {"engine_path", r.engine_path},
-                   {"rows", rows},
-                   {"step_over_best_gemm", r.step().of_best},
-                   {"goal", r.config.goal},
-                   {"same_bits", r.same_bits},
-                   {"torch", torch},
-                   // dpcheck's step time over PyTorch's; null when PyTorch did not run
-                   {"step_over_torch", torch_ran ? nlohmann::ordered_json(r.step_over_torch()) : nlohmann::ordered_json()}});
+    out.push_back(
+        {{"model", dims_string(r.config.model.dims)},
+         {"activation", activation_name(r.config.model.activation)},
+         {"loss", loss_name(r.config.model.loss)},
+         {"batch", r.config.batch},
+         {"warmup", r.config.warmup},
+         {"repeats", r.config.repeats},
+         {"gflop", r.flops / 1e9},
+         {"engine_path", r.engine_path},
+         {"rows", rows},
+         {"step_over_best_gemm", r.step().of_best},
+         {"goal", r.config.goal},
+         {"same_bits", r.same_bits},
+         {"torch", torch},
+         // dpcheck's step time over PyTorch's; null when PyTorch did not run
+         {"step_over_torch", torch_ran ? nlohmann::ordered_json(r.step_over_torch()) : nlohmann::ordered_json()}});
   }
   return out;
 }

@@ -66,9 +66,9 @@ struct TorchCpuStep {
     failed,   // torch was there and the script failed: a note too, with its last line
   };
   Status status = Status::skipped;
-  std::string note;  // skipped or failed: why, on one line
+  std::string note;            // skipped or failed: why, on one line
   std::string python, script;  // as run
-  double ms = 0;     // median
+  double ms = 0;               // median
   double gflops = 0;
   double of_best = 0;
   int threads = 0;           // torch.get_num_threads() once the script had set it
@@ -85,15 +85,15 @@ struct TorchCpuStep {
 const char* torch_status_name(TorchCpuStep::Status s);
 
 // Runs ci/torch_baseline.py for one model on `threads` threads; never throws for what the child did.
-TorchCpuStep torch_cpu_step(const TorchCpuOptions& options, const ModelConfig& model, int batch, int threads, int warmup,
-                            int repeats);
+TorchCpuStep torch_cpu_step(const TorchCpuOptions& options, const ModelConfig& model, int batch, int threads,
+                            int warmup, int repeats);
 
 struct CpuStepResult {
   CpuStepConfig config;
-  double flops = 0;           // of the step's products
-  std::string engine_path;    // cpu::describe_engine_path()
+  double flops = 0;              // of the step's products
+  std::string engine_path;       // cpu::describe_engine_path()
   std::vector<CpuStepRow> rows;  // the GEMM rows, then the step's
-  bool same_bits = false;     // two steps from the same state end in the same parameters, bit for bit
+  bool same_bits = false;        // two steps from the same state end in the same parameters, bit for bit
   TorchCpuStep torch;
   const CpuStepRow& step() const { return rows.back(); }
   // dpcheck's step time over PyTorch's (below 1: dpcheck's is faster); 0 when PyTorch did not run.

@@ -81,7 +81,8 @@ ComputeShape mlp_shape(const ModelConfig& model, std::size_t bucket_cap) {
   std::vector<double> backward(static_cast<std::size_t>(layers));
   double forward = 0, total_backward = 0;
   for (int l = 0; l < layers; ++l) {
-    const double size = static_cast<double>(model.dims[static_cast<std::size_t>(l)]) * model.dims[static_cast<std::size_t>(l) + 1];
+    const double size =
+        static_cast<double>(model.dims[static_cast<std::size_t>(l)]) * model.dims[static_cast<std::size_t>(l) + 1];
     forward += size;
     backward[static_cast<std::size_t>(l)] = (l == 0 ? 1 : 2) * size;
     total_backward += backward[static_cast<std::size_t>(l)];

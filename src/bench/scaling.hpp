@@ -89,11 +89,11 @@ double overlapped_step(double compute, const ComputeShape& shape, std::span<cons
 
 struct Prediction {
   int ranks = 0;
-  double compute = 0;     // C(N), seconds
-  double allreduce = 0;   // A(N), seconds (0 on one rank)
-  double step = 0;        // C + A
+  double compute = 0;    // C(N), seconds
+  double allreduce = 0;  // A(N), seconds (0 on one rank)
+  double step = 0;       // C + A
   double step_overlap = 0;
-  double speedup = 0;     // T(1) / T(N), T(1) being rows[0]'s step: the one-rank step
+  double speedup = 0;  // T(1) / T(N), T(1) being rows[0]'s step: the one-rank step
   double speedup_overlap = 0;
   double exposed = 0, exposed_overlap = 0;  // the step minus its compute
 };

@@ -25,9 +25,7 @@ namespace {
 
 using WallClock = std::chrono::steady_clock;
 
-double seconds_after(WallClock::time_point t0) {
-  return std::chrono::duration<double>(WallClock::now() - t0).count();
-}
+double seconds_after(WallClock::time_point t0) { return std::chrono::duration<double>(WallClock::now() - t0).count(); }
 
 // The slowest rank's seconds, on every rank.
 double slowest_rank(Communicator& host, double seconds) {
@@ -85,7 +83,8 @@ nlohmann::json measure_sweep(Communicator& comm, RankTrainer& rt) {
     comm.allreduce(rt.engine->grads(), count, DType::f32, ReduceOp::avg);
     rt.engine->synchronize();
     // Enough calls for about 50 ms, the same number on every rank.
-    const int iters = static_cast<int>(std::clamp(0.05 / std::max(slowest_rank(host, seconds_after(t0)), 1e-7), 3.0, 200.0));
+    const int iters =
+        static_cast<int>(std::clamp(0.05 / std::max(slowest_rank(host, seconds_after(t0)), 1e-7), 3.0, 200.0));
     host.barrier();
     t0 = WallClock::now();
     for (int i = 0; i < iters; ++i) comm.allreduce(rt.engine->grads(), count, DType::f32, ReduceOp::avg);
@@ -179,7 +178,8 @@ std::optional<AlphaBetaFit> fit_sweeps(const std::vector<nlohmann::json>& worlds
 
 // The report's row of one N: the prediction against the world's figures, the speed-ups against the
 // one-rank step `one`.
-nlohmann::json report_row(const nlohmann::json& w, const Prediction& p, bool fitted, double gradient_bytes, double one) {
+nlohmann::json report_row(const nlohmann::json& w, const Prediction& p, bool fitted, double gradient_bytes,
+                          double one) {
   std::optional<double> measured_allreduce;
   for (const nlohmann::json& s : w.at("allreduce"))
     if (s.at("bytes").get<double>() == gradient_bytes) measured_allreduce = s.at("seconds").get<double>();
@@ -337,25 +337,28 @@ nlohmann::json make_report(const Setup& s, const std::vector<nlohmann::json>& wo
                       : nlohmann::json(nullptr)},
           {"rows", rows},
           {"extrapolated", extrapolated},
-          {"break_even", {{"predicted", int_or_null(predicted_break_even)},
-                          {"predicted_tree", int_or_null(tree_break_even)},
-                          {"measured", int_or_null(measured_break_even)}}}};
+          {"break_even",
+           {{"predicted", int_or_null(predicted_break_even)},
+            {"predicted_tree", int_or_null(tree_break_even)},
+            {"measured", int_or_null(measured_break_even)}}}};
 }
 
 void print_report(std::ostream& out, const nlohmann::json& report) {
   const nlohmann::json& rows = report.at("rows");
   const int world_size = rows.back().at("ranks").get<int>();
-  out << formatted("dpcheck bench scaling: model %s, batch %lld, engine %s, comm %s; gradient %.2f MB; buckets of %g MiB\n",
-                   report.at("model").get<std::string>().c_str(), static_cast<long long>(report.at("batch").get<std::int64_t>()),
-                   report.at("engine").get<std::string>().c_str(), report.at("comm").get<std::string>().c_str(),
-                   report.at("gradient_bytes").get<double>() / 1e6, report.at("bucket_mb").get<double>());
+  out << formatted(
+      "dpcheck bench scaling: model %s, batch %lld, engine %s, comm %s; gradient %.2f MB; buckets of %g MiB\n",
+      report.at("model").get<std::string>().c_str(), static_cast<long long>(report.at("batch").get<std::int64_t>()),
+      report.at("engine").get<std::string>().c_str(), report.at("comm").get<std::string>().c_str(),
+      report.at("gradient_bytes").get<double>() / 1e6, report.at("bucket_mb").get<double>());
   if (const nlohmann::json& fit = report.at("fit"); !fit.is_null()) {
     const double beta_gbs = fit.at("beta_gbs").get<double>();
-    out << formatted("all-reduce, ring alpha-beta fit over %zu timings (N = 2..%d): alpha %.1f us, beta %s, "
-                     "rms relative error %.0f%%\n",
-                     fit.at("samples").get<std::size_t>(), world_size, fit.at("alpha_us").get<double>(),
-                     beta_gbs > 0 ? formatted("%.2f GB/s", beta_gbs).c_str() : "unbounded (latency alone fits best)",
-                     fit.at("rms_relative_error").get<double>() * 100);
+    out << formatted(
+        "all-reduce, ring alpha-beta fit over %zu timings (N = 2..%d): alpha %.1f us, beta %s, "
+        "rms relative error %.0f%%\n",
+        fit.at("samples").get<std::size_t>(), world_size, fit.at("alpha_us").get<double>(),
+        beta_gbs > 0 ? formatted("%.2f GB/s", beta_gbs).c_str() : "unbounded (latency alone fits best)",
+        fit.at("rms_relative_error").get<double>() * 100);
   }
   out << "times in ms per step; error = measured / predicted; exposed = communication the step did not hide\n";
   out << formatted("%4s %9s %9s %9s | %9s %9s %6s %7s %7s | %9s %9s %6s %7s %7s | %8s %8s\n", "N", "compute", "allred",
@@ -381,9 +384,9 @@ void print_report(std::ostream& out, const nlohmann::json& report) {
            "(latency 2(N - 1) alpha) and as a double binary tree (2 log2 N alpha)\n";
     out << formatted("%6s %9s %9s %9s %8s %8s\n", "N", "compute", "ring", "tree", "S ring", "S tree");
     for (const nlohmann::json& r : ext)
-      out << formatted("%6d %9.3f %9.3f %9.3f %8.2f %8.2f\n", r.at("ranks").get<int>(), r.at("compute_ms").get<double>(),
-                       r.at("ring_ms").get<double>(), r.at("tree_ms").get<double>(), r.at("speedup_ring").get<double>(),
-                       r.at("speedup_tree").get<double>());
+      out << formatted("%6d %9.3f %9.3f %9.3f %8.2f %8.2f\n", r.at("ranks").get<int>(),
+                       r.at("compute_ms").get<double>(), r.at("ring_ms").get<double>(), r.at("tree_ms").get<double>(),
+                       r.at("speedup_ring").get<double>(), r.at("speedup_tree").get<double>());
   }
   out << "break-even (exposed all-reduce >= compute): predicted " << n_text(predicted)
       << (!predicted.is_null() && predicted.get<int>() > world_size ? " (beyond the sweep: c0 + c1/N and the fit)" : "")

@@ -19,10 +19,10 @@ namespace dpcheck::scaling {
 
 // What bench scaling measures, and how long.
 struct Setup {
-  Target target;       // engine and communicator (in a worker, its process world and world size)
-  TrainConfig train;   // the trainer's, from train_config
-  int steps = 5;       // timed steps of each measurement; the median is reported
-  int warmup = 2;      // untimed steps first
+  Target target;         // engine and communicator (in a worker, its process world and world size)
+  TrainConfig train;     // the trainer's, from train_config
+  int steps = 5;         // timed steps of each measurement; the median is reported
+  int warmup = 2;        // untimed steps first
   double bucket_mb = 1;  // the bucket size of the overlapped rows, MiB
 };
 
@@ -45,7 +45,8 @@ nlohmann::json measure_world(const Setup& setup, Communicator& comm);
 // unless the target's backend needs a launcher; then each N is `mpirun -np N <this binary>
 // worker_args...`, whose rank 0 prints its figures under worker_world_prefix (UsageError when mpirun is
 // not on PATH). on_world(N) is called before each N is measured.
-std::vector<nlohmann::json> measure_worlds(const Setup& setup, int world_size, const std::vector<std::string>& worker_args,
+std::vector<nlohmann::json> measure_worlds(const Setup& setup, int world_size,
+                                           const std::vector<std::string>& worker_args,
                                            const std::function<void(int n)>& on_world);
 
 // The report of bench scaling from each N's figures (worlds[i] for N = i + 1): the alpha-beta fit over

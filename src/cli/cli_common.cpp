@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -87,9 +87,10 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
     for (std::size_t i = 0; i < extra.size() && i < 5; ++i) names += (i ? ", " : "") + extra[i];
     if (extra.size() > 5) names += " and " + std::to_string(extra.size() - 5) + " more";
     throw UsageError("--init " + dir + " holds files that are not parameters of model " + dims_string(model.dims) +
-                     ": " + names + (std::filesystem::exists(std::filesystem::path(dir) / "manifest.json")
-                                         ? " (a checkpoint continues with --resume)"
-                                         : ""));
+                     ": " + names +
+                     (std::filesystem::exists(std::filesystem::path(dir) / "manifest.json")
+                          ? " (a checkpoint continues with --resume)"
+                          : ""));
   }
   std::vector<float> params(layout.size());
   for (const Slice& s : layout.slices()) {
@@ -144,8 +145,7 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
-Progress::Progress(bool enabled)
-    : enabled_(enabled), start_(std::chrono::steady_clock::now()), last_(start_) {}
+Progress::Progress(bool enabled) : enabled_(enabled), start_(std::chrono::steady_clock::now()), last_(start_) {}
 
 Progress::~Progress() { done(); }
 
@@ -196,7 +196,8 @@ std::string option_label(const CLI::Option& opt) {
 // int64 (uint64 without a sign): anything else is refused rather than read as hex, octal or a clamped value.
 void check_integer_text(const std::string& label, const std::string& text, bool is_unsigned) {
   const std::string_view digits = std::string_view(text).substr(!is_unsigned && text.starts_with('-') ? 1 : 0);
-  const bool decimal = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+  const bool decimal = !digits.empty() &&
+                       std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
                        (digits.size() == 1 || digits[0] != '0');
   bool fits = false;
   if (decimal) {
@@ -212,7 +213,8 @@ void check_integer_text(const std::string& label, const std::string& text, bool 
   }
   if (!fits)
     throw UsageError(label + " '" + text + "': give a whole number in decimal, from " +
-                     (is_unsigned ? std::string("0") : std::to_string(std::numeric_limits<std::int64_t>::min())) + " to " +
+                     (is_unsigned ? std::string("0") : std::to_string(std::numeric_limits<std::int64_t>::min())) +
+                     " to " +
                      (is_unsigned ? std::to_string(std::numeric_limits<std::uint64_t>::max())
                                   : std::to_string(std::numeric_limits<std::int64_t>::max())));
 }
@@ -248,7 +250,8 @@ void check_options_of(const CLI::App& sub) {
     }
   }
   for (std::size_t i = 0; i < outputs.size(); ++i) {
-    for (const auto& [in_label, in_path] : inputs) check_not_an_input(outputs[i].second, outputs[i].first, in_path, in_label);
+    for (const auto& [in_label, in_path] : inputs)
+      check_not_an_input(outputs[i].second, outputs[i].first, in_path, in_label);
     for (std::size_t j = 0; j < i; ++j)
       if (output_identity(outputs[i].second) == output_identity(outputs[j].second))
         throw UsageError(outputs[j].first + " and " + outputs[i].first + " name the same file, " + outputs[i].second +
@@ -265,8 +268,9 @@ void check_parsed_options(const CLI::App& app) { check_options_of(app); }
 
 std::chrono::milliseconds parse_timeout(double seconds, std::string_view option) {
   if (!(seconds >= 0.001 && seconds <= max_timeout_s))
-    throw UsageError(std::string(option) + " " + float_text(seconds) + ": give the seconds a collective may wait, from 0.001 to " +
-                     float_text(max_timeout_s) + " (a day)");
+    throw UsageError(std::string(option) + " " + float_text(seconds) +
+                     ": give the seconds a collective may wait, from 0.001 to " + float_text(max_timeout_s) +
+                     " (a day)");
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
 }
 
@@ -276,12 +280,13 @@ void TimeoutOption::add_to(CLI::App& sub) {
 }
 
 void PrecisionOption::add_to(CLI::App& sub) {
-  sub.add_option("--precision", name,
-                 "fp32 (default), bf16 or fp16: autocast's mixed precision on the cpu engine. Each matrix product's "
-                 "inputs are rounded to the format (nearest even) and accumulate in float32; activations, losses, "
-                 "master weights and optimizer state stay float32; the float64 reference rounds as the model does, and the "
-                 "bound carries each rounded activation or delta exactly, or its whole width where a rounding boundary lies "
-                 "within its error");
+  sub.add_option(
+      "--precision", name,
+      "fp32 (default), bf16 or fp16: autocast's mixed precision on the cpu engine. Each matrix product's "
+      "inputs are rounded to the format (nearest even) and accumulate in float32; activations, losses, "
+      "master weights and optimizer state stay float32; the float64 reference rounds as the model does, and the "
+      "bound carries each rounded activation or delta exactly, or its whole width where a rounding boundary lies "
+      "within its error");
 }
 
 void AllreduceDtypeOption::add_to(CLI::App& sub) {
@@ -291,17 +296,19 @@ void AllreduceDtypeOption::add_to(CLI::App& sub) {
 }
 
 void LossScaleOptions::add_to(CLI::App& sub) {
-  sub.add_option("--loss-scale", kind,
-                 "none or dynamic (PyTorch GradScaler's semantics: the backward pass runs at a power-of-two scale, "
-                 "a step whose gradient is non-finite on any rank is skipped on every rank and the scale halves, and "
-                 "it doubles after --loss-scale-interval good steps). Default: dynamic with --precision fp16, else none");
+  sub.add_option(
+      "--loss-scale", kind,
+      "none or dynamic (PyTorch GradScaler's semantics: the backward pass runs at a power-of-two scale, "
+      "a step whose gradient is non-finite on any rank is skipped on every rank and the scale halves, and "
+      "it doubles after --loss-scale-interval good steps). Default: dynamic with --precision fp16, else none");
   sub.add_option("--loss-scale-init", init, "The scaler's first scale, a power of two (default 65536)");
   sub.add_option("--loss-scale-interval", interval, "Good steps before the scale doubles (default 2000)");
 }
 
 LossScalerConfig LossScaleOptions::config(Precision precision) const {
   LossScalerConfig c;
-  c.kind = kind.empty() ? (precision == Precision::fp16 ? LossScaling::dynamic : LossScaling::none) : parse_loss_scaling(kind);
+  c.kind = kind.empty() ? (precision == Precision::fp16 ? LossScaling::dynamic : LossScaling::none)
+                        : parse_loss_scaling(kind);
   c.init_scale = init;
   c.growth_interval = interval;
   if (!c.enabled() && (init != 65536 || interval != 2000))
@@ -376,7 +383,8 @@ std::string TargetOptions::flags(const Target& t) {
 std::uint64_t parse_seed(std::string_view text, std::string_view option) {
   std::uint64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool digits =
+      !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (!digits || ec != std::errc() || end != text.data() + text.size())
     throw UsageError(std::string(option) + " '" + std::string(text) + "': give a whole number from 0 to " +
                      std::to_string(std::numeric_limits<std::uint64_t>::max()));
@@ -448,11 +456,12 @@ MachineLimits machine_limits() {
           static_cast<double>(::sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE)),
           "available pages (sysconf)");
   // A container's cgroup (v2, then v1) may allow less than the machine has free.
-  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-                                     std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                               "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+  for (const auto& [limit, usage] :
+       {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+        std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
     const auto l = number_in(limit);
-    if (l && *l < 1e18) lower(m.memory_bytes, m.memory_source, *l - number_in(usage).value_or(0), "the cgroup's memory limit");
+    if (l && *l < 1e18)
+      lower(m.memory_bytes, m.memory_source, *l - number_in(usage).value_or(0), "the cgroup's memory limit");
   }
   for (const auto& [resource, name] : {std::pair{RLIMIT_AS, "ulimit -v"}, std::pair{RLIMIT_DATA, "ulimit -d"}}) {
     struct rlimit r {};
@@ -489,7 +498,9 @@ void check_train_size(const TrainConfig& t, int world, const Target& target, boo
   const Backend* row = find_registered_backend(target.comm);
   needs.ranks_are_threads = target.process_world == nullptr && !(row && row->simulated);
   needs.replicas_on_host = find_engine(target.engine).memory == MemorySpace::host;
-  needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam ? 2 : t.optimizer.kind == OptimizerKind::momentum ? 1 : 0;
+  needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam       ? 2
+                           : t.optimizer.kind == OptimizerKind::momentum ? 1
+                                                                         : 0;
   needs.reference = reference;
   check_run_size(needs);
 }
@@ -499,9 +510,10 @@ void check_run_size(const RunSize& run, const MachineLimits& machine) {
   const std::string world_text = "--world-size " + std::to_string(run.world_size);
   // A few threads beside the ranks: the main thread, the launcher's, the timeout watchers.
   if (run.ranks_are_threads && run.world_size > 1 && static_cast<double>(machine.threads) < n + 8)
-    throw UsageError(world_text + " is too big for this machine: its ranks run as threads of one process, and this "
-                     "process may start at most " + std::to_string(machine.threads) + " threads (" +
-                     machine.threads_source + ")");
+    throw UsageError(world_text +
+                     " is too big for this machine: its ranks run as threads of one process, and this "
+                     "process may start at most " +
+                     std::to_string(machine.threads) + " threads (" + machine.threads_source + ")");
 
   // Bytes, in double so that no product overflows. Each factor is an upper estimate measured on the cpu
   // engine (resident memory of train and grad against model, batch and world size), with room to spare.
@@ -532,16 +544,14 @@ void check_run_size(const RunSize& run, const MachineLimits& machine) {
   std::string culprit;
   if (largest == model_bytes)
     culprit = "--model " + dims_string(run.model.dims) + " (" + std::to_string(static_cast<std::int64_t>(p)) +
-              " parameters" + (replicas > 1 ? ", " + std::to_string(run.world_size) + " replicas" : std::string()) + ")";
-  else if (largest == batch_bytes)
-    culprit = "--batch " + std::to_string(run.batch);
-  else if (largest == dataset_bytes)
-    culprit = "--dataset-size " + std::to_string(static_cast<std::int64_t>(dataset));
-  else
-    culprit = world_text;
+              " parameters" + (replicas > 1 ? ", " + std::to_string(run.world_size) + " replicas" : std::string()) +
+              ")";
+  else if (largest == batch_bytes) culprit = "--batch " + std::to_string(run.batch);
+  else if (largest == dataset_bytes) culprit = "--dataset-size " + std::to_string(static_cast<std::int64_t>(dataset));
+  else culprit = world_text;
   require_memory(total, culprit,
-                 "model " + gib(model_bytes) + ", batch " + gib(batch_bytes) + ", data set order " + gib(dataset_bytes) +
-                     ", ranks " + gib(world_bytes),
+                 "model " + gib(model_bytes) + ", batch " + gib(batch_bytes) + ", data set order " +
+                     gib(dataset_bytes) + ", ranks " + gib(world_bytes),
                  machine);
 }
 
@@ -549,8 +559,8 @@ void require_memory(double bytes, const std::string& input, const std::string& p
   // The estimates are generous; the margin is for what else runs on the machine meanwhile.
   if (bytes <= 0.9 * machine.memory_bytes) return;
   throw UsageError(input + " is too big for this machine: the run needs about " + gib(bytes) + " of memory" +
-                   (parts.empty() ? "" : " (" + parts + ")") + " and " + gib(machine.memory_bytes) +
-                   " is available (" + machine.memory_source + ")");
+                   (parts.empty() ? "" : " (" + parts + ")") + " and " + gib(machine.memory_bytes) + " is available (" +
+                   machine.memory_source + ")");
 }
 
 // ---- agreement across the processes of a launcher -----------------------------------------------

@@ -69,9 +69,9 @@ std::string counted(long long n, const char* noun);
 void check_parsed_options(const CLI::App& app);
 
 // Writes "dpcheck: error: <message>" and a newline to standard error (after flushing standard output)
-// in one write(2), with control characters escaped so that the message stays one line, so that the lines of several ranks sharing a terminal never interleave mid-line.
+// in one write(2), with control characters escaped so that the message stays one line, so that the lines of several
+// ranks sharing a terminal never interleave mid-line.
 void print_error(std::string_view message);
-
 
 // Text for an XML attribute or element (JUnit reports): & < > " and newlines escaped.
 std::string xml_escape(const std::string& s);
@@ -247,9 +247,9 @@ struct MachineLimits {
 MachineLimits machine_limits();
 
 struct RunSize {
-  ModelConfig model;              // may be left empty where the command draws small models itself (verify)
-  std::int64_t batch = 1;         // examples in one step's global batch
-  std::int64_t dataset = 0;       // examples the sampler orders every epoch (0: batch)
+  ModelConfig model;         // may be left empty where the command draws small models itself (verify)
+  std::int64_t batch = 1;    // examples in one step's global batch
+  std::int64_t dataset = 0;  // examples the sampler orders every epoch (0: batch)
   int world_size = 1;
   bool ranks_are_threads = true;  // every rank in this process (local, cuda-local, nccl without launcher)
   bool replicas_on_host = true;   // the cpu engine; the GPU engines keep their replicas on the device

@@ -1,8 +1,8 @@
 // `dpcheck audit`: runs a command (usually an MPI launch of a training program) with the write-audit
 // library preloaded into every process, then prints every write-intent call grouped by rank and judges
 // them: only rank 0 may write outside the allowed paths (src/audit/audit.hpp).
-#include <CLI/CLI.hpp>
 #include <signal.h>
+#include <CLI/CLI.hpp>
 
 #include <iostream>
 #include <memory>

@@ -8,10 +8,10 @@
 // for each N it starts `mpirun -np N <this binary> bench allreduce-worker ...` (a hidden subcommand),
 // whose rank 0 prints its rows as one JSON line (src/bench/allreduce_run.hpp runs it all).
 #include <CLI/CLI.hpp>
-#include <charconv>
-#include <cmath>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -23,10 +23,10 @@
 
 #include "divergence/trace.hpp"
 #include "src/backends.hpp"
-#include "src/choice.hpp"
 #include "src/bench/allreduce_run.hpp"
 #include "src/bench/bench.hpp"
 #include "src/bench/bench_cpu_step.hpp"
+#include "src/choice.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/cmd_bench_scaling.hpp"
 #include "src/cli/commands.hpp"
@@ -82,9 +82,9 @@ int run_allreduce(const AllreduceArgs& args) {
   // the ranks are threads here or processes on this machine.
   const std::size_t largest = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
   const int most_ranks = *std::max_element(cfg.ranks.begin(), cfg.ranks.end());
-  require_memory(3.0 * static_cast<double>(largest) * most_ranks,
-                 "--sizes " + args.sizes + " (" + std::to_string(largest) + " bytes on each of " +
-                     std::to_string(most_ranks) + " ranks)");
+  require_memory(3.0 * static_cast<double>(largest) * most_ranks, "--sizes " + args.sizes + " (" +
+                                                                      std::to_string(largest) + " bytes on each of " +
+                                                                      std::to_string(most_ranks) + " ranks)");
 
   const bench::AllreduceResult r = bench::run_allreduce(plan, cfg);
   bench::print_allreduce_table(std::cout, r.baseline, r.rows, plan.notes);
@@ -114,8 +114,8 @@ int run_allreduce_worker(const WorkerArgs& args) {
 
 struct StepArgs {
   TargetOptions target;  // --engine; empty: the device engine where a GPU is, else the host one
-  std::string models;  // empty: the engine's default
-  int warmup = 0;      // 0 and 0: the engine's defaults
+  std::string models;    // empty: the engine's default
+  int warmup = 0;        // 0 and 0: the engine's defaults
   int repeats = 0;
   std::string python = "python3";
   std::string torch_script;  // empty: kTorchScript, found by find_torch_script
@@ -168,8 +168,8 @@ std::vector<cuda::StepModel> parse_models(const std::string& text) {
       const auto goal_end = std::from_chars(goal.data(), goal.data() + goal.size(), m.goal);
       // The goal is a ratio to the best GEMM's time: a finite number from 0 (none) up; nan, inf and
       // negative numbers would make every verdict the same.
-      if (goal.empty() || goal_end.ec != std::errc() || goal_end.ptr != goal.data() + goal.size() || !std::isfinite(m.goal) ||
-          m.goal < 0 || m.goal > 1000)
+      if (goal.empty() || goal_end.ec != std::errc() || goal_end.ptr != goal.data() + goal.size() ||
+          !std::isfinite(m.goal) || m.goal < 0 || m.goal > 1000)
         throw UsageError("bad --models item '" + item + "': GOAL '" + goal +
                          "' must be a finite ratio from 0 to 1000 (the step's speed against the best GEMM's)");
     }
@@ -258,8 +258,9 @@ int run_cpu_step(const StepArgs& a, bool warmup_given, bool repeats_given, const
   bench::print_cpu_step_table(std::cout, results);
   if (!a.json.empty()) write_file_atomic(a.json, bench::cpu_step_json(results).dump(2) + "\n");
   if (!a.html.empty())
-    write_file_atomic(a.html, html::bench_page(bench::cpu_step_json(results),
-                                               "bench step --engine " + std::string(engine_for_memory(MemorySpace::host).name)));
+    write_file_atomic(
+        a.html, html::bench_page(bench::cpu_step_json(results),
+                                 "bench step --engine " + std::string(engine_for_memory(MemorySpace::host).name)));
   // Only the bits decide: a ratio on a shared machine is a figure to read, not a check.
   bool ok = true;
   for (const bench::CpuStepResult& r : results) ok &= r.same_bits;
@@ -278,8 +279,8 @@ int run_step(const StepArgs& a, bool warmup_given, bool repeats_given) {
     const cuda::Plugin* p = cuda_plugin(&why);
     engine = p != nullptr && p->device_available(&why) ? gpu : host;
     if (engine == host)
-      note = "# no GPU for the " + gpu + " benchmark (" + why + "): the " + host + " one; --engine " + gpu + " or " + host +
-             " to choose";
+      note = "# no GPU for the " + gpu + " benchmark (" + why + "): the " + host + " one; --engine " + gpu + " or " +
+             host + " to choose";
   }
   const EngineRow* row = nullptr;
   try {
@@ -342,7 +343,8 @@ int run_trace_bench(TraceArgs& a) {
   if (!a.html.empty()) check_output_path(a.html, "--html");
   const SyntheticDataset data(t.data_size(), t.model, t.seed);
   const std::vector<std::string> state_names = make_cpu_optimizer(t.optimizer, 0)->state_names();
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dpcheck-bench-trace-" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("dpcheck-bench-trace-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::vector<double> plain, traced;
   std::size_t line_bytes = 0;
@@ -378,9 +380,14 @@ int run_trace_bench(TraceArgs& a) {
   std::printf("%-22s %12.3f\n", "step", p * 1e3);
   std::printf("%-22s %12.3f\n", "step with --trace", q * 1e3);
   std::printf("trace cost: %.2f%% of the step (goal under 5%%), %zu bytes a line\n", overhead * 100, line_bytes);
-  const nlohmann::json figures{{"model", dims_string(t.model.dims)}, {"batch", t.batch},   {"world_size", world},
-                               {"engine", target.engine},               {"step_s", p},        {"traced_step_s", q},
-                               {"overhead", overhead},              {"line_bytes", line_bytes}};
+  const nlohmann::json figures{{"model", dims_string(t.model.dims)},
+                               {"batch", t.batch},
+                               {"world_size", world},
+                               {"engine", target.engine},
+                               {"step_s", p},
+                               {"traced_step_s", q},
+                               {"overhead", overhead},
+                               {"line_bytes", line_bytes}};
   if (!a.json.empty()) write_file_atomic(a.json, figures.dump(2) + "\n");
   if (!a.html.empty()) write_file_atomic(a.html, html::bench_page(figures, "bench trace"));
   return exit_ok;
@@ -388,19 +395,16 @@ int run_trace_bench(TraceArgs& a) {
 
 // `bench allreduce`, and the hidden `bench allreduce-worker` that it starts under mpirun.
 BenchCommand add_bench_allreduce(CLI::App& bench) {
-  CLI::App* allreduce = bench.add_subcommand(
-      "allreduce",
-      "In-place float32 sum all-reduce per world size and message size, with a 0-ULP check of "
-      "every element (#wrong) and a memcpy baseline measured in the same run");
+  CLI::App* allreduce =
+      bench.add_subcommand("allreduce",
+                           "In-place float32 sum all-reduce per world size and message size, with a 0-ULP check of "
+                           "every element (#wrong) and a memcpy baseline measured in the same run");
   auto args = std::make_shared<AllreduceArgs>();
-  allreduce
-      ->add_option("--sizes", args->sizes, "Message sizes in bytes, comma-separated; K, M and G are binary")
+  allreduce->add_option("--sizes", args->sizes, "Message sizes in bytes, comma-separated; K, M and G are binary")
       ->capture_default_str();
   allreduce->add_option("--ranks", args->ranks, "World sizes, comma-separated")->capture_default_str();
-  allreduce->add_option("--iters", args->iters,
-                        "Timed calls per row (default: enough for about 0.25 s a row)");
-  allreduce->add_option("--warmup", args->warmup, "Untimed calls before timing each row")
-      ->capture_default_str();
+  allreduce->add_option("--iters", args->iters, "Timed calls per row (default: enough for about 0.25 s a row)");
+  allreduce->add_option("--warmup", args->warmup, "Untimed calls before timing each row")->capture_default_str();
   allreduce->add_option("--json", args->json, "Also write the table as JSON to this file");
   allreduce->add_option("--html", args->html, "Also write the table as one self-contained HTML page to this file");
   // The backends are rows of the backend table (src/backends.hpp), described as its Backend::bench says.
@@ -440,24 +444,27 @@ BenchCommand add_bench_step(CLI::App& bench) {
   // against bare GEMMs and PyTorch.
   const std::string host(engine_for_memory(MemorySpace::host).name), gpu(engine_for_memory(MemorySpace::device).name);
   CLI::App* step = bench.add_subcommand(
-      "step", "The trainer's step (forward, MSE, backward, SGD): the CUDA engine's against PyTorch's on the same GPU, or "
-              "the CPU engine's against bare GEMMs of the step's shapes on each code path and PyTorch's on as many "
-              "threads, in the same run");
+      "step",
+      "The trainer's step (forward, MSE, backward, SGD): the CUDA engine's against PyTorch's on the same GPU, or "
+      "the CPU engine's against bare GEMMs of the step's shapes on each code path and PyTorch's on as many "
+      "threads, in the same run");
   auto sargs = std::make_shared<StepArgs>();
   sargs->target.engine.clear();
   sargs->target.add_to(*step, target_option::engine);
-  sargs->target.reword("--engine", gpu + " (against PyTorch) or " + host + " (against bare GEMMs and PyTorch); default: " + gpu +
-                                       " where a GPU is, else " + host);
+  sargs->target.reword("--engine", gpu + " (against PyTorch) or " + host +
+                                       " (against bare GEMMs and PyTorch); default: " + gpu + " where a GPU is, else " +
+                                       host);
   step->add_option("--models", sargs->models,
                    "Models as DIMS@BATCH[:GOAL], ';'-separated; GOAL is the step time over PyTorch's (" + gpu +
                        ", default " + std::string(kGpuStepModels) + ") or the step's GFLOP/s over the best GEMM's (" +
                        host + ", default " + std::string(kCpuStepModels) + ")");
   CLI::Option* step_warmup = step->add_option(
       "--warmup", sargs->warmup, "Untimed steps (and GEMM rounds) first; default 10 (" + gpu + "), 1 (" + host + ")");
-  CLI::Option* step_repeats =
-      step->add_option("--repeats", sargs->repeats,
-                       "Timed steps (and GEMM rounds); the median is reported; default 50 (" + gpu + "), 7 (" + host + ")");
-  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline (both engines)")->capture_default_str();
+  CLI::Option* step_repeats = step->add_option(
+      "--repeats", sargs->repeats,
+      "Timed steps (and GEMM rounds); the median is reported; default 50 (" + gpu + "), 7 (" + host + ")");
+  step->add_option("--python", sargs->python, "Python with PyTorch for the baseline (both engines)")
+      ->capture_default_str();
   step->add_option("--torch-script", sargs->torch_script,
                    "The PyTorch baseline script; default: " + std::string(kTorchScript) +
                        " in the working directory, else in a directory above this binary");
@@ -493,7 +500,8 @@ BenchCommand add_bench_hash(CLI::App& bench) {
 
 BenchCommand add_bench_trace(CLI::App& bench) {
   CLI::App* trace = bench.add_subcommand(
-      "trace", "What train --trace costs, as a fraction of the step: the same run with and without it, steps interleaved");
+      "trace",
+      "What train --trace costs, as a fraction of the step: the same run with and without it, steps interleaved");
   auto targs = std::make_shared<TraceArgs>();
   targs->model.dims = "784,256,10";
   targs->model.loss = "cross-entropy";
@@ -540,7 +548,8 @@ Runner add_bench(CLI::App& app) {
     if (!extra.empty()) {
       std::vector<std::string> names;
       for (const BenchCommand& c : commands) names.insert(names.end(), c.names.begin(), c.names.end());
-      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: " + joined_list(names, ", ") + ")");
+      throw UsageError("bench: unknown benchmark '" + extra.front() + "' (available: " + joined_list(names, ", ") +
+                       ")");
     }
     std::cerr << bench->help();
     return exit_usage;

@@ -46,7 +46,8 @@ std::vector<int> rounding_worlds(int max_world) {
 std::vector<std::vector<float>> normal_inputs(int world, int elements, Precision format, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<std::vector<float>> in(static_cast<std::size_t>(world), std::vector<float>(static_cast<std::size_t>(elements)));
+  std::vector<std::vector<float>> in(static_cast<std::size_t>(world),
+                                     std::vector<float>(static_cast<std::size_t>(elements)));
   for (auto& rank : in)
     for (float& v : rank) v = round_to_precision(normal(rng), format);
   return in;
@@ -82,11 +83,13 @@ int run_rounding(const RoundingArgs& a) {
   }
   if (!a.json.empty()) check_output_path(a.json, "--json");
 
-  std::printf("dpcheck bench rounding: %s all-reduce (avg) of %d elements a rank, inputs N(0, 1) rounded to %s, seed %llu\n",
-              std::string(precision_name(format)).c_str(), a.elements, std::string(precision_name(format)).c_str(),
-              static_cast<unsigned long long>(a.seed));
-  std::printf("error: |result - float64 average| / mean |input|, largest over the elements (mean in brackets); "
-              "bound: gamma of the schedule's roundings\n\n");
+  std::printf(
+      "dpcheck bench rounding: %s all-reduce (avg) of %d elements a rank, inputs N(0, 1) rounded to %s, seed %llu\n",
+      std::string(precision_name(format)).c_str(), a.elements, std::string(precision_name(format)).c_str(),
+      static_cast<unsigned long long>(a.seed));
+  std::printf(
+      "error: |result - float64 average| / mean |input|, largest over the elements (mean in brackets); "
+      "bound: gamma of the schedule's roundings\n\n");
   std::printf("%7s", "N");
   for (const reference::ScheduleOptions& o : schedules) {
     const std::string name = reference::schedule_text(o);
@@ -101,7 +104,8 @@ int run_rounding(const RoundingArgs& a) {
     for (const reference::ScheduleOptions& o : schedules) {
       const reference::ScheduleError e = reference::measure_schedule_error(o, inputs);
       std::printf("  %10s [%9s]  %9s", shown(e.max).c_str(), shown(e.mean).c_str(), shown(e.bound).c_str());
-      row[reference::schedule_text(o)] = {{"max", e.max}, {"mean", e.mean},
+      row[reference::schedule_text(o)] = {{"max", e.max},
+                                          {"mean", e.mean},
                                           {"bound", std::isinf(e.bound) ? nlohmann::json() : nlohmann::json(e.bound)}};
     }
     std::printf("\n");
@@ -109,7 +113,8 @@ int run_rounding(const RoundingArgs& a) {
     rows.push_back(std::move(row));
   }
   if (!a.json.empty()) {
-    const nlohmann::json report{{"format", precision_name(format)}, {"elements", a.elements}, {"seed", a.seed}, {"rows", rows}};
+    const nlohmann::json report{
+        {"format", precision_name(format)}, {"elements", a.elements}, {"seed", a.seed}, {"rows", rows}};
     write_file_atomic(a.json, report.dump(2) + "\n");
   }
   return exit_ok;

@@ -74,11 +74,11 @@ std::string exact_text(double v) {
 }
 
 std::vector<std::string> worker_args(const ScalingArgs& a) {
-  return {"bench",    "scaling-worker", "--model",     a.model.dims,
-          "--activation", a.model.activation, "--loss", a.model.loss,
-          "--batch",  std::to_string(a.batch), "--steps", std::to_string(a.steps),
-          "--warmup", std::to_string(a.warmup), "--bucket-mb", exact_text(a.bucket_mb),
-          "--engine", a.target.engine, "--comm", target_of(a).comm};
+  return {"bench",        "scaling-worker",         "--model",     a.model.dims,
+          "--activation", a.model.activation,       "--loss",      a.model.loss,
+          "--batch",      std::to_string(a.batch),  "--steps",     std::to_string(a.steps),
+          "--warmup",     std::to_string(a.warmup), "--bucket-mb", exact_text(a.bucket_mb),
+          "--engine",     a.target.engine,          "--comm",      target_of(a).comm};
 }
 
 void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
@@ -89,7 +89,8 @@ void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
                      std::to_string(a.world_size) + " ranks of --world-size");
   if (a.steps < 1) throw UsageError("--steps must be at least 1");
   if (a.warmup < 0) throw UsageError("--warmup must be at least 0");
-  if (!(a.bucket_mb > 0)) throw UsageError("--bucket-mb must be above 0: the buckets bench scaling compares against one all-reduce");
+  if (!(a.bucket_mb > 0))
+    throw UsageError("--bucket-mb must be above 0: the buckets bench scaling compares against one all-reduce");
   bucket_elements(a.bucket_mb);
   Target target = target_of(a);
   target.process_world = worker_world;
@@ -97,8 +98,7 @@ void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
   // A backend whose ranks are a launcher's processes is checked by the workers, under the mpirun that
   // bench scaling starts for each N.
   const Backend& row = backend_for(target.engine, target.comm);
-  if (worker || !row.needs_launcher())
-    validate_target(target);
+  if (worker || !row.needs_launcher()) validate_target(target);
   else if (!mpi_available())
     throw UsageError("--comm " + target.comm + ": this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");
   const TrainConfig t = scaling::train_config(a.model.config(), a.batch);
@@ -128,7 +128,8 @@ int run_scaling(const ScalingArgs& a) {
 
 int run_scaling_worker(const ScalingArgs& a) {
   Communicator* world = process_world();
-  if (world == nullptr) throw UsageError("bench scaling-worker runs under mpirun, as `dpcheck bench scaling` starts it");
+  if (world == nullptr)
+    throw UsageError("bench scaling-worker runs under mpirun, as `dpcheck bench scaling` starts it");
   ScalingArgs w = a;
   w.world_size = world->size();
   validate(w, world);

@@ -86,12 +86,8 @@ nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world
     if (p["option"] == (o.target.kernels.empty() ? "--comm" : "--kernels"))
       for (const char* key : {"name", "version", "abi", "dtypes", "ops"})
         if (p.contains(key)) plugin[key] = p[key];
-  return {{"passed", passed},
-          {"seed", seed},
-          {"thorough", o.thorough},
-          {"plugin", plugin},
-          {"world_size", world},
-          {"checks", conform_rows_json(rows)}};
+  return {{"passed", passed}, {"seed", seed},        {"thorough", o.thorough},
+          {"plugin", plugin}, {"world_size", world}, {"checks", conform_rows_json(rows)}};
 }
 
 std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& rows) {
@@ -104,8 +100,8 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
   }
   std::ostringstream x;
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"dpcheck conform ("
-    << xml_escape(plugin_title(o)) << ")\" tests=\"" << rows.size() << "\" failures=\"" << failures
-    << "\" skipped=\"" << skipped << "\" time=\"" << total << "\">\n"
+    << xml_escape(plugin_title(o)) << ")\" tests=\"" << rows.size() << "\" failures=\"" << failures << "\" skipped=\""
+    << skipped << "\" time=\"" << total << "\">\n"
     << plugins_junit(o.target);
   for (const ConformRow& r : rows) {
     x << "  <testcase classname=\"dpcheck.conform." << xml_escape(r.section) << "\" name=\"" << xml_escape(r.check)
@@ -114,8 +110,8 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
     if (r.verdict == ConformVerdict::unsupported)
       x << "    <skipped message=\"unsupported: " << xml_escape(r.detail) << "\"/>\n";
     if (r.verdict == ConformVerdict::fail)
-      x << "    <failure message=\"" << xml_escape(r.promise) << "\">" << xml_escape(r.detail) << "\nminimal case: "
-        << xml_escape(r.minimal) << "\nreplay: " << xml_escape(r.replay) << "</failure>\n";
+      x << "    <failure message=\"" << xml_escape(r.promise) << "\">" << xml_escape(r.detail)
+        << "\nminimal case: " << xml_escape(r.minimal) << "\nreplay: " << xml_escape(r.replay) << "</failure>\n";
     x << "    <system-out>" << xml_escape(r.detail) << "</system-out>\n  </testcase>\n";
   }
   x << "</testsuite>\n</testsuites>\n";
@@ -135,18 +131,21 @@ int check_conform_request(ConformCliOptions& o) {
   // A built-in backend is checked as a plugin is: mpi-native under mpirun is MPI's own collectives, whose
   // algorithm Open MPI's MCA parameters choose (docs: "MPI's own all-reduce").
   if (!kernels && !looks_like_plugin_path(o.target.comm) && o.target.comm == default_comm(o.target.engine))
-    throw UsageError("--comm " + o.target.comm + ": conform checks a communicator other than dpcheck's default; give "
+    throw UsageError("--comm " + o.target.comm +
+                     ": conform checks a communicator other than dpcheck's default; give "
                      "the path to a plugin's shared object (e.g. ./libmy_comm.so) or another backend (mpi-native)");
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
   if (!(o.max_mib >= 0 && o.max_mib <= 4096)) throw UsageError("--max-mib must be in [0, 4096]");
   if (o.max_size < 1 || o.max_size > 4096) throw UsageError("--max-size must be in [1, 4096]");
-  if (o.max_size_given && !kernels) throw UsageError("--max-size is for kernel plugins (--kernels); a communicator's buffers take --max-mib");
+  if (o.max_size_given && !kernels)
+    throw UsageError("--max-size is for kernel plugins (--kernels); a communicator's buffers take --max-mib");
   if (!kernels) check_conform_comm_selection(o.check, o.case_text);
   if (!o.schedule.empty()) {
     if (kernels) throw UsageError("--schedule is for a communicator (--comm): a kernel plugin has no all-reduce");
     (void)reference::parse_schedule(o.schedule);
   }
-  if (o.allreduce_only && kernels) throw UsageError("--allreduce-only is for a communicator (--comm): a kernel plugin has no all-reduce");
+  if (o.allreduce_only && kernels)
+    throw UsageError("--allreduce-only is for a communicator (--comm): a kernel plugin has no all-reduce");
   if (o.allreduce_only && !o.check.empty() && !o.check.starts_with("property ") && !is_allreduce_check(o.check))
     throw UsageError("--allreduce-only with --check '" + o.check + "': that check is not one of the all-reduce's");
   if (o.check.starts_with("schedule ") && o.schedule.empty())
@@ -204,8 +203,9 @@ std::string conform_header(const ConformCliOptions& o, int world, std::uint64_t 
   const bool kernels = !o.target.kernels.empty();
   return "dpcheck conform: " + std::string(kernels ? "kernels " : "communicator ") + plugin_title(o) + " (engine " +
          o.target.engine + "), " +
-         (kernels ? std::string("properties with ") + (o.target.world_size > 0 ? std::to_string(world) : "1-8") + " ranks"
-                  : "world size " + std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)")) +
+         (kernels
+              ? std::string("properties with ") + (o.target.world_size > 0 ? std::to_string(world) : "1-8") + " ranks"
+              : "world size " + std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)")) +
          ", seed " + std::to_string(seed) + (o.thorough ? ", thorough" : "") + "\n" +
          (kernels ? std::string() : capabilities_line(o)) + "\n";
 }
@@ -283,20 +283,24 @@ int run_conform(ConformCliOptions& o) {
 Runner add_conform(CLI::App& app) {
   auto o = std::make_shared<ConformCliOptions>();
   CLI::App* sub = app.add_subcommand(
-      "conform", "Check that a plugin keeps dpcheck's promises: a communicator's (--comm ./libmine.so) collectives on exact "
-                 "and random inputs, how it sums, a missing rank; a kernel plugin's (--kernels) ops against the float64 "
-                 "reference; then every property of verify with the plugin in place");
+      "conform",
+      "Check that a plugin keeps dpcheck's promises: a communicator's (--comm ./libmine.so) collectives on exact "
+      "and random inputs, how it sums, a missing rank; a kernel plugin's (--kernels) ops against the float64 "
+      "reference; then every property of verify with the plugin in place");
   namespace f = target_option;
   TargetOptions& t = o->target_options;
   t.add_to(*sub, f::comm | f::kernels | f::precision | f::engine | f::world_size | f::timeout);
   t.reword("--comm", "The communicator plugin: a path to its shared object");
-  t.reword("--precision", "fp32 (default), bf16 or fp16: verify's properties run with the plugin in the engine at this "
-                          "precision (its linear ops then receive inputs rounded to the format); the per-op checks are "
-                          "float32 ops as ever");
-  t.reword("--engine", engine_option_help() + ": the one whose buffers are where the plugin takes them (host or device "
-                                               "memory)");
-  t.reword("--world-size", "Ranks, as threads of this process (default 4, with the collectives also on 1, 2, 3, 5 and 8 "
-                           "ranks; given, that world alone; under mpirun, its processes)");
+  t.reword("--precision",
+           "fp32 (default), bf16 or fp16: verify's properties run with the plugin in the engine at this "
+           "precision (its linear ops then receive inputs rounded to the format); the per-op checks are "
+           "float32 ops as ever");
+  t.reword("--engine", engine_option_help() +
+                           ": the one whose buffers are where the plugin takes them (host or device "
+                           "memory)");
+  t.reword("--world-size",
+           "Ranks, as threads of this process (default 4, with the collectives also on 1, 2, 3, 5 and 8 "
+           "ranks; given, that world alone; under mpirun, its processes)");
   sub->add_option("--cases", o->cases,
                   "Cases per property of verify, and drawn shapes per kernel check (a quarter of them for the "
                   "determinism checks) (default 30)");
@@ -307,18 +311,22 @@ Runner add_conform(CLI::App& app) {
   std::string libraries;
   for (const reference::LibrarySchedule& row : reference::library_schedules())
     libraries += (libraries.empty() ? "" : ", ") + std::string(row.name);
-  sub->add_option("--schedule", o->schedule,
-                  "The all-reduce schedule the communicator claims, one of " + schedules +
-                      " (hierarchical:G for groups of G ranks, 8 without), or a library's algorithm with the switch it "
-                      "makes by size (" + libraries + "): its all-reduce's bits are checked against the schedule's "
-                      "emulation, bit for bit, in every format and op it takes. Where a library leaves the schedule for "
-                      "another one's exact bits at some sizes, the row says 'switches' and where");
+  sub->add_option(
+      "--schedule", o->schedule,
+      "The all-reduce schedule the communicator claims, one of " + schedules +
+          " (hierarchical:G for groups of G ranks, 8 without), or a library's algorithm with the switch it "
+          "makes by size (" +
+          libraries +
+          "): its all-reduce's bits are checked against the schedule's "
+          "emulation, bit for bit, in every format and op it takes. Where a library leaves the schedule for "
+          "another one's exact bits at some sizes, the row says 'switches' and where");
   sub->add_flag("--allreduce-only", o->allreduce_only,
                 "Only the all-reduce's checks (exact sums in every dtype and op, the buffer reused, same bits, "
                 "run-to-run, --schedule's, the fingerprint): for a library whose variables choose its all-reduce's "
                 "algorithm alone, such as MPI's");
   sub->add_option("--check", o->check, "Run this check alone (see --list-checks)");
-  sub->add_option("--case", o->case_text, "With --check: run this case alone, as a failure prints it (\"count=5 offset=1\")");
+  sub->add_option("--case", o->case_text,
+                  "With --check: run this case alone, as a failure prints it (\"count=5 offset=1\")");
   sub->add_flag("--no-properties", o->no_properties, "Skip verify's properties (the plugin's own checks only)");
   sub->add_option("--max-mib", o->max_mib,
                   "The largest buffer a collective check passes, in MiB (default 16; 64 with --thorough)");

@@ -35,9 +35,8 @@ struct GradOptions {
 // The properties whose mutants break something grad runs: the averaged gradient. A mutant aimed at
 // another property (the writer, the replica check, resuming) would change nothing here, and the
 // experiment would pass as if the mutant were harmless.
-constexpr std::string_view kGradientProperties[] = {"gradient_average_matches_whole_batch",
-                                                    "uneven_shares_match_whole_batch",
-                                                    "accumulation_matches_whole_batch"};
+constexpr std::string_view kGradientProperties[] = {
+    "gradient_average_matches_whole_batch", "uneven_shares_match_whole_batch", "accumulation_matches_whole_batch"};
 
 void require_gradient_mutant(const std::string& name) {
   if (name.empty()) return;
@@ -187,7 +186,8 @@ void print_grad_table(const GradOptions& o, const GradResult& g) {
   std::printf("dpcheck grad: model %s (%s, %s), batch %lld, world size %d, %s split, %s, shares",
               dims_string(model.dims).c_str(), std::string(activation_name(model.activation)).c_str(),
               std::string(loss_name(model.loss)).c_str(), static_cast<long long>(g.data->size()), o.target.world_size,
-              o.split.c_str(), o.accumulate == 1 ? "no accumulation" : ("accumulate " + std::to_string(o.accumulate)).c_str());
+              o.split.c_str(),
+              o.accumulate == 1 ? "no accumulation" : ("accumulate " + std::to_string(o.accumulate)).c_str());
   for (std::int64_t s : d.share_sizes) std::printf(" %lld", static_cast<long long>(s));
   std::printf("\n\n%-24s %16s %16s %16s %22s\n", "element", "share 0", "average", "whole", "reference (float64)");
   constexpr std::size_t shown_per_tensor = 8;
@@ -198,15 +198,18 @@ void print_grad_table(const GradOptions& o, const GradResult& g) {
         break;
       }
       const std::size_t i = s.offset + k;
-      std::printf("%-24s %16s %16s %16s %22.17g\n", layout.describe_element(i).c_str(), float_text(d.shares[0][i]).c_str(),
-                  float_text(d.averaged[i]).c_str(), float_text(d.whole[i]).c_str(), d.bound.reference.grad[i]);
+      std::printf("%-24s %16s %16s %16s %22.17g\n", layout.describe_element(i).c_str(),
+                  float_text(d.shares[0][i]).c_str(), float_text(d.averaged[i]).c_str(), float_text(d.whole[i]).c_str(),
+                  d.bound.reference.grad[i]);
     }
   }
   std::printf("\nlargest |average - whole|: %.3g at %s\n", g.largest, layout.describe_element(g.at).c_str());
   std::printf("bound there:               %.3g (average within gamma_%lld, whole within gamma_%lld of float64)\n",
               g.largest_bound, static_cast<long long>(d.m_sharded), static_cast<long long>(d.m_whole));
-  std::printf("error ratio:               %.3g (the larger of the two against float64, each error / its bound; at "
-              "most 1 passes)\n", std::max(outcome.sharded_ratio, outcome.whole_ratio));
+  std::printf(
+      "error ratio:               %.3g (the larger of the two against float64, each error / its bound; at "
+      "most 1 passes)\n",
+      std::max(outcome.sharded_ratio, outcome.whole_ratio));
   std::printf("against float64:           average %.3g, whole %.3g, share 0 alone %.3g; probabilistic bound %.3g\n",
               outcome.sharded_ratio, outcome.whole_ratio, outcome.share_ratio, outcome.probabilistic_ratio);
   std::printf("largest error ratio at:    %s\n", outcome.note.c_str());
@@ -226,8 +229,9 @@ int run_grad(const GradOptions& o) {
 Runner add_grad(CLI::App& app) {
   auto o = std::make_shared<GradOptions>();
   CLI::App* sub = app.add_subcommand(
-      "grad", "The averaging experiment: share gradients, their all-reduced average, the whole-batch gradient "
-              "and the float64 reference, with the derived bound");
+      "grad",
+      "The averaging experiment: share gradients, their all-reduced average, the whole-batch gradient "
+      "and the float64 reference, with the derived bound");
   o->model.add_to(*sub);
   sub->add_option("--x", o->x, "Inputs, .npy of shape (B, in), float32 or float64");
   sub->add_option("--y", o->y, "Targets, .npy: (B, out) floats for mse, (B,) int64 classes for cross-entropy");
@@ -238,8 +242,9 @@ Runner add_grad(CLI::App& app) {
   o->target.add_to(*sub, f::world_size | f::mutant | f::kernels | f::precision | f::allreduce_dtype | f::comm);
   o->target.reword("--world-size", "Number of ranks (default 1)");
   o->target.reword("--mutant", "Run with a deliberately broken part of the averaged gradient");
-  o->target.reword("--comm", "The communicator that averages the shares: local (default), or a communicator plugin's path "
-                             "(its ranks as threads)");
+  o->target.reword("--comm",
+                   "The communicator that averages the shares: local (default), or a communicator plugin's path "
+                   "(its ranks as threads)");
   sub->add_option("--accumulate", o->accumulate,
                   "Micro-batches per rank, at most a rank's share (default 1); the average is accumulated over them");
   sub->add_option("--split", o->split, "contiguous (default; x.chunk(N)) or strided (x[r::N])");

@@ -57,7 +57,8 @@ struct ReplaySetup {
 void read_bundle_input(const ReplayOptions& o, ReplaySetup& s) {
   std::error_code ec;
   if (o.given("--step")) throw UsageError("--step is for a checkpoint directory; a bundle replays its failing step");
-  if (o.given("--world-size")) throw UsageError("--world-size is for a checkpoint directory; a bundle replays on its own world size");
+  if (o.given("--world-size"))
+    throw UsageError("--world-size is for a checkpoint directory; a bundle replays on its own world size");
   Bundle b = read_bundle(o.path);
   if (!b.before_unreadable.empty() && is_printing_rank())
     std::printf("the state before the step is not one to start from (%s): replaying from the run's start, step %lld\n",
@@ -85,7 +86,8 @@ void read_bundle_input(const ReplayOptions& o, ReplaySetup& s) {
 }
 
 void read_checkpoint_input(const ReplayOptions& o, ReplaySetup& s) {
-  if (!o.given("--step")) throw UsageError(o.path + " is not a repro bundle; to replay a checkpoint directory, give --step");
+  if (!o.given("--step"))
+    throw UsageError(o.path + " is not a repro bundle; to replay a checkpoint directory, give --step");
   if (o.step < 0) throw UsageError("--step must be at least 0");
   // The newest checkpoint at or before the step; the manifests say the model.
   const fs::path dir(o.path);
@@ -146,8 +148,9 @@ void compare_backend(ReplaySetup& s) {
 
 void print_backend_warnings(const ReplayOptions& o, const ReplaySetup& s) {
   if (s.backend_unrecorded)
-    std::printf("note: the bundle records no backend (an older dpcheck wrote it): its plugins and environment are not "
-                "compared\n");
+    std::printf(
+        "note: the bundle records no backend (an older dpcheck wrote it): its plugins and environment are not "
+        "compared\n");
   for (const std::string& w : s.backend_warnings) std::printf("warning: %s\n", w.c_str());
   if (!s.backend_warnings.empty() && !recorded_env_prefix(*s.recorded_backend).empty()) {
     Target recorded = s.recorded_target;
@@ -173,25 +176,29 @@ void load_replay_data(ReplaySetup& s) {
 // The replay's verdict on the failure the run recorded.
 void print_verdict(const ReplaySetup& s, const ReplayResult& r, bool from_start) {
   if (s.retargeted) {
-    std::printf("%s\n", r.failure ? "the replay target fails too" : "the replay target passes: the failure belongs to the recorded target");
+    std::printf("%s\n", r.failure ? "the replay target fails too"
+                                  : "the replay target passes: the failure belongs to the recorded target");
     return;
   }
   const StepFailure& recorded = *s.recorded;
   if (from_start)
-    std::printf("the step alone passes from the bundle's checkpoint; from the start of the run (step %lld) it fails "
-                "again: the failure depends on state from before the step (a communicator's or kernel's own)\n",
-                static_cast<long long>(s.start->step));
+    std::printf(
+        "the step alone passes from the bundle's checkpoint; from the start of the run (step %lld) it fails "
+        "again: the failure depends on state from before the step (a communicator's or kernel's own)\n",
+        static_cast<long long>(s.start->step));
   const ReplayVerdict verdict = replay_verdict(recorded, r.failure, s.target.mutant);
   if (verdict == ReplayVerdict::bit_for_bit)
     std::printf("reproduced bit for bit: the same verdict at the same place (%s at %s)\n", recorded.kind.c_str(),
                 recorded.where().c_str());
   else if (verdict == ReplayVerdict::same_place)
-    std::printf("reproduced at the same place (%s at %s), with other values\n", recorded.kind.c_str(), recorded.where().c_str());
+    std::printf("reproduced at the same place (%s at %s), with other values\n", recorded.kind.c_str(),
+                recorded.where().c_str());
   else
     std::printf("NOT reproduced: the recorded failure was %s at %s\n", recorded.kind.c_str(), recorded.where().c_str());
   if (verdict != ReplayVerdict::bit_for_bit && !s.backend_warnings.empty())
-    std::printf("the backend is not the one the bundle ran on (the warnings above): the replay may have run another "
-                "algorithm\n");
+    std::printf(
+        "the backend is not the one the bundle ran on (the warnings above): the replay may have run another "
+        "algorithm\n");
 }
 
 void print_replay(const ReplaySetup& s, const ReplayResult& r, bool from_start) {
@@ -199,9 +206,11 @@ void print_replay(const ReplaySetup& s, const ReplayResult& r, bool from_start) 
   else std::printf("replay: the step passes every check on this target (loss %s)\n", float_text(r.loss).c_str());
   std::printf("\n%-16s %5s  %-12s %s\n", "phase", "rank", "error ratio", "worst element");
   for (const PhaseRatio& p : r.phases)
-    std::printf("%-16s %5d  %-12s %s\n", p.phase.c_str(), p.rank, ratio_text(p.ratio, "differs").c_str(), p.element.c_str());
-  std::printf("\n%s\n", r.first_out_of_bound.empty() ? "every phase stays within the bound of the float64 reference"
-                                                      : ("first phase out of the bound: " + r.first_out_of_bound).c_str());
+    std::printf("%-16s %5d  %-12s %s\n", p.phase.c_str(), p.rank, ratio_text(p.ratio, "differs").c_str(),
+                p.element.c_str());
+  std::printf("\n%s\n", r.first_out_of_bound.empty()
+                            ? "every phase stays within the bound of the float64 reference"
+                            : ("first phase out of the bound: " + r.first_out_of_bound).c_str());
   if (s.recorded) print_verdict(s, r, from_start);
 }
 
@@ -233,7 +242,7 @@ ReplayInput trainer_input(const torchjob::Record& rec, const torchjob::RecordedS
   b.optimizer_steps = st.optimizer_steps;
   b.state_names = h.optimizer->kind == OptimizerKind::adam       ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
                   : h.optimizer->kind == OptimizerKind::momentum ? std::vector<std::string>{"momentum_buffer"}
-                                                                  : std::vector<std::string>{};
+                                                                 : std::vector<std::string>{};
   b.config = c.to_json(in.world_size);
   return in;
 }
@@ -241,9 +250,11 @@ ReplayInput trainer_input(const torchjob::Record& rec, const torchjob::RecordedS
 int replay_torch(ReplayOptions& o) {
   for (const char* option : {"--x", "--y", "--world-size", "--mutant", "--kernels", "--precision", "--tf32"})
     if (o.given(option))
-      throw UsageError(std::string(option) + " does not apply to " + o.path + ", a record of a PyTorch job: its step is judged as "
+      throw UsageError(std::string(option) + " does not apply to " + o.path +
+                       ", a record of a PyTorch job: its step is judged as "
                        "recorded, and run again on dpcheck's trainer with the recorded data and world size");
-  if (process_world()) throw UsageError("replay of a PyTorch job's step runs its ranks as threads: start it without a launcher");
+  if (process_world())
+    throw UsageError("replay of a PyTorch job's step runs its ranks as threads: start it without a launcher");
   const torchjob::Record rec = torchjob::read_record(o.path);
   const torchjob::RecordHeader& h = rec.header;
   std::int64_t step = 0;
@@ -267,8 +278,8 @@ int replay_torch(ReplayOptions& o) {
   validate_target(t);
 
   std::printf("dpcheck replay: %s, step %lld of a PyTorch job (torch %s, %s, %s, %s)\n", o.path.c_str(),
-              static_cast<long long>(step), h.torch_version.c_str(), h.backend.c_str(), counted(h.world_size, "rank").c_str(),
-              h.optimizer_name.c_str());
+              static_cast<long long>(step), h.torch_version.c_str(), h.backend.c_str(),
+              counted(h.world_size, "rank").c_str(), h.optimizer_name.c_str());
   std::int64_t examples = 0;
   for (const torchjob::GradientPart& p : st.parts) examples += p.batch.size;
   std::printf("model %s, %s, %s; global batch of %s in %s\n", dims_string(h.model.dims).c_str(),
@@ -304,8 +315,8 @@ int replay_torch(ReplayOptions& o) {
     }())));
     const ReplayInput in = trainer_input(rec, st, data);
     check_train_size(in.config, h.world_size, t, true);
-    std::printf("\ndpcheck's trainer on the same parameters, optimizer state and batch (%s, %s):\n", t.describe().c_str(),
-                counted(h.world_size, "rank").c_str());
+    std::printf("\ndpcheck's trainer on the same parameters, optimizer state and batch (%s, %s):\n",
+                t.describe().c_str(), counted(h.world_size, "rank").c_str());
     std::fflush(stdout);
     mine = replay_step(t, in);
     std::printf("%-16s %5s  %-12s %s\n", "phase", "rank", "error ratio", "worst element");
@@ -319,16 +330,17 @@ int replay_torch(ReplayOptions& o) {
   const bool mine_fails = mine && mine->failure;
   std::printf("\n");
   if (recorded_fails && mine && !mine_fails)
-    std::printf("the recorded step leaves the bound where dpcheck's trainer, from the same parameters, state and examples, "
-                "does not: the failure is the job's (its loss, its all-reduce or its optimizer), not the model's or the data's\n");
-  else if (recorded_fails)
-    std::printf("the recorded step leaves the bound (%s)\n", j.first_out_of_bound.c_str());
+    std::printf(
+        "the recorded step leaves the bound where dpcheck's trainer, from the same parameters, state and examples, "
+        "does not: the failure is the job's (its loss, its all-reduce or its optimizer), not the model's or the "
+        "data's\n");
+  else if (recorded_fails) std::printf("the recorded step leaves the bound (%s)\n", j.first_out_of_bound.c_str());
   else if (!st.failure_kind.empty())
-    std::printf("the recorded step on rank 0 stays within the bound: the job's %s check failed on what the ranks did "
-                "differently, which rank 0's record cannot show; the job's report above located it\n",
-                st.failure_kind.c_str());
-  else
-    std::printf("the recorded step stays within the bound of the float64 reference\n");
+    std::printf(
+        "the recorded step on rank 0 stays within the bound: the job's %s check failed on what the ranks did "
+        "differently, which rank 0's record cannot show; the job's report above located it\n",
+        st.failure_kind.c_str());
+  else std::printf("the recorded step stays within the bound of the float64 reference\n");
   return recorded_fails || mine_fails || !st.failure_kind.empty() ? exit_check_failed : exit_ok;
 }
 
@@ -339,7 +351,8 @@ int run_replay(ReplayOptions& o) {
   // stops every rank at once, and rank 0 says which and why.
   agree_on_rank_inputs([&] {
     std::error_code ec;
-    if (!fs::is_directory(o.path, ec)) throw UsageError(o.path + " is not a directory (a repro bundle or a checkpoint directory)");
+    if (!fs::is_directory(o.path, ec))
+      throw UsageError(o.path + " is not a directory (a repro bundle or a checkpoint directory)");
     s.is_bundle = fs::exists(fs::path(o.path) / "indices.json", ec) || fs::exists(fs::path(o.path) / "checkpoint", ec);
     if (s.is_bundle) read_bundle_input(o, s);
     else read_checkpoint_input(o, s);
@@ -350,8 +363,8 @@ int run_replay(ReplayOptions& o) {
 
   const bool printing = is_printing_rank();
   if (printing) {
-    std::printf("dpcheck replay: %s, step %lld on %d ranks, %s%s\n", o.path.c_str(), static_cast<long long>(s.in.step), s.world,
-                s.target.describe().c_str(), s.retargeted ? " (re-targeted)" : "");
+    std::printf("dpcheck replay: %s, step %lld on %d ranks, %s%s\n", o.path.c_str(), static_cast<long long>(s.in.step),
+                s.world, s.target.describe().c_str(), s.retargeted ? " (re-targeted)" : "");
     print_backend_warnings(o, s);
     // A checkpoint does not say where its data came from: say what this replay trains on.
     if (!s.is_bundle && s.data_x.empty())
@@ -383,14 +396,18 @@ int run_replay(ReplayOptions& o) {
 Runner add_replay(CLI::App& app) {
   auto o = std::make_shared<ReplayOptions>();
   CLI::App* sub = app.add_subcommand(
-      "replay", "Run a failing training step again from its repro bundle (or a checkpoint and --step) and attribute it");
+      "replay",
+      "Run a failing training step again from its repro bundle (or a checkpoint and --step) and attribute it");
   o->sub = sub;
-  sub->add_option("bundle", o->path, "A repro bundle left by train or by dpcheck.torch (Monitor(bundle_dir=DIR)), or a --checkpoint-dir "
+  sub->add_option("bundle", o->path,
+                  "A repro bundle left by train or by dpcheck.torch (Monitor(bundle_dir=DIR)), or a --checkpoint-dir "
                   "directory or a record of a PyTorch job (Monitor(record=DIR)); for these two give --step")
       ->required();
-  sub->add_option("--step", o->step, "With a checkpoint directory: the step to replay (from the newest checkpoint at or before it)");
+  sub->add_option("--step", o->step,
+                  "With a checkpoint directory: the step to replay (from the newest checkpoint at or before it)");
   namespace f = target_option;
-  o->target.add_to(*sub, f::world_size | f::engine | f::comm | f::kernels | f::mutant | f::tf32 | f::precision | f::timeout);
+  o->target.add_to(*sub,
+                   f::world_size | f::engine | f::comm | f::kernels | f::mutant | f::tf32 | f::precision | f::timeout);
   o->target.reword("--world-size", "With a checkpoint directory: ranks (default: the run's)");
   o->target.reword("--engine", "Replay on this engine instead of the recorded one (and its default communicator)");
   o->target.reword("--comm", "Replay over this communicator instead of the recorded one");

@@ -50,10 +50,12 @@ void configure(TrainOptions& o) {
   t.optimizer.validate();
   if (run.x.empty() != run.y.empty()) throw UsageError("give both --x and --y, or neither");
   if (run.checkpoint_every < 0) throw UsageError("--checkpoint-every must be at least 0");
-  if (run.checkpoint_every > 0 && run.checkpoint_dir.empty()) throw UsageError("--checkpoint-every needs --checkpoint-dir");
+  if (run.checkpoint_every > 0 && run.checkpoint_dir.empty())
+    throw UsageError("--checkpoint-every needs --checkpoint-dir");
   if (run.keep < 1) throw UsageError("--keep must be at least 1");
   if (!o.init.empty() && !o.resume.empty())
-    throw UsageError("--init and --resume both give the starting parameters (--resume those of its checkpoint): give one");
+    throw UsageError(
+        "--init and --resume both give the starting parameters (--resume those of its checkpoint): give one");
   if (!run.fault.empty() && run.fault != "kill" && run.fault != "stall")
     throw UsageError("--inject-fault takes kill or stall");
   if (run.checks.gradient_every < 0) throw UsageError("--check-gradient-every must be at least 0");
@@ -101,22 +103,24 @@ void print_header(const TrainOptions& o, const Target& target, const std::vector
                   const std::optional<Checkpoint>& resume) {
   const TrainConfig& t = o.train;
   const int world = target.world_size;
-  std::printf("dpcheck train: model %s (%s, %s), %d ranks, batch %lld of %lld examples, %s lr %g%s, %d steps, "
-              "accumulate %d, %s %s%s, %s\n",
-              dims_string(t.model.dims).c_str(), std::string(activation_name(t.model.activation)).c_str(),
-              std::string(loss_name(t.model.loss)).c_str(), world, static_cast<long long>(t.batch),
-              static_cast<long long>(t.data_size()), o.optimizer.c_str(), t.optimizer_for(world).lr,
-              t.linear_scaling ? " (linear scaling)" : "", t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(),
-              t.shuffle ? ", shuffled" : "", (target.describe() + plugins_text(target)).c_str());
+  std::printf(
+      "dpcheck train: model %s (%s, %s), %d ranks, batch %lld of %lld examples, %s lr %g%s, %d steps, "
+      "accumulate %d, %s %s%s, %s\n",
+      dims_string(t.model.dims).c_str(), std::string(activation_name(t.model.activation)).c_str(),
+      std::string(loss_name(t.model.loss)).c_str(), world, static_cast<long long>(t.batch),
+      static_cast<long long>(t.data_size()), o.optimizer.c_str(), t.optimizer_for(world).lr,
+      t.linear_scaling ? " (linear scaling)" : "", t.steps, t.accumulate, o.split.c_str(), o.policy.c_str(),
+      t.shuffle ? ", shuffled" : "", (target.describe() + plugins_text(target)).c_str());
   if (t.warmup_steps > 0)
     std::printf("warm-up: the learning rate rises from %g to %g over %lld steps\n", t.optimizer.lr,
                 t.optimizer_for(world).lr, static_cast<long long>(t.warmup_steps));
   if (t.allreduce_dtype != DType::f32) std::printf("gradient all-reduce in bf16\n");
   if (t.bucket_mb > 0)
-    std::printf("gradient all-reduced in buckets of at most %g MiB, each started as the backward pass produces it "
-                "(with a communicator callable from another thread, and no live check or trace; else after "
-                "the pass)\n",
-                t.bucket_mb);
+    std::printf(
+        "gradient all-reduced in buckets of at most %g MiB, each started as the backward pass produces it "
+        "(with a communicator callable from another thread, and no live check or trace; else after "
+        "the pass)\n",
+        t.bucket_mb);
   if (t.loss_scaling.enabled())
     std::printf("dynamic loss scaling from %g, doubled after %lld good steps, halved on a non-finite gradient\n",
                 t.loss_scaling.init_scale, static_cast<long long>(t.loss_scaling.growth_interval));
@@ -132,11 +136,13 @@ class PrintingListener final : public TrainingRunListener {
 
   void step_done(const StepResult& r, const nlohmann::json& checks) override {
     progress_.done();
-    std::printf("step %4lld  loss %-14s global batch %-6lld %s", static_cast<long long>(r.step), float_text(r.loss).c_str(),
-                static_cast<long long>(r.global_batch), r.replicas.describe().c_str());
-    if (checks.contains("gradient_ratio")) std::printf("  gradient error ratio %.3g", checks["gradient_ratio"].get<double>());
+    std::printf("step %4lld  loss %-14s global batch %-6lld %s", static_cast<long long>(r.step),
+                float_text(r.loss).c_str(), static_cast<long long>(r.global_batch), r.replicas.describe().c_str());
+    if (checks.contains("gradient_ratio"))
+      std::printf("  gradient error ratio %.3g", checks["gradient_ratio"].get<double>());
     if (t_.loss_scaling.enabled())
-      std::printf("  loss scale %s%s", float_text(r.loss_scale).c_str(), r.skipped ? " (step skipped: non-finite gradient)" : "");
+      std::printf("  loss scale %s%s", float_text(r.loss_scale).c_str(),
+                  r.skipped ? " (step skipped: non-finite gradient)" : "");
     std::printf("\n");
     std::fflush(stdout);
     progress_.update("train: step " + std::to_string(r.step + 1) + " of " + std::to_string(t_.steps) + ", " +
@@ -160,12 +166,13 @@ class PrintingListener final : public TrainingRunListener {
 };
 
 void write_reports(const TrainOptions& o, const Target& target, const TrainingOutcome& out) {
-  const nlohmann::json report = {{"command", "train"},
-                                 {"target", target_to_json(target)},
-                                 {"config", o.train.to_json(target.world_size)},
-                                 {"passed", out.passed},
-                                 {"failure", out.passed ? nlohmann::json(nullptr) : nlohmann::json{{"message", out.failure}}},
-                                 {"steps", out.steps}};
+  const nlohmann::json report = {
+      {"command", "train"},
+      {"target", target_to_json(target)},
+      {"config", o.train.to_json(target.world_size)},
+      {"passed", out.passed},
+      {"failure", out.passed ? nlohmann::json(nullptr) : nlohmann::json{{"message", out.failure}}},
+      {"steps", out.steps}};
   if (!o.report.empty()) write_file_atomic(o.report, report.dump(2) + "\n");
   if (!o.html.empty()) write_file_atomic(o.html, html::train_page(report));
 }
@@ -213,7 +220,7 @@ Runner add_train(CLI::App& app) {
   TrainConfig& t = o->train;
   sub->add_option("--batch", t.batch, "Global batch per step (default 32)");
   sub->add_option("--steps", t.steps, "Total optimizer steps, counting those before a --resume (default 1)");
-    sub->add_option("--optimizer", o->optimizer, "sgd (default), momentum or adam");
+  sub->add_option("--optimizer", o->optimizer, "sgd (default), momentum or adam");
   sub->add_option("--lr", t.optimizer.lr, "Learning rate (default 0.01)");
   sub->add_option("--momentum", t.optimizer.momentum, "Momentum (default 0.9)");
   sub->add_option("--accumulate", t.accumulate, "Micro-batches per rank per step, at most a rank's share (default 1)");
@@ -221,9 +228,10 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--warmup-steps", t.warmup_steps,
                   "With --linear-scaling: raise the learning rate in equal steps from --lr to lr x N over the first K "
                   "steps (Goyal et al.'s gradual warm-up; default 0, none)");
-  sub->add_option("--bucket-mb", t.bucket_mb,
-                  "All-reduce the gradient in buckets of at most M MiB, in reverse layer order, each started as soon as the "
-                  "backward pass has produced it, overlapped with the rest of it (default 0: one all-reduce)");
+  sub->add_option(
+      "--bucket-mb", t.bucket_mb,
+      "All-reduce the gradient in buckets of at most M MiB, in reverse layer order, each started as soon as the "
+      "backward pass has produced it, overlapped with the rest of it (default 0: one all-reduce)");
   sub->add_option("--dataset-size", t.dataset_size, "Examples in the data set (default: one batch)");
   sub->add_option("--split", o->split, "strided (default) or contiguous");
   sub->add_option("--policy", o->policy, "pad (default), drop-last or uneven");

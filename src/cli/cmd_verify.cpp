@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -48,7 +48,8 @@ void choose_formats(VerifyOptions& o) {
   const bool precision_given = o.target_options.given("--precision");
   const MutantInfo* m = t.mutant.empty() ? nullptr : find_mutant(t.mutant);
   if (!precision_given && m && !m->precision.empty()) t.precision = parse_precision(m->precision);
-  if (!precision_given && precision_drawable(t)) t.drawn_precisions = {Precision::fp32, Precision::bf16, Precision::fp16};
+  if (!precision_given && precision_drawable(t))
+    t.drawn_precisions = {Precision::fp32, Precision::bf16, Precision::fp16};
   if (!o.target_options.given("--allreduce-dtype") && allreduce_dtype_drawable(t))
     t.drawn_allreduce_dtypes = {DType::f32, DType::bf16};
 }
@@ -65,9 +66,7 @@ std::string ratio_text(const PropertyResult& r) { return r.has_error_ratio ? rat
 std::string probabilistic_text(const PropertyResult& r) {
   return r.has_probabilistic_ratio ? number(r.max_probabilistic_ratio) : "-";
 }
-std::string power_text(const PropertyResult& r) {
-  return r.probed > 0 ? number(100 * r.power(), "%.0f%%") : "-";
-}
+std::string power_text(const PropertyResult& r) { return r.probed > 0 ? number(100 * r.power(), "%.0f%%") : "-"; }
 
 std::string runs_text(const PropertyResult& r) {
   return "fails " + std::to_string(r.failing_runs) + " of " + std::to_string(r.runs) + " runs";
@@ -86,24 +85,24 @@ nlohmann::json rounded(const std::vector<double>& ratios) {
 nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>& results, bool passed) {
   nlohmann::json props = nlohmann::json::array();
   for (const PropertyResult& r : results) {
-    nlohmann::json p{{"name", r.name},
-                     {"passed", r.passed},
-                     {"skipped", r.skipped.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
-                     {"cases", r.cases},
-                     {"max_error_ratio", optional_number(r.has_error_ratio, r.max_error_ratio)},
-                     {"max_probabilistic_ratio", optional_number(r.has_probabilistic_ratio, r.max_probabilistic_ratio)},
-                     {"seconds", r.seconds},
-                     {"counterexample", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.counterexample)},
-                     {"failure", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.failure)},
-                     {"not_judged", !r.passed && r.not_judged},
-                     {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr)
-                                                       : nlohmann::json(failure_replay(o.target, r))},
-                     {"runs", r.runs > 0 ? nlohmann::json({{"failing", r.failing_runs}, {"total", r.runs}})
-                                         : nlohmann::json(nullptr)},
-                     {"flaky", r.flaky()},
-                     {"replayed", r.replayed},
-                     {"distribution", r.distribution},
-                     {"error_ratios", rounded(r.error_ratios)}};
+    nlohmann::json p{
+        {"name", r.name},
+        {"passed", r.passed},
+        {"skipped", r.skipped.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
+        {"cases", r.cases},
+        {"max_error_ratio", optional_number(r.has_error_ratio, r.max_error_ratio)},
+        {"max_probabilistic_ratio", optional_number(r.has_probabilistic_ratio, r.max_probabilistic_ratio)},
+        {"seconds", r.seconds},
+        {"counterexample", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.counterexample)},
+        {"failure", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.failure)},
+        {"not_judged", !r.passed && r.not_judged},
+        {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr) : nlohmann::json(failure_replay(o.target, r))},
+        {"runs",
+         r.runs > 0 ? nlohmann::json({{"failing", r.failing_runs}, {"total", r.runs}}) : nlohmann::json(nullptr)},
+        {"flaky", r.flaky()},
+        {"replayed", r.replayed},
+        {"distribution", r.distribution},
+        {"error_ratios", rounded(r.error_ratios)}};
     p["power"] = r.probed > 0 ? nlohmann::json({{"probed", r.probed},
                                                 {"caught", r.probe_caught},
                                                 {"share", r.power()},
@@ -118,11 +117,12 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
       p["tightness"][key] = r.tightness[path];
       p["tightness"]["required"] = r.min_tightness;
     }
-    p["closest_call"] = r.closest.ratio >= 0 ? nlohmann::json({{"error_ratio", r.closest.ratio},
-                                                               {"where", r.closest.note},
-                                                               {"case", r.closest.example},
-                                                               {"replay", replay_command(o.target, r.closest.reproduce)}})
-                                             : nlohmann::json(nullptr);
+    p["closest_call"] = r.closest.ratio >= 0
+                            ? nlohmann::json({{"error_ratio", r.closest.ratio},
+                                              {"where", r.closest.note},
+                                              {"case", r.closest.example},
+                                              {"replay", replay_command(o.target, r.closest.reproduce)}})
+                            : nlohmann::json(nullptr);
     props.push_back(std::move(p));
   }
   nlohmann::json target = target_to_json(o.target);
@@ -278,8 +278,10 @@ std::vector<PropertyResult> run_properties(const VerifyOptions& o, const std::ve
     PropertyResult r = run_property(*p, o.target, ro);
     progress.done();
     say(row("%-38s %6lld %7s %12s %12s %6s %7.2f s\n", r.name.c_str(), static_cast<long long>(r.cases),
-            !r.skipped.empty() ? "skipped" : r.passed ? "yes" : "NO", ratio_text(r).c_str(),
-            probabilistic_text(r).c_str(), power_text(r).c_str(), r.seconds));
+            !r.skipped.empty() ? "skipped"
+            : r.passed         ? "yes"
+                               : "NO",
+            ratio_text(r).c_str(), probabilistic_text(r).c_str(), power_text(r).c_str(), r.seconds));
     results.push_back(std::move(r));
   }
 
@@ -327,14 +329,16 @@ void describe_closest_calls(std::ostream& details, const VerifyOptions& o, const
 void describe_tightness_and_power(std::ostream& details, const std::vector<PropertyResult>& results) {
   for (const PropertyResult& r : results) {
     if (r.tightness_text().empty()) continue;
-    details << "\n" << r.name << ": tightness: the largest error ratio of plain rounding (no kink term) was "
+    details << "\n"
+            << r.name << ": tightness: the largest error ratio of plain rounding (no kink term) was "
             << r.tightness_text() << "; at least " << number(r.min_tightness) << " required over "
             << min_tightness_cases << " cases or more\n";
   }
   for (const PropertyResult& r : results) {
     if (r.probed == 0) continue;
-    details << "\n" << r.name << ": power: one example dropped left the bound in " << r.probe_caught << " of "
-            << r.probed << " cases (" << power_text(r) << ", at least " << number(100 * r.min_power, "%.0f%%")
+    details << "\n"
+            << r.name << ": power: one example dropped left the bound in " << r.probe_caught << " of " << r.probed
+            << " cases (" << power_text(r) << ", at least " << number(100 * r.min_power, "%.0f%%")
             << " required); the weakest drop came to " << number(r.weakest_probe) << " times the bound\n";
   }
 }
@@ -344,7 +348,8 @@ void describe_failures(std::ostream& details, const VerifyOptions& o, const std:
     if (r.passed) continue;
     details << "\nFAILED " << r.name << " after " << r.cases << " passing cases";
     if (!r.reproduce.empty()) details << ", shrunk " << r.shrinks << " times";
-    if (r.runs > 0) details << "; the minimal case " << runs_text(r) << (r.flaky() ? " (a failure that comes and goes)" : "");
+    if (r.runs > 0)
+      details << "; the minimal case " << runs_text(r) << (r.flaky() ? " (a failure that comes and goes)" : "");
     details << "\n";
     if (r.not_judged)
       details << "  (what the property runs failed before its promise could be judged: the promise itself is not "
@@ -389,8 +394,8 @@ int run_verify(VerifyOptions& o) {
   Progress progress(printing && Progress::wanted(o.quiet));
   say("dpcheck verify: " + o.target.describe() + plugins_text(o.target) + ", world size " +
       (o.target.world_size > 0 ? std::to_string(o.target.world_size)
-                                : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) +
-          (o.target.world_size == 0 && scale_one_in(o.target) > 0 ? " and the scale class" : "") + ", " +
+                               : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) +
+      (o.target.world_size == 0 && scale_one_in(o.target) > 0 ? " and the scale class" : "") + ", " +
       (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
       ", seed " + std::to_string(o.seed) + "\n\n");
   say(row("%-38s %6s %7s %12s %12s %6s %9s\n", "property", "cases", "passed", "error ratio", "prob. ratio", "power",
@@ -420,8 +425,9 @@ int run_verify(VerifyOptions& o) {
 
 Runner add_verify(CLI::App& app) {
   auto o = std::make_shared<VerifyOptions>();
-  CLI::App* sub = app.add_subcommand("verify", "Run every property against the CPU engine and local backend "
-                                               "(or the chosen target) and print one table");
+  CLI::App* sub = app.add_subcommand("verify",
+                                     "Run every property against the CPU engine and local backend "
+                                     "(or the chosen target) and print one table");
   sub->footer(
       "What the cases draw (each property's case-class lines show how often each was reached):\n"
       "  every training property  the model (1-4 layers, widths, relu/tanh/identity, mse/cross-entropy), the\n"

@@ -39,9 +39,16 @@ void print_hash_table(std::ostream& out, const HashBenchRow& r) {
 nlohmann::json step_json(const std::vector<StepBenchRow>& rows) {
   nlohmann::json a = nlohmann::json::array();
   for (const StepBenchRow& r : rows)
-    a.push_back({{"dims", r.model.dims}, {"batch", r.model.batch}, {"eager_ms", r.eager_ms}, {"graph_ms", r.graph_ms},
-                 {"torch_ms", r.torch_ms}, {"ratio", r.ratio()}, {"goal", r.model.goal}, {"tflops", r.tflops},
-                 {"same_bits", r.same_bits}, {"torch_note", r.torch_note}});
+    a.push_back({{"dims", r.model.dims},
+                 {"batch", r.model.batch},
+                 {"eager_ms", r.eager_ms},
+                 {"graph_ms", r.graph_ms},
+                 {"torch_ms", r.torch_ms},
+                 {"ratio", r.ratio()},
+                 {"goal", r.model.goal},
+                 {"tflops", r.tflops},
+                 {"same_bits", r.same_bits},
+                 {"torch_note", r.torch_note}});
   return a;
 }
 

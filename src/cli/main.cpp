@@ -1,14 +1,14 @@
 // dpcheck: checks the promises of data-parallel training (see README.md).
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
-#include <filesystem>
-#include <new>
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -19,8 +19,8 @@
 #include "properties/properties.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
-#include "src/error.hpp"
 #include "src/comm/mpi_comm.hpp"
+#include "src/error.hpp"
 
 namespace dpcheck {
 namespace {
@@ -36,9 +36,9 @@ Runners register_commands(CLI::App& app) {
   });
   app.set_version_flag("--version", "dpcheck " DPCHECK_VERSION);
   Runners runners;
-  for (cli::Runner (*adder)(CLI::App&) : {cli::add_verify, cli::add_grad, cli::add_train, cli::add_bench, cli::add_audit,
-                                          cli::add_conform, cli::add_replay, cli::add_diff, cli::add_drift,
-                                          cli::add_plant_writes}) {
+  for (cli::Runner (*adder)(CLI::App&) :
+       {cli::add_verify, cli::add_grad, cli::add_train, cli::add_bench, cli::add_audit, cli::add_conform,
+        cli::add_replay, cli::add_diff, cli::add_drift, cli::add_plant_writes}) {
     cli::Runner r = adder(app);
     runners.emplace_back(app.get_subcommands([](CLI::App*) { return true; }).back(), std::move(r));
   }
@@ -50,8 +50,8 @@ Runners register_commands(CLI::App& app) {
 int parse_and_run(CLI::App& app, const Runners& runners, const std::vector<std::string>& args, int argc, char** argv,
                   bool printing) {
   if (!args.empty() && args[0][0] != '-' &&
-      runners.end() == std::find_if(runners.begin(), runners.end(),
-                                    [&](const auto& r) { return r.first->get_name() == args[0]; })) {
+      runners.end() ==
+          std::find_if(runners.begin(), runners.end(), [&](const auto& r) { return r.first->get_name() == args[0]; })) {
     std::string names;
     for (const auto& [sub, runner] : runners)
       if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();
@@ -129,10 +129,11 @@ int main(int argc, char** argv) {
     words.insert(words.end(), args.begin(), args.end());
     cli::set_command_line(std::move(words));
   }
-  CLI::App app{"dpcheck: checks that data-parallel training keeps its promises: averaged shard gradients\n"
-               "equal the whole-batch gradient, replicas stay bitwise identical, shards are disjoint\n"
-               "and cover the data, and only rank 0 writes files.",
-               "dpcheck"};
+  CLI::App app{
+      "dpcheck: checks that data-parallel training keeps its promises: averaged shard gradients\n"
+      "equal the whole-batch gradient, replicas stay bitwise identical, shards are disjoint\n"
+      "and cover the data, and only rank 0 writes files.",
+      "dpcheck"};
   // A write past `ulimit -f` then fails with EFBIG, which the writer reports (naming the file, exit 3)
   // and cleans up after, instead of the signal ending the process with a temporary file left behind.
   ::signal(SIGXFSZ, SIG_IGN);
@@ -168,7 +169,8 @@ int main(int argc, char** argv) {
     // Said without allocating: the memory is gone. Sizes dpcheck can foresee are refused up front (exit
     // 2); this is what it could not foresee, a runtime fault.
     static const char line[] = "dpcheck: error: out of memory (a limit such as ulimit -v, or the machine's memory)\n";
-    if (::write(STDERR_FILENO, line, sizeof line - 1) < 0) {}
+    if (::write(STDERR_FILENO, line, sizeof line - 1) < 0) {
+    }
     if (mpi) mpi->abort(cli::exit_runtime_error);
     return cli::exit_runtime_error;
   } catch (const std::filesystem::filesystem_error& e) {

@@ -62,8 +62,7 @@ std::string check_calls(std::span<const CallDesc> descs, std::span<const std::ui
              std::string(dtype_name(d0.dtype));
   }
   if (d0.kind == CallKind::broadcast && (d0.root < 0 || d0.root >= size))
-    return "broadcast root " + std::to_string(d0.root) + " is not a rank of a world of size " +
-           std::to_string(size);
+    return "broadcast root " + std::to_string(d0.root) + " is not a rank of a world of size " + std::to_string(size);
   std::vector<int> null_ranks;
   for (int r = 0; r < size; ++r)
     if (null_buffer[static_cast<std::size_t>(r)]) null_ranks.push_back(r);
@@ -136,9 +135,8 @@ constexpr std::size_t chunk_bytes = 4096;
 // len is a compile-time constant on the hot path (full chunks), which lets the compiler vectorise the
 // loops without a run-time trip count; the same code with a run-time len handles the tail, and
 // computes the same expression per element, so the two paths agree bit for bit.
-template <class T, class Op>
-inline void reduce_chunk(const void* const* in, int n, void* const* out, int m, std::size_t base, std::size_t len,
-                         T* acc, Op op, bool divide) {
+template <class T, class Op> inline void reduce_chunk(const void* const* in, int n, void* const* out, int m,
+                                                      std::size_t base, std::size_t len, T* acc, Op op, bool divide) {
   {
     const T* __restrict first = static_cast<const T*>(in[0]) + base;
     for (std::size_t k = 0; k < len; ++k) acc[k] = first[k];
@@ -158,9 +156,8 @@ inline void reduce_chunk(const void* const* in, int n, void* const* out, int m, 
   }
 }
 
-template <class T, class Op>
-void reduce_range(const void* const* in, int n, void* const* out, int m, std::size_t lo, std::size_t hi, Op op,
-                  bool divide) {
+template <class T, class Op> void reduce_range(const void* const* in, int n, void* const* out, int m, std::size_t lo,
+                                               std::size_t hi, Op op, bool divide) {
   constexpr std::size_t chunk = chunk_bytes / sizeof(T);
   alignas(64) T acc[chunk];
   std::size_t base = lo;
@@ -169,8 +166,7 @@ void reduce_range(const void* const* in, int n, void* const* out, int m, std::si
 }
 
 template <class T>
-void reduce_typed(const void* const* in, int n, void* const* out, int m, std::size_t lo, std::size_t hi,
-                  ReduceOp op) {
+void reduce_typed(const void* const* in, int n, void* const* out, int m, std::size_t lo, std::size_t hi, ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return reduce_range<T>(in, n, out, m, lo, hi, Sum<T>{}, false);
     case ReduceOp::avg:
@@ -199,9 +195,9 @@ struct Fp16Format {
 // order in float32 (divided by n there for avg), and the result rounded to the format once, when it
 // is written out. The chunk is as many 16-bit elements as chunk_bytes holds, so that
 // host_reduction_thresholds says where the work changes shape for these dtypes too.
-template <class Format, class Op>
-inline void reduce_chunk_16(const void* const* in, int n, void* const* out, int m, std::size_t base, std::size_t len,
-                            float* acc, Op op, bool divide) {
+template <class Format, class Op> inline void reduce_chunk_16(const void* const* in, int n, void* const* out, int m,
+                                                              std::size_t base, std::size_t len, float* acc, Op op,
+                                                              bool divide) {
   {
     const std::uint16_t* __restrict first = static_cast<const std::uint16_t*>(in[0]) + base;
     for (std::size_t k = 0; k < len; ++k) acc[k] = Format::widen(first[k]);
@@ -224,9 +220,8 @@ inline void reduce_chunk_16(const void* const* in, int n, void* const* out, int 
   }
 }
 
-template <class Format, class Op>
-void reduce_range_16(const void* const* in, int n, void* const* out, int m, std::size_t lo, std::size_t hi, Op op,
-                     bool divide) {
+template <class Format, class Op> void reduce_range_16(const void* const* in, int n, void* const* out, int m,
+                                                       std::size_t lo, std::size_t hi, Op op, bool divide) {
   constexpr std::size_t chunk = chunk_bytes / sizeof(std::uint16_t);
   alignas(64) float acc[chunk];
   std::size_t base = lo;

@@ -77,8 +77,7 @@ class LocalHub {
     if (broken_) throw_abandoned(desc.kind, rank);
     const auto r = static_cast<std::size_t>(rank);
     descs_[r] = desc;
-    null_buffer_[r] =
-        passes_null_buffer(desc, !mine.buf || (desc.kind == CallKind::allgather && !mine.send)) ? 1 : 0;
+    null_buffer_[r] = passes_null_buffer(desc, !mine.buf || (desc.kind == CallKind::allgather && !mine.send)) ? 1 : 0;
     slots_[r] = mine;
     const std::uint64_t s = ++seq_[r];
     if (all_reached(s)) {
@@ -201,8 +200,8 @@ class LocalComm final : public Communicator {
 
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     const auto deadline = deadline_after(timeout());
-    hub_->arrive(rank_, CallDesc{CallKind::allreduce, count, dtype, op, 0}, Slot{buf, nullptr}, timeout(),
-                 deadline, peers_);
+    hub_->arrive(rank_, CallDesc{CallKind::allreduce, count, dtype, op, 0}, Slot{buf, nullptr}, timeout(), deadline,
+                 peers_);
     const auto [lo, hi] = slice_of(count, dtype_size(dtype), rank_, size());
     if (lo < hi) {
       for (std::size_t j = 0; j < peers_.size(); ++j) bufs_[j] = peers_[j].buf;
@@ -214,8 +213,8 @@ class LocalComm final : public Communicator {
 
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     const auto deadline = deadline_after(timeout());
-    hub_->arrive(rank_, CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, Slot{buf, nullptr},
-                 timeout(), deadline, peers_);
+    hub_->arrive(rank_, CallDesc{CallKind::broadcast, count, dtype, ReduceOp::sum, root}, Slot{buf, nullptr}, timeout(),
+                 deadline, peers_);
     // Each rank copies its slice of root's buffer to everyone, so the copying is shared like the
     // reduction instead of falling on the receivers alone.
     const std::size_t esize = dtype_size(dtype);
@@ -224,8 +223,8 @@ class LocalComm final : public Communicator {
       const auto* src = static_cast<const unsigned char*>(peers_[static_cast<std::size_t>(root)].buf);
       for (int j = 0; j < size(); ++j) {
         if (j == root) continue;
-        std::memcpy(static_cast<unsigned char*>(peers_[static_cast<std::size_t>(j)].buf) + lo * esize,
-                    src + lo * esize, (hi - lo) * esize);
+        std::memcpy(static_cast<unsigned char*>(peers_[static_cast<std::size_t>(j)].buf) + lo * esize, src + lo * esize,
+                    (hi - lo) * esize);
       }
     }
     hub_->depart(rank_, CallKind::broadcast, timeout(), deadline);
@@ -233,8 +232,8 @@ class LocalComm final : public Communicator {
 
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     const auto deadline = deadline_after(timeout());
-    hub_->arrive(rank_, CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, Slot{recv, send},
-                 timeout(), deadline, peers_);
+    hub_->arrive(rank_, CallDesc{CallKind::allgather, count, dtype, ReduceOp::sum, 0}, Slot{recv, send}, timeout(),
+                 deadline, peers_);
     // Rank r writes its own block into everyone's recv: the work is balanced and each send buffer
     // is read by its owner's thread only.
     const std::size_t bytes = count * dtype_size(dtype);
@@ -247,9 +246,7 @@ class LocalComm final : public Communicator {
     hub_->depart(rank_, CallKind::allgather, timeout(), deadline);
   }
 
-  void barrier() override {
-    hub_->arrive(rank_, CallDesc{}, Slot{}, timeout(), deadline_after(timeout()), peers_);
-  }
+  void barrier() override { hub_->arrive(rank_, CallDesc{}, Slot{}, timeout(), deadline_after(timeout()), peers_); }
 
  private:
   std::shared_ptr<LocalHub> hub_;
@@ -278,8 +275,7 @@ int LocalWorld::size() const { return hub_->size(); }
 
 Communicator& LocalWorld::comm(int rank) {
   if (rank < 0 || rank >= size())
-    throw Error("local world: no rank " + std::to_string(rank) + " in a world of size " +
-                std::to_string(size()));
+    throw Error("local world: no rank " + std::to_string(rank) + " in a world of size " + std::to_string(size()));
   return *comms_[static_cast<std::size_t>(rank)];
 }
 

@@ -308,10 +308,8 @@ class MpiComm final : public Communicator {
     for (std::size_t off = 0; off < bytes; off += max_message_bytes) {
       const int n = static_cast<int>(std::min(max_message_bytes, bytes - off));
       MPI_Request req = MPI_REQUEST_NULL;
-      if (send)
-        DPCHECK_MPI_CHECK(MPI_Isend(p + off, n, MPI_BYTE, peer, tag(round), comm_, &req));
-      else
-        DPCHECK_MPI_CHECK(MPI_Irecv(p + off, n, MPI_BYTE, peer, tag(round), comm_, &req));
+      if (send) DPCHECK_MPI_CHECK(MPI_Isend(p + off, n, MPI_BYTE, peer, tag(round), comm_, &req));
+      else DPCHECK_MPI_CHECK(MPI_Irecv(p + off, n, MPI_BYTE, peer, tag(round), comm_, &req));
       round_.reqs.push_back(req);
       round_.peer.push_back(peer);
       round_.is_send.push_back(send ? 1 : 0);
@@ -348,16 +346,14 @@ class MpiComm final : public Communicator {
 
     for (int p = 0; p < size_; ++p) {
       WireDesc& w = wires_[static_cast<std::size_t>(p)];
-      if (p == rank_)
-        w = mine;
-      else
-        std::memcpy(&w, inbox_of(p), sizeof w);
+      if (p == rank_) w = mine;
+      else std::memcpy(&w, inbox_of(p), sizeof w);
       if (w.seq != seq_)
         throw Error(call_on_rank(call_, rank_) + ": rank " + std::to_string(p) + " sent the description of call " +
                     std::to_string(w.seq) + " during call " + std::to_string(seq_));
-      descs_[static_cast<std::size_t>(p)] = CallDesc{static_cast<CallKind>(w.kind), static_cast<std::size_t>(w.count),
-                                                     static_cast<DType>(w.dtype), static_cast<ReduceOp>(w.op),
-                                                     static_cast<int>(w.root)};
+      descs_[static_cast<std::size_t>(p)] =
+          CallDesc{static_cast<CallKind>(w.kind), static_cast<std::size_t>(w.count), static_cast<DType>(w.dtype),
+                   static_cast<ReduceOp>(w.op), static_cast<int>(w.root)};
       null_buffer_[static_cast<std::size_t>(p)] = w.null_buffer;
     }
     // Every rank judges the same N descriptions, so all of them throw the same message or none does.
@@ -398,9 +394,8 @@ class MpiComm final : public Communicator {
   bool poll(Round& round) {
     const int n = static_cast<int>(round.reqs.size());
     round.indices.resize(round.reqs.size());
-    const auto yield_for =
-        yield_base + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(static_cast<double>(round.bytes) / yield_bytes_per_second));
+    const auto yield_for = yield_base + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                            static_cast<double>(round.bytes) / yield_bytes_per_second));
     auto last = Clock::now();
     auto nap = std::chrono::duration_cast<Clock::duration>(first_sleep);
     for (;;) {
@@ -452,9 +447,9 @@ class MpiComm final : public Communicator {
   CallKind call_ = CallKind::barrier;
   Clock::time_point deadline_;
   Round round_;
-  std::vector<unsigned char> outbox_;   // this rank's round-0 message
-  std::vector<unsigned char> inbox_;    // every other rank's round-0 message
-  std::vector<WireDesc> wires_;         // every rank's description, as received
+  std::vector<unsigned char> outbox_;  // this rank's round-0 message
+  std::vector<unsigned char> inbox_;   // every other rank's round-0 message
+  std::vector<WireDesc> wires_;        // every rank's description, as received
   std::vector<CallDesc> descs_;
   std::vector<std::uint8_t> null_buffer_;
   std::vector<const void*> inputs_;

@@ -7,8 +7,8 @@
 // that widen both operands to float32, combine them and round the result back, so the traffic stays
 // 16-bit, as a framework's bf16 all-reduce over MPI would be; MPI's tree then rounds at every
 // combination (src/comm.hpp), and avg divides that sum by N and rounds once more.
-#include "src/comm/mpi_comm.hpp"
 #include "src/builtin_names.hpp"
+#include "src/comm/mpi_comm.hpp"
 
 #include <cstdint>
 #include <limits>
@@ -137,8 +137,8 @@ class MpiNativeComm final : public Communicator {
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override {
     const int n = mpi_count(count, "allgather");
     const void* own = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank_) * count * dtype_size(dtype);
-    DPCHECK_MPI_CHECK(MPI_Allgather(send == own ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n,
-                                    mpi_type(dtype), comm_));
+    DPCHECK_MPI_CHECK(
+        MPI_Allgather(send == own ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_));
   }
 
   void barrier() override { DPCHECK_MPI_CHECK(MPI_Barrier(comm_)); }

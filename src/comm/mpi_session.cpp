@@ -100,8 +100,8 @@ std::optional<std::vector<std::string>> MpiSession::gather_bad_input(const std::
     total += lengths[static_cast<std::size_t>(r)];
   }
   std::string all(static_cast<std::size_t>(total), '\0');
-  DPCHECK_MPI_CHECK(MPI_Allgatherv(reason.data(), mine, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                                   MPI_CHAR, comm));
+  DPCHECK_MPI_CHECK(
+      MPI_Allgatherv(reason.data(), mine, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, comm));
   std::vector<std::string> reasons;
   for (int r = 0; r < size; ++r)
     reasons.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),

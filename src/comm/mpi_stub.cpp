@@ -28,8 +28,12 @@ MpiSession::~MpiSession() = default;
 
 // No session can exist without MPI (the constructor throws), so these are never reached.
 Communicator& MpiSession::world() { return *world_; }
-void MpiSession::abort(int) { throw_call_error("MpiSession::abort", 0, "this build has no MPI backend", __FILE__, __LINE__); }
-std::optional<std::vector<std::string>> MpiSession::gather_bad_input(const std::string&, double) { refuse_without_mpi(); }
+void MpiSession::abort(int) {
+  throw_call_error("MpiSession::abort", 0, "this build has no MPI backend", __FILE__, __LINE__);
+}
+std::optional<std::vector<std::string>> MpiSession::gather_bad_input(const std::string&, double) {
+  refuse_without_mpi();
+}
 
 std::unique_ptr<Communicator> make_mpi_communicator() { refuse_without_mpi(); }
 std::unique_ptr<Communicator> make_mpi_native_communicator(Communicator*) { refuse_without_mpi(); }

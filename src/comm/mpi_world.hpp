@@ -17,9 +17,9 @@ namespace dpcheck {
 
 // Every MPI call in dpcheck goes through this: MPI_ERRORS_RETURN makes failures return codes, and this
 // turns them into an Error naming the call, MPI's own text for the code, the file and the line.
-#define DPCHECK_MPI_CHECK(call)                                                                         \
-  do {                                                                                                  \
-    const int dpcheck_mpi_rc_ = (call);                                                                 \
+#define DPCHECK_MPI_CHECK(call)                                                                                 \
+  do {                                                                                                          \
+    const int dpcheck_mpi_rc_ = (call);                                                                         \
     if (dpcheck_mpi_rc_ != MPI_SUCCESS) ::dpcheck::throw_mpi_error(#call, dpcheck_mpi_rc_, __FILE__, __LINE__); \
   } while (0)
 
@@ -32,8 +32,7 @@ MPI_Comm duplicate_world(std::string_view what);
 
 // A Comm (made from an MPI_Comm it then owns) on a new duplicate of MPI_COMM_WORLD; the duplicate is
 // freed when the constructor throws.
-template <class Comm>
-std::unique_ptr<Communicator> make_on_world_duplicate(std::string_view what) {
+template <class Comm> std::unique_ptr<Communicator> make_on_world_duplicate(std::string_view what) {
   MPI_Comm comm = duplicate_world(what);
   try {
     return std::make_unique<Comm>(comm);

@@ -116,7 +116,6 @@ void SimulatedComm::replicate() {
   calls_.clear();
 }
 
-
 void SimulatedComm::abandon() {
   passing_ = false;
   calls_.clear();
@@ -146,10 +145,8 @@ SimulatedComm::Call& SimulatedComm::next_call(const CallDesc& desc) {
 void SimulatedComm::allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
   if (!passing_) return replicated_allreduce(buf, count, dtype, op);
   Call& c = next_call(CallDesc{CallKind::allreduce, count, dtype, op, 0});
-  if (rank_ == 0)
-    simulated_fold::start(c.acc, buf, count, dtype);
-  else
-    simulated_fold::fold(c.acc, buf, count, dtype, op);
+  if (rank_ == 0) simulated_fold::start(c.acc, buf, count, dtype);
+  else simulated_fold::fold(c.acc, buf, count, dtype, op);
   if (rank_ == world_ - 1) simulated_fold::finish(c.acc, buf, count, dtype, op, world_);
 }
 

@@ -67,7 +67,7 @@ class SimulatedComm final : public Communicator {
   // One call of a round: what rank 0 asked for, and the partial result of the ranks played so far.
   struct Call {
     CallDesc desc;
-    std::vector<std::byte> acc;  // the accumulator (float32 for the 16-bit formats), or all-gathered blocks
+    std::vector<std::byte> acc;        // the accumulator (float32 for the 16-bit formats), or all-gathered blocks
     std::vector<std::string> strings;  // allgather_strings's, one a rank
   };
   // The call this pass is at, checked against what rank 0 asked for (the ranks' calls must agree).

@@ -27,9 +27,20 @@ using Map = Eigen::Map<RowMatrix>;
 class CpuEngine final : public Engine {
  public:
   CpuEngine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels, const CpuEngineOptions& options)
-      : model_(model), kernels_(std::move(kernels)), options_(options), layout_(model), params_(layout_.size(), 0.0f), grads_(layout_.size(), 0.0f),
-        isa_(cpu::engine_isa()), z_(static_cast<std::size_t>(model.layers())), a_(z_.size()), h_(z_.size()), delta_(z_.size()),
-        low_w_(z_.size()), low_in_(z_.size()), low_delta_(z_.size()) {}
+      : model_(model),
+        kernels_(std::move(kernels)),
+        options_(options),
+        layout_(model),
+        params_(layout_.size(), 0.0f),
+        grads_(layout_.size(), 0.0f),
+        isa_(cpu::engine_isa()),
+        z_(static_cast<std::size_t>(model.layers())),
+        a_(z_.size()),
+        h_(z_.size()),
+        delta_(z_.size()),
+        low_w_(z_.size()),
+        low_in_(z_.size()),
+        low_delta_(z_.size()) {}
 
   std::string_view name() const override { return builtin::cpu; }
   const MemoryService& memory() const override { return host_memory(); }
@@ -80,18 +91,15 @@ class CpuEngine final : public Engine {
         kernels_->linear_forward(in, w_in, bias(l).data(), z_[li].data(), n, w.cols(), w.rows());
       } else {
         const ConstMap in_m(in, n, w.cols()), w_m(w_in, w.rows(), w.cols());
-        if (options_.accumulate_in_low_precision)
-          low_precision_product(in_m, w_m.transpose(), z_[li], false);
-        else
-          cpu::gemm(isa_, threads, false, true, n, w.rows(), w.cols(), in, w_in, z_[li].data(), false);
+        if (options_.accumulate_in_low_precision) low_precision_product(in_m, w_m.transpose(), z_[li], false);
+        else cpu::gemm(isa_, threads, false, true, n, w.rows(), w.cols(), in, w_in, z_[li].data(), false);
         z_[li].rowwise() += bias(l);
       }
       if (l + 1 < layers) {
         a_[li].resize(n, w.rows());
         if (plugin_activation(KernelOp::activation_forward))
           kernels_->activation_forward(model_.activation, z_[li].data(), a_[li].data(), z_[li].size());
-        else
-          activate(z_[li], a_[li]);
+        else activate(z_[li], a_[li]);
       }
     }
 
@@ -135,10 +143,8 @@ class CpuEngine final : public Engine {
         if (l > 0) backward_through_activation(h, li - 1);
         continue;
       }
-      if (options_.accumulate_in_low_precision)
-        low_precision_product(d_m.transpose(), in_m, gw, true);
-      else
-        cpu::gemm(isa_, threads, true, false, ws.shape[0], ws.shape[1], n, d_in, in, gw.data(), true);
+      if (options_.accumulate_in_low_precision) low_precision_product(d_m.transpose(), in_m, gw, true);
+      else cpu::gemm(isa_, threads, true, false, ws.shape[0], ws.shape[1], n, d_in, in, gw.data(), true);
       Eigen::Map<Eigen::RowVectorXf> gb(grads_.data() + layout_.bias(l).offset, ws.shape[0]);
       gb += delta.colwise().sum();
       layer_ready(l);
@@ -168,8 +174,7 @@ class CpuEngine final : public Engine {
 
   // The mutant bf16-accumulate: dst (+)= a * b with every partial sum rounded to the low precision,
   // as a kernel whose accumulator is a 16-bit register would.
-  template <class A, class B, class D>
-  void low_precision_product(const A& a, const B& b, D& dst, bool add) const {
+  template <class A, class B, class D> void low_precision_product(const A& a, const B& b, D& dst, bool add) const {
     const Precision p = options_.precision == Precision::fp32 ? Precision::bf16 : options_.precision;
     const RowMatrix ea = a, eb = b;
     if (!add) dst.resize(ea.rows(), eb.cols());

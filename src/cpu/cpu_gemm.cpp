@@ -154,7 +154,8 @@ Isa isa_from_env() {
     if (!built_with(isa))
       throw Error("DPCHECK_CPU_ISA=" + std::string(text) + ": this binary has no " + std::string(text) +
                   " path (built for a target without it)");
-    if (!cpu_has(isa)) throw Error("DPCHECK_CPU_ISA=" + std::string(text) + ": this CPU lacks " + std::string(isa_flags(isa)));
+    if (!cpu_has(isa))
+      throw Error("DPCHECK_CPU_ISA=" + std::string(text) + ": this CPU lacks " + std::string(isa_flags(isa)));
     return isa;
   }
   throw Error("DPCHECK_CPU_ISA='" + std::string(text) + "': choose baseline, avx2 or avx512");
@@ -173,7 +174,8 @@ int threads_from_env() {
 
 // The ranks an MPI launcher started on this node (or in all, where it does not say), 1 without one.
 int launcher_ranks_here() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
     if (const char* v = env(name)) return std::max(1, std::atoi(v));
   return 1;
 }
@@ -256,7 +258,9 @@ void gemm(Isa isa, int threads, bool trans_a, bool trans_b, std::ptrdiff_t m, st
 }
 
 std::string describe_engine_path() {
-  const auto shown = [](const char* name) { return std::string(name) + (env(name) ? std::string("=") + env(name) : " unset"); };
+  const auto shown = [](const char* name) {
+    return std::string(name) + (env(name) ? std::string("=") + env(name) : " unset");
+  };
   const int t = engine_threads();
   return std::string(isa_name(engine_isa())) + ", " + std::to_string(t) + (t == 1 ? " thread" : " threads") + " (" +
          shown("DPCHECK_CPU_ISA") + ", " + shown("DPCHECK_CPU_THREADS") + ")";

@@ -10,8 +10,8 @@
 // A product's bits depend on the path (the vector width and FMA change the roundings) and on the thread
 // count (which decides the blocks), never on the run: the same path and thread count give the same
 // bits every time, which checkpoint-resume and replay rely on. DPCHECK_CPU_ISA and DPCHECK_CPU_THREADS
-// pin both, so that the same binary gives the same bits on another machine that has the path. Every order of summation stays within
-// the engine's derived error bound (reference/bound.hpp), FMA included.
+// pin both, so that the same binary gives the same bits on another machine that has the path. Every order of summation
+// stays within the engine's derived error bound (reference/bound.hpp), FMA included.
 #pragma once
 
 #include <cstddef>

@@ -28,9 +28,7 @@ std::atomic<unsigned> g_counter{0};
   throw Error(what + " " + path.string() + ": " + std::strerror(err));
 }
 
-fs::path parent_or_dot(const fs::path& path) {
-  return path.has_parent_path() ? path.parent_path() : fs::path(".");
-}
+fs::path parent_or_dot(const fs::path& path) { return path.has_parent_path() ? path.parent_path() : fs::path("."); }
 
 // A name beside `dir`'s other entries that no other process or thread picks at the same time.
 fs::path unique_name(const fs::path& dir, const std::string& stem) {
@@ -238,13 +236,15 @@ void check_input_file(const fs::path& path, std::string_view what) {
   if (!S_ISREG(st.st_mode)) throw UsageError(who + " is " + file_kind(st.st_mode) + ", not a regular file");
 }
 
-void check_not_an_input(const fs::path& out, std::string_view out_option, const fs::path& in, std::string_view in_option) {
+void check_not_an_input(const fs::path& out, std::string_view out_option, const fs::path& in,
+                        std::string_view in_option) {
   if (out.empty() || in.empty()) return;
-  struct stat o {}, i {};
+  struct stat o {
+  }, i{};
   if (::stat(out.c_str(), &o) != 0 || ::stat(in.c_str(), &i) != 0) return;
   if (o.st_dev != i.st_dev || o.st_ino != i.st_ino) return;
-  throw UsageError(std::string(out_option) + " " + out.string() + " is the same file as " + std::string(in_option) + " " +
-                   in.string() + ": writing it would replace an input; give another path");
+  throw UsageError(std::string(out_option) + " " + out.string() + " is the same file as " + std::string(in_option) +
+                   " " + in.string() + ": writing it would replace an input; give another path");
 }
 
 void check_writable(const fs::path& path) { check_output_target(path, {}, OutputMode::replace, /*probe=*/false); }
@@ -269,11 +269,14 @@ void check_output_dir(const fs::path& path, std::string_view option) {
   if (errno != ENOENT) throw UsageError(what + ": " + std::strerror(errno));
   // Created with its parents when first written: the nearest existing ancestor must take a directory.
   fs::path ancestor = target.lexically_normal().parent_path();
-  while (!ancestor.empty() && ::stat(ancestor.c_str(), &st) != 0 && errno == ENOENT && ancestor.parent_path() != ancestor)
+  while (!ancestor.empty() && ::stat(ancestor.c_str(), &st) != 0 && errno == ENOENT &&
+         ancestor.parent_path() != ancestor)
     ancestor = ancestor.parent_path();
   if (ancestor.empty()) ancestor = ".";
-  if (::stat(ancestor.c_str(), &st) != 0) throw UsageError(what + ": " + ancestor.string() + ": " + std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) throw UsageError(what + ": " + ancestor.string() + " is " + file_kind(st.st_mode) + ", not a directory");
+  if (::stat(ancestor.c_str(), &st) != 0)
+    throw UsageError(what + ": " + ancestor.string() + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    throw UsageError(what + ": " + ancestor.string() + " is " + file_kind(st.st_mode) + ", not a directory");
   if (const int err = try_create_in(ancestor, true))
     throw UsageError(what + ": cannot create a directory in " + ancestor.string() + ": " + std::strerror(err));
 }

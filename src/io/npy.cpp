@@ -11,9 +11,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -127,18 +127,13 @@ class HeaderParser {
     constexpr std::size_t kMaxShown = 200;
     std::string excerpt(shown.substr(0, kMaxShown));
     if (shown.size() > kMaxShown) excerpt += "...";
-    fail(path_, "malformed header: " + what + " at offset " + std::to_string(pos_) + " in \"" +
-                    excerpt + "\"");
+    fail(path_, "malformed header: " + what + " at offset " + std::to_string(pos_) + " in \"" + excerpt + "\"");
   }
 
  private:
-  static bool is_space(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-  }
+  static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
   static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-  static bool is_ident(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_';
-  }
+  static bool is_ident(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_'; }
 
   char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
   void skip_space() {
@@ -278,12 +273,12 @@ DType parse_descr(const std::filesystem::path& path, const PyValue& descr) {
   if (d == "f8") t = DType::f64;
   if (d == "i8") t = DType::i64;
   if (!t) {
-    fail(path, "unsupported dtype '" + descr.text +
-                   "'; dpcheck reads float32 ('<f4'), float64 ('<f8') and int64 ('<i8')");
+    fail(path,
+         "unsupported dtype '" + descr.text + "'; dpcheck reads float32 ('<f4'), float64 ('<f8') and int64 ('<i8')");
   }
   if (order == '>') {
-    fail(path, "big-endian dtype '" + descr.text +
-                   "' is not supported; convert with arr.astype('<" + std::string(d) + "')");
+    fail(path,
+         "big-endian dtype '" + descr.text + "' is not supported; convert with arr.astype('<" + std::string(d) + "')");
   }
   return *t;
 }
@@ -400,12 +395,11 @@ std::string make_header(DType dtype, std::span<const std::int64_t> shape) {
 }
 
 template <class T>
-void write_typed(const std::filesystem::path& path, std::span<const std::int64_t> shape,
-                 std::span<const T> data) {
+void write_typed(const std::filesystem::path& path, std::span<const std::int64_t> shape, std::span<const T> data) {
   const auto n = checked_count(shape);
   if (n && static_cast<std::uint64_t>(*n) != data.size()) {
-    fail(path, "cannot write: shape " + shape_to_string(shape) + " holds " + std::to_string(*n) +
-                   " elements but " + std::to_string(data.size()) + " were given");
+    fail(path, "cannot write: shape " + shape_to_string(shape) + " holds " + std::to_string(*n) + " elements but " +
+                   std::to_string(data.size()) + " were given");
   }
   write_npy(path, dtype_of<T>(), shape, data.data());
 }
@@ -414,14 +408,12 @@ void check_consistent(const NpyArray& a) {
   const std::size_t size = dtype_size(a.dtype);
   const auto n = checked_count(a.shape);
   if (!n || a.data.size() != static_cast<std::size_t>(*n) * size) {
-    throw UsageError("NpyArray: shape " + a.shape_string() + " of " +
-                     std::string(dtype_name(a.dtype)) + " does not match its " +
-                     std::to_string(a.data.size()) + " bytes of data");
+    throw UsageError("NpyArray: shape " + a.shape_string() + " of " + std::string(dtype_name(a.dtype)) +
+                     " does not match its " + std::to_string(a.data.size()) + " bytes of data");
   }
 }
 
-template <class To, class From>
-std::vector<To> convert(const NpyArray& a) {
+template <class To, class From> std::vector<To> convert(const NpyArray& a) {
   std::vector<To> out(a.data.size() / sizeof(From));
   for (std::size_t i = 0; i < out.size(); ++i) {
     From v;
@@ -432,8 +424,8 @@ std::vector<To> convert(const NpyArray& a) {
 }
 
 [[noreturn]] void bad_conversion(const NpyArray& a, std::string_view to) {
-  throw UsageError("cannot convert a " + std::string(dtype_name(a.dtype)) + " array of shape " +
-                   a.shape_string() + " to " + std::string(to));
+  throw UsageError("cannot convert a " + std::string(dtype_name(a.dtype)) + " array of shape " + a.shape_string() +
+                   " to " + std::string(to));
 }
 
 }  // namespace
@@ -530,8 +522,8 @@ NpyArray read_npy(const std::filesystem::path& path) {
   const unsigned major = prefix[6];
   const unsigned minor = prefix[7];
   if (major < 1 || major > 3 || minor != 0) {
-    fail(path, "unsupported .npy format version " + std::to_string(major) + "." +
-                   std::to_string(minor) + "; dpcheck reads 1.0, 2.0 and 3.0");
+    fail(path, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
+                   "; dpcheck reads 1.0, 2.0 and 3.0");
   }
   const std::size_t length_bytes = major == 1 ? 2 : 4;
   const std::size_t prefix_len = kMagic.size() + 2 + length_bytes;
@@ -541,16 +533,15 @@ NpyArray read_npy(const std::filesystem::path& path) {
   const std::uint64_t header_len = little_endian_u32(prefix + kMagic.size() + 2, length_bytes);
   const std::uint64_t data_offset = prefix_len + header_len;
   if (data_offset > file_size) {
-    fail(path, "truncated header: it claims " + std::to_string(header_len) +
-                   " bytes but the file has only " + std::to_string(file_size) + " bytes in all");
+    fail(path, "truncated header: it claims " + std::to_string(header_len) + " bytes but the file has only " +
+                   std::to_string(file_size) + " bytes in all");
   }
 
   // Versions 1.0 and 2.0 are latin-1 and 3.0 is utf-8; either way the keys and values dpcheck
   // accepts are ASCII, so the bytes are parsed as they are.
   std::string header_text(header_len, '\0');
   const std::size_t in_prefix = got - prefix_len;
-  std::memcpy(header_text.data(), prefix + prefix_len,
-              std::min<std::size_t>(in_prefix, header_len));
+  std::memcpy(header_text.data(), prefix + prefix_len, std::min<std::size_t>(in_prefix, header_len));
   if (header_len > in_prefix) {
     const std::size_t rest = header_len - in_prefix;
     if (read_fully(path, fd, header_text.data() + in_prefix, rest) != rest) {
@@ -566,9 +557,8 @@ NpyArray read_npy(const std::filesystem::path& path) {
   }
   const std::uint64_t want = static_cast<std::uint64_t>(*n) * item;
   const std::uint64_t have = file_size - data_offset;
-  const std::string what = "shape " + shape_to_string(h.shape) + " of " +
-                           std::string(dtype_name(h.dtype)) + " needs " + std::to_string(want) +
-                           " bytes of data but the file has " + std::to_string(have);
+  const std::string what = "shape " + shape_to_string(h.shape) + " of " + std::string(dtype_name(h.dtype)) + " needs " +
+                           std::to_string(want) + " bytes of data but the file has " + std::to_string(have);
   if (have < want) fail(path, "data is truncated: " + what);
   if (have > want) fail(path, "data is longer than the shape says: " + what);
 
@@ -582,32 +572,29 @@ NpyArray read_npy(const std::filesystem::path& path) {
   return a;
 }
 
-NpyArray read_npy_expect(const std::filesystem::path& path,
-                         std::span<const std::int64_t> expected) {
+NpyArray read_npy_expect(const std::filesystem::path& path, std::span<const std::int64_t> expected) {
   NpyArray a = read_npy(path);
   bool match = a.shape.size() == expected.size();
   for (std::size_t i = 0; match && i < expected.size(); ++i) {
     match = expected[i] == -1 || expected[i] == a.shape[i];
   }
   if (!match) {
-    fail(path, "expected shape " + shape_to_string(expected, /*wildcard=*/true) + ", found " +
-                   a.shape_string());
+    fail(path, "expected shape " + shape_to_string(expected, /*wildcard=*/true) + ", found " + a.shape_string());
   }
   return a;
 }
 
 // ---- writing ------------------------------------------------------------------------------------
 
-void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape,
-               const void* data) {
+void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape, const void* data) {
   if (descr_of(dtype).empty()) {
     fail(path, "cannot write dtype " + std::string(dtype_name(dtype)) +
                    "; .npy files from dpcheck hold float32, float64 or int64");
   }
   const auto n = checked_count(shape);
   if (!n) {
-    fail(path, "cannot write shape " + shape_to_string(shape) +
-                   ": a dimension is negative or the element count overflows");
+    fail(path,
+         "cannot write shape " + shape_to_string(shape) + ": a dimension is negative or the element count overflows");
   }
   const std::size_t item = dtype_size(dtype);
   if (static_cast<std::uint64_t>(*n) > std::numeric_limits<std::size_t>::max() / item) {
@@ -622,13 +609,11 @@ void write_npy(const std::filesystem::path& path, DType dtype, std::span<const s
   });
 }
 
-void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
-               std::span<const float> data) {
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape, std::span<const float> data) {
   write_typed(path, shape, data);
 }
 
-void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
-               std::span<const double> data) {
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape, std::span<const double> data) {
   write_typed(path, shape, data);
 }
 

@@ -15,12 +15,12 @@
 namespace dpcheck {
 
 struct NpyArray {
-  DType dtype = DType::f32;               // f32, f64 or i64
-  std::vector<std::int64_t> shape;        // empty for a 0-d array
-  std::vector<unsigned char> data;        // raw little-endian elements, C order
+  DType dtype = DType::f32;         // f32, f64 or i64
+  std::vector<std::int64_t> shape;  // empty for a 0-d array
+  std::vector<unsigned char> data;  // raw little-endian elements, C order
 
-  std::int64_t count() const;             // product of shape (1 for 0-d)
-  std::string shape_string() const;       // "(256, 4)"
+  std::int64_t count() const;        // product of shape (1 for 0-d)
+  std::string shape_string() const;  // "(256, 4)"
 
   // The elements converted to T: float32 from float32 or float64 (float64 is rounded once, to
   // nearest); double from either float type; int64 from int64 only. Other conversions throw UsageError.
@@ -43,12 +43,9 @@ std::string index_text(std::span<const std::int64_t> shape, std::size_t flat);
 
 // Writes with write_file_atomic (src/io/files.hpp): a reader never sees half a file, and a symbolic link
 // is written through to its target, as np.save does.
-void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape,
-               const void* data);
-void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
-               std::span<const float> data);
-void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
-               std::span<const double> data);
+void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape, const void* data);
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape, std::span<const float> data);
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape, std::span<const double> data);
 void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
                std::span<const std::int64_t> data);
 

@@ -220,7 +220,8 @@ ChildResult run_child(const ChildOptions& o) {
   } else if (o.err == Output::to_stdout) {
     ::posix_spawn_file_actions_adddup2(&setup.actions, STDOUT_FILENO, STDERR_FILENO);
   }
-  if (o.input == Input::null) ::posix_spawn_file_actions_addopen(&setup.actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  if (o.input == Input::null)
+    ::posix_spawn_file_actions_addopen(&setup.actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
 
   sigset_t all, none;
   ::sigfillset(&all);  // glibc leaves out the signals it keeps for itself

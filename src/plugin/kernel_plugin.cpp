@@ -99,14 +99,13 @@ Kernels::~Kernels() {
   plugin_.table().finalize(handle_);
 }
 
-template <class F>
-void Kernels::call(std::string_view entry, F&& f) const {
+template <class F> void Kernels::call(std::string_view entry, F&& f) const {
   const PluginCall guard(plugin_.name(), entry, rank_, timeout_);
   const int rc = f();
   if (rc == 0) return;
   const char* message = plugin_.table().last_error ? plugin_.table().last_error(handle_) : nullptr;
   throw PluginFault(guard.what() + " failed (returned " + std::to_string(rc) +
-              "): " + (message && *message ? std::string(message) : std::string("the plugin gave no message")));
+                    "): " + (message && *message ? std::string(message) : std::string("the plugin gave no message")));
 }
 
 void Kernels::linear_forward(const float* x, const float* w, const float* b, float* y, std::int64_t rows,

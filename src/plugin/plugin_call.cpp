@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>

@@ -68,7 +68,8 @@ bool abi_dtype(DType t, dpcheck_dtype_t* out) {
 // dtypes and ops; abi 2 every dtype and op of abi 2; abi 3 and later its masks, 0 meaning abi 1's.
 std::uint32_t declared_dtypes(const dpcheck_comm_plugin_t& plugin) {
   if (plugin.abi == 1) return DPCHECK_ABI1_DTYPES;
-  if (plugin.abi == 2) return DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
+  if (plugin.abi == 2)
+    return DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
   return plugin.dtypes ? plugin.dtypes : DPCHECK_ABI1_DTYPES;
 }
 
@@ -92,8 +93,8 @@ bool supports_under(const dpcheck_comm_plugin_t& plugin, DType dtype, ReduceOp o
   return has_dtype_under(plugin, dtype, rules) && (ops_under(plugin, rules) & DPCHECK_OP_BIT(abi_op(op))) != 0;
 }
 
-constexpr std::uint32_t kAllDtypes = DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) |
-                                     DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
+constexpr std::uint32_t kAllDtypes =
+    DPCHECK_ABI1_DTYPES | DPCHECK_DTYPE_BIT(DPCHECK_BFLOAT16) | DPCHECK_DTYPE_BIT(DPCHECK_FLOAT16);
 
 constexpr DType kAbiDtypes[] = {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16};
 constexpr ReduceOp kAbiOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
@@ -102,7 +103,10 @@ class PluginCommunicator final : public Communicator {
  public:
   PluginCommunicator(const dpcheck_comm_plugin_t& plugin, std::string backend, Communicator& base,
                      std::unique_ptr<Communicator> bootstrap_transport, const PluginRules& rules = {})
-      : plugin_(plugin), backend_(std::move(backend)), base_(base), transport_(std::move(bootstrap_transport)),
+      : plugin_(plugin),
+        backend_(std::move(backend)),
+        base_(base),
+        transport_(std::move(bootstrap_transport)),
         rules_(rules) {
     Communicator::set_timeout(base.timeout());
     boot_.rank = base.rank();
@@ -148,8 +152,7 @@ class PluginCommunicator final : public Communicator {
   void allreduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     dpcheck_dtype_t t;
     if (!plugin_dtype(dtype, &t)) return base_.host().allreduce(buf, count, dtype, op);
-    if (!supports_under(plugin_, dtype, op, rules_))
-      throw UsageError(comm_plugin_lacks(plugin_, backend_, dtype, op));
+    if (!supports_under(plugin_, dtype, op, rules_)) throw UsageError(comm_plugin_lacks(plugin_, backend_, dtype, op));
     guarded("allreduce", [&] { return plugin_.allreduce(comm_, buf, count, t, abi_op(op), stream_); });
   }
 
@@ -209,8 +212,7 @@ class PluginCommunicator final : public Communicator {
 
   static int boot_allgather(void* ctx, const void* send, void* recv, std::size_t bytes) {
     auto* self = static_cast<PluginCommunicator*>(ctx);
-    return self->bootstrap_call("allgather",
-                                [&](Communicator& c) { c.allgather(send, recv, bytes, DType::u8); });
+    return self->bootstrap_call("allgather", [&](Communicator& c) { c.allgather(send, recv, bytes, DType::u8); });
   }
 
   static int boot_barrier(void* ctx) {
@@ -242,7 +244,7 @@ class PluginCommunicator final : public Communicator {
     if (!bootstrap_error_.empty()) why += " [dpcheck's " + bootstrap_error_ + "]";
     bootstrap_error_.clear();
     throw PluginFault("plugin '" + std::string(plugin_.name) + "' " + call + " on rank " + std::to_string(rank()) +
-                " returned " + std::to_string(rc) + ": " + why);
+                      " returned " + std::to_string(rc) + ": " + why);
   }
 
   const dpcheck_comm_plugin_t& plugin_;
@@ -301,7 +303,9 @@ const dpcheck_comm_plugin_t& load_comm_plugin(const std::string& path, std::stri
   return *table;
 }
 
-bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype) { return has_dtype_under(plugin, dtype, {}); }
+bool comm_plugin_has_dtype(const dpcheck_comm_plugin_t& plugin, DType dtype) {
+  return has_dtype_under(plugin, dtype, {});
+}
 
 bool comm_plugin_supports(const dpcheck_comm_plugin_t& plugin, DType dtype, ReduceOp op) {
   return supports_under(plugin, dtype, op, {});
@@ -312,7 +316,8 @@ std::string comm_plugin_capabilities(const dpcheck_comm_plugin_t& plugin) {
   for (DType t : kAbiDtypes)
     if (comm_plugin_has_dtype(plugin, t)) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(t));
   for (ReduceOp op : kAbiOps)
-    if (declared_ops(plugin) & DPCHECK_OP_BIT(abi_op(op))) ops += (ops.empty() ? "" : ", ") + std::string(reduce_op_name(op));
+    if (declared_ops(plugin) & DPCHECK_OP_BIT(abi_op(op)))
+      ops += (ops.empty() ? "" : ", ") + std::string(reduce_op_name(op));
   return "dtypes " + (dtypes.empty() ? std::string("none") : dtypes) + "; all-reduce ops " +
          (ops.empty() ? std::string("none") : ops);
 }
@@ -330,11 +335,11 @@ std::string comm_plugin_lacks(const dpcheck_comm_plugin_t& plugin, const std::st
   if (!comm_plugin_has_dtype(plugin, dtype)) {
     if (plugin.abi < 3 && is_16bit_float(dtype))
       return who + " is of plugin ABI " + std::to_string(plugin.abi) + ", which has no " + name +
-             ": rebuild it against this dpcheck's plugin.h (ABI " + std::to_string(DPCHECK_PLUGIN_ABI) +
-             "), handle " + name + " and declare it in its table's dtypes";
+             ": rebuild it against this dpcheck's plugin.h (ABI " + std::to_string(DPCHECK_PLUGIN_ABI) + "), handle " +
+             name + " and declare it in its table's dtypes";
     return who + " does not support " + name + " collectives (it declares " + comm_plugin_capabilities(plugin) +
-           "): use a dtype it declares" + (op ? " (--allreduce-dtype f32)" : "") +
-           ", or add DPCHECK_DTYPE_BIT(" + abi_dtype_macro(dtype) + ") to its table's dtypes once it handles them";
+           "): use a dtype it declares" + (op ? " (--allreduce-dtype f32)" : "") + ", or add DPCHECK_DTYPE_BIT(" +
+           abi_dtype_macro(dtype) + ") to its table's dtypes once it handles them";
   }
   const std::string op_name(reduce_op_name(*op));
   return who + " does not support " + op_name + " all-reduces (it declares " + comm_plugin_capabilities(plugin) +
@@ -366,7 +371,8 @@ const Backend& register_comm_plugin(const std::string& path) {
     row.engine = engine_for_memory(row.memory).name;
     row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
       export_timeout(timeout);
-      run_local(n, [&](Communicator& base) { run_on_plugin(plugin, name, base, fn); }, timeout);
+      run_local(
+          n, [&](Communicator& base) { run_on_plugin(plugin, name, base, fn); }, timeout);
     };
     row.run_processes = [&plugin, name](Communicator& world, const RankFunction& fn) {
       export_timeout(world.timeout());
@@ -386,7 +392,8 @@ const Backend& register_comm_plugin(const std::string& path) {
     row.engine = engine_for_memory(row.memory).name;
     row.run_threads = [&plugin, name](int n, const RankFunction& fn, std::chrono::milliseconds timeout) {
       export_timeout(timeout);
-      require_cuda().run_cuda_local(n, [&](Communicator& base) { run_on_plugin(plugin, name, base, fn); }, timeout);
+      require_cuda().run_cuda_local(
+          n, [&](Communicator& base) { run_on_plugin(plugin, name, base, fn); }, timeout);
     };
   }
   return register_backend(std::move(row));

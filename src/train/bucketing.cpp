@@ -37,7 +37,11 @@ std::vector<GradientBucket> plan_buckets(const ParamLayout& layout, std::size_t 
 
 BucketReducer::BucketReducer(Communicator& comm, std::vector<GradientBucket> buckets, DType dtype, bool threaded,
                              std::unique_ptr<BucketStaging> staging)
-    : comm_(comm), buckets_(std::move(buckets)), dtype_(dtype), threaded_(threaded), staging_(std::move(staging)),
+    : comm_(comm),
+      buckets_(std::move(buckets)),
+      dtype_(dtype),
+      threaded_(threaded),
+      staging_(std::move(staging)),
       launched_(buckets_.size()) {
   DPCHECK_ASSERT(dtype == DType::f32 || dtype == DType::bf16);
   DPCHECK_ASSERT(!threaded || comm.callable_from_any_thread());
@@ -49,10 +53,8 @@ BucketReducer::BucketReducer(Communicator& comm, std::vector<GradientBucket> buc
   }
   // Each bucket's buffer sits at the bucket's own place, so the copies in and out are plain slices.
   // Unthreaded, a float32 bucket is reduced in the gradient itself.
-  if (dtype_ == DType::bf16)
-    low_.resize(total);
-  else if (threaded_ && !staging_)
-    f32_.resize(total);
+  if (dtype_ == DType::bf16) low_.resize(total);
+  else if (threaded_ && !staging_) f32_.resize(total);
   if (threaded_) thread_ = std::thread([this] { run(); });
 }
 
@@ -71,8 +73,9 @@ BucketReducer::~BucketReducer() {
 
 void BucketReducer::begin(float* grads) {
   if (in_step_)
-    throw Error("the gradient's buckets of an abandoned step may still be in flight: this trainer cannot take "
-                "another step");
+    throw Error(
+        "the gradient's buckets of an abandoned step may still be in flight: this trainer cannot take "
+        "another step");
   in_step_ = true;
   grads_ = grads;
   std::fill(launched_.begin(), launched_.end(), false);
@@ -94,8 +97,7 @@ void BucketReducer::launch(std::size_t k) {
   ++next_launch_;
   if (!threaded_) return;
   const GradientBucket& b = buckets_[k];
-  if (staging_)
-    staging_->mark(k);
+  if (staging_) staging_->mark(k);
   else if (dtype_ == DType::f32)
     std::copy(grads_ + b.lo, grads_ + b.hi, f32_.begin() + static_cast<std::ptrdiff_t>(b.lo));
   else
@@ -174,8 +176,7 @@ void BucketReducer::finish() {
   if (staging_) comm_.set_stream(staging_->engine_stream());
   if (error) std::rethrow_exception(error);
   for (const GradientBucket& b : buckets_) {
-    if (staging_)
-      staging_->unstage(grads_, b.lo, b.hi);
+    if (staging_) staging_->unstage(grads_, b.lo, b.hi);
     else if (dtype_ == DType::f32)
       std::copy(f32_.begin() + static_cast<std::ptrdiff_t>(b.lo), f32_.begin() + static_cast<std::ptrdiff_t>(b.hi),
                 grads_ + b.lo);

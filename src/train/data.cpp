@@ -53,10 +53,8 @@ Batch Dataset::gather(std::span<const std::int64_t> indices) const {
   b.size = static_cast<std::int64_t>(indices.size());
   const auto in = static_cast<std::size_t>(in_dim()), o = static_cast<std::size_t>(out_dim());
   b.x.resize(indices.size() * in);
-  if (loss() == Loss::mse)
-    b.y.resize(indices.size() * o);
-  else
-    b.labels.resize(indices.size());
+  if (loss() == Loss::mse) b.y.resize(indices.size() * o);
+  else b.labels.resize(indices.size());
   for (std::size_t k = 0; k < indices.size(); ++k) {
     const std::int64_t i = indices[k];
     if (i < 0 || i >= size())
@@ -76,7 +74,10 @@ const ModelConfig& validated(const ModelConfig& model) {
 }  // namespace
 
 SyntheticDataset::SyntheticDataset(std::int64_t size, const ModelConfig& model, std::uint64_t seed)
-    : size_(size), in_dim_(validated(model).in_dim()), out_dim_(model.out_dim()), loss_(model.loss),
+    : size_(size),
+      in_dim_(validated(model).in_dim()),
+      out_dim_(model.out_dim()),
+      loss_(model.loss),
       key_(mix_key(seed, 0xDA7A)) {
   if (size < 0) throw UsageError("data set size must be >= 0");
 }
@@ -100,8 +101,7 @@ ArrayDataset ArrayDataset::load(const std::filesystem::path& x_path, const std::
   model.validate();
   const std::int64_t in = model.in_dim(), out = model.out_dim();
   const NpyArray x = read_npy(x_path);
-  if (x.dtype == DType::i64)
-    throw UsageError(x_path.string() + ": inputs must be float32 or float64, found int64");
+  if (x.dtype == DType::i64) throw UsageError(x_path.string() + ": inputs must be float32 or float64, found int64");
   if (x.shape.size() != 2 || x.shape[1] != in)
     throw UsageError(x_path.string() + ": expected inputs of shape (B, " + std::to_string(in) + "), found " +
                      x.shape_string());
@@ -112,7 +112,7 @@ ArrayDataset ArrayDataset::load(const std::filesystem::path& x_path, const std::
   const NpyArray y = read_npy(y_path);
   if (model.loss == Loss::mse) {
     const bool ok = y.dtype != DType::i64 && ((y.shape.size() == 2 && y.shape[0] == all.size && y.shape[1] == out) ||
-                                             (out == 1 && y.shape.size() == 1 && y.shape[0] == all.size));
+                                              (out == 1 && y.shape.size() == 1 && y.shape[0] == all.size));
     if (!ok)
       throw UsageError(y_path.string() + ": mse targets must be float32 or float64 of shape (" +
                        std::to_string(all.size) + ", " + std::to_string(out) + "), found " +
@@ -120,14 +120,13 @@ ArrayDataset ArrayDataset::load(const std::filesystem::path& x_path, const std::
     all.y = y.as_finite_float32(y_path);
   } else {
     if (y.dtype != DType::i64 || y.shape.size() != 1 || y.shape[0] != all.size)
-      throw UsageError(y_path.string() + ": cross-entropy labels must be int64 of shape (" +
-                       std::to_string(all.size) + ",), found " + std::string(dtype_name(y.dtype)) + " " +
-                       y.shape_string());
+      throw UsageError(y_path.string() + ": cross-entropy labels must be int64 of shape (" + std::to_string(all.size) +
+                       ",), found " + std::string(dtype_name(y.dtype)) + " " + y.shape_string());
     all.labels = y.as_int64();
     for (std::int64_t c : all.labels)
       if (c < 0 || c >= out)
-        throw UsageError(y_path.string() + ": label " + std::to_string(c) + " is outside [0, " +
-                         std::to_string(out) + ")");
+        throw UsageError(y_path.string() + ": label " + std::to_string(c) + " is outside [0, " + std::to_string(out) +
+                         ")");
   }
   return ArrayDataset(std::move(all));
 }

@@ -17,9 +17,9 @@ struct Batch {
   int in_dim = 0;
   int out_dim = 0;
   Loss loss = Loss::mse;
-  std::vector<float> x;               // size x in_dim, row-major
-  std::vector<float> y;               // mse: size x out_dim targets
-  std::vector<std::int64_t> labels;   // cross-entropy: size class indices in [0, out_dim)
+  std::vector<float> x;              // size x in_dim, row-major
+  std::vector<float> y;              // mse: size x out_dim targets
+  std::vector<std::int64_t> labels;  // cross-entropy: size class indices in [0, out_dim)
 
   // Examples [begin, end) as a batch of their own.
   Batch slice(std::int64_t begin, std::int64_t end) const;
@@ -68,8 +68,7 @@ class ArrayDataset final : public Dataset {
   // x: float32 or float64 of shape (B, in); y: for mse float of shape (B, out) (or (B,) when out is 1),
   // for cross-entropy int64 of shape (B,) with classes in [0, out); every float finite in float32.
   // UsageError naming the file otherwise.
-  static ArrayDataset load(const std::filesystem::path& x, const std::filesystem::path& y,
-                           const ModelConfig& model);
+  static ArrayDataset load(const std::filesystem::path& x, const std::filesystem::path& y, const ModelConfig& model);
 
   std::int64_t size() const override { return all_.size; }
   int in_dim() const override { return all_.in_dim; }

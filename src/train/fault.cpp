@@ -21,11 +21,11 @@ std::string_view fault_phase_name(FaultPhase phase) {
 }
 
 std::string Fault::describe() const {
-  const char* what = phase == FaultPhase::data               ? "a replaced example"
-                     : kind == FaultKind::flip_low_bit       ? "a flipped low bit"
-                     : kind == FaultKind::nan                ? "a NaN"
-                     : kind == FaultKind::bug                ? "a bug-sized change"
-                                                             : "this rank's own input left";
+  const char* what = phase == FaultPhase::data         ? "a replaced example"
+                     : kind == FaultKind::flip_low_bit ? "a flipped low bit"
+                     : kind == FaultKind::nan          ? "a NaN"
+                     : kind == FaultKind::bug          ? "a bug-sized change"
+                                                       : "this rank's own input left";
   return std::string(what) + " in the " + std::string(fault_phase_name(phase)) + " of rank " + std::to_string(rank) +
          (phase == FaultPhase::all_reduce ? " at data all-reduce " : " at step ") + std::to_string(step) +
          (phase == FaultPhase::data ? ", position " : ", element ") + std::to_string(element);
@@ -101,7 +101,8 @@ class FaultTrainer final : public Trainer {
   }
   void update_done(std::int64_t step) override {
     if (!now(step)) return;
-    if (fault_.phase == FaultPhase::update) inject_fault(engine().memory(), engine().params(), engine().param_count(), fault_);
+    if (fault_.phase == FaultPhase::update)
+      inject_fault(engine().memory(), engine().params(), engine().param_count(), fault_);
     if (fault_.phase == FaultPhase::optimizer_state)
       inject_fault(engine().memory(), optimizer().state(), optimizer().state_size(), fault_);
   }
@@ -122,8 +123,9 @@ std::unique_ptr<Communicator> fault_communicator(Communicator& inner, const Faul
   return std::make_unique<FaultCommunicator>(inner, fault);
 }
 
-std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm, Engine& engine,
-                                       Optimizer& optimizer, const DistributedSampler& sampler, const Dataset& data) {
+std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm,
+                                       Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
+                                       const Dataset& data) {
   return std::make_unique<FaultTrainer>(fault, config, comm, engine, optimizer, sampler, data);
 }
 

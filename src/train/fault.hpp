@@ -48,7 +48,8 @@ std::unique_ptr<Communicator> fault_communicator(Communicator& inner, const Faul
 // A trainer whose fault.rank takes the fault at step fault.step: in its examples, its local gradient
 // before the all-reduce, or its parameters or optimizer state after the update (not all-reduce faults:
 // fault_communicator).
-std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm, Engine& engine,
-                                       Optimizer& optimizer, const DistributedSampler& sampler, const Dataset& data);
+std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm,
+                                       Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
+                                       const Dataset& data);
 
 }  // namespace dpcheck

@@ -30,8 +30,9 @@ void LossScalerConfig::validate() const {
     throw UsageError("--loss-scale-init must be a power of two from 2^-24 to 2^64 (so that scaling is exact), not " +
                      std::to_string(init_scale));
   if (!power_of_two(growth_factor, 1, 8) || !power_of_two(backoff_factor, -8, -1))
-    throw UsageError("the loss scaler's growth factor must be a power of two from 2 to 256 and its backoff one from "
-                     "1/256 to 1/2");
+    throw UsageError(
+        "the loss scaler's growth factor must be a power of two from 2 to 256 and its backoff one from "
+        "1/256 to 1/2");
   if (growth_interval < 1 || growth_interval > (std::int64_t{1} << 40))
     throw UsageError("--loss-scale-interval must be from 1 to 2^40 steps");
 }

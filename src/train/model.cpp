@@ -40,7 +40,8 @@ std::int64_t parameter_count(const std::vector<int>& dims) {
   std::int64_t n = 0;
   for (std::size_t l = 0; l + 1 < dims.size(); ++l) {
     // Widths up to max_width keep each product within 2^49, so the sum is checked before it can overflow.
-    const std::int64_t in = std::min<std::int64_t>(dims[l], max_width), out = std::min<std::int64_t>(dims[l + 1], max_width);
+    const std::int64_t in = std::min<std::int64_t>(dims[l], max_width),
+                       out = std::min<std::int64_t>(dims[l + 1], max_width);
     n += (in + 1) * out;
     if (n > (std::int64_t{1} << 62)) return std::int64_t{1} << 62;
   }
@@ -121,8 +122,8 @@ ParamLayout::ParamLayout(const ModelConfig& config) {
 const Slice& ParamLayout::slice_at(std::size_t i) const {
   for (const Slice& s : slices_)
     if (i >= s.offset && i < s.offset + s.size()) return s;
-  throw Error("element " + std::to_string(i) + " is outside the parameter buffer of " +
-              std::to_string(size_) + " elements");
+  throw Error("element " + std::to_string(i) + " is outside the parameter buffer of " + std::to_string(size_) +
+              " elements");
 }
 
 std::string ParamLayout::describe_element(std::size_t i) const {
@@ -136,10 +137,10 @@ std::vector<float> init_params(const ModelConfig& config, std::uint64_t seed) {
   const std::uint64_t key = mix_key(seed, 0x1A17);
   for (int l = 0; l < config.layers(); ++l) {
     // PyTorch computes 1/sqrt(fan_in) in double, then draws in float32.
-    const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.dims[static_cast<std::size_t>(l)])));
+    const auto bound =
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.dims[static_cast<std::size_t>(l)])));
     for (const Slice* s : {&layout.weight(l), &layout.bias(l)})
-      for (std::size_t i = s->offset; i < s->offset + s->size(); ++i)
-        params[i] = bound * random_symmetric(key, 0, i);
+      for (std::size_t i = s->offset; i < s->offset + s->size(); ++i) params[i] = bound * random_symmetric(key, 0, i);
   }
   return params;
 }

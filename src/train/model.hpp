@@ -30,9 +30,9 @@ inline constexpr std::int64_t max_parameters = 2147483647;  // 2^31 - 1
 std::int64_t parameter_count(const std::vector<int>& dims);
 
 struct ModelConfig {
-  std::vector<int> dims;  // widths: input, hidden..., output; at least two, each >= 1
+  std::vector<int> dims;                     // widths: input, hidden..., output; at least two, each >= 1
   Activation activation = Activation::relu;  // between layers, not after the last
-  Loss loss = Loss::mse;  // mse: mean over batch x outputs; cross-entropy: mean over batch, labels
+  Loss loss = Loss::mse;                     // mse: mean over batch x outputs; cross-entropy: mean over batch, labels
 
   int layers() const { return static_cast<int>(dims.size()) - 1; }
   int in_dim() const { return dims.front(); }

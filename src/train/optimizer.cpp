@@ -107,8 +107,8 @@ class CpuOptimizer final : public Optimizer {
         const auto w2 = static_cast<float>(1.0 - config_.beta2);
         const auto eps = static_cast<float>(config_.eps);
         for (std::size_t i = 0; i < n; ++i) {
-          m[i] = m[i] + w1 * (g[i] - m[i]);        // exp_avg.lerp_(grad, 1 - beta1)
-          v[i] = v[i] * b2 + (w2 * g[i]) * g[i];   // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+          m[i] = m[i] + w1 * (g[i] - m[i]);       // exp_avg.lerp_(grad, 1 - beta1)
+          v[i] = v[i] * b2 + (w2 * g[i]) * g[i];  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
           const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
           p[i] = p[i] - step_size * (m[i] / denom);  // param.addcdiv_(exp_avg, denom, -step_size)
         }

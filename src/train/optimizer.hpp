@@ -52,8 +52,8 @@ class Optimizer {
   // The state as named blocks of size() elements each, stored one after another in state().
   std::vector<std::string> state_names() const;
   std::size_t state_size() const { return state_names().size() * size_; }
-  virtual float* state() = 0;                                   // memory_space()
-  virtual void store_state(std::span<float> host) const = 0;   // state_size() elements
+  virtual float* state() = 0;                                 // memory_space()
+  virtual void store_state(std::span<float> host) const = 0;  // state_size() elements
   virtual void load_state(std::span<const float> host, std::int64_t steps) = 0;
 
  protected:

@@ -1,12 +1,12 @@
 #include "src/train/replica_check.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
-#include <algorithm>
 #include <limits>
 #include <map>
-#include <tuple>
 #include <sstream>
+#include <tuple>
 
 #include "src/error.hpp"
 
@@ -78,10 +78,8 @@ std::string ReplicaReport::describe() const {
   if (synchronized) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hashes.empty() ? 0 : hashes[0]));
-    if (simulated)
-      os << "one replica for every rank (simulated ranks, " << hash_name << " " << buf << ")";
-    else
-      os << "replicas identical (" << hashes.size() << " ranks, " << hash_name << " " << buf << ")";
+    if (simulated) os << "one replica for every rank (simulated ranks, " << hash_name << " " << buf << ")";
+    else os << "replicas identical (" << hashes.size() << " ranks, " << hash_name << " " << buf << ")";
     return os.str();
   }
   os << "replicas differ after step " << step << ": first difference in " << buffer << " at " << element
@@ -115,7 +113,8 @@ std::size_t first_differing_element(Communicator& comm, Engine& engine, Optimize
     const std::vector<std::uint64_t> params = host.allgather_value(reinterpret_cast<std::uint64_t>(engine.params()));
     const std::vector<std::uint64_t> states = host.allgather_value(reinterpret_cast<std::uint64_t>(optimizer.state()));
     std::size_t mine = memory.first_difference(engine.params(), reinterpret_cast<const float*>(params[0]), n);
-    if (mine == n) mine = n + memory.first_difference(optimizer.state(), reinterpret_cast<const float*>(states[0]), state);
+    if (mine == n)
+      mine = n + memory.first_difference(optimizer.state(), reinterpret_cast<const float*>(states[0]), state);
     // No rank may change its buffers before every rank has compared: the gather below is that barrier.
     const std::vector<std::uint64_t> firsts = host.allgather_value<std::uint64_t>(mine);
     return static_cast<std::size_t>(*std::min_element(firsts.begin(), firsts.end()));

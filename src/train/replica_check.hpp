@@ -1,8 +1,9 @@
 // ReplicaCheck: after every step, every replica's parameters and optimizer state must be bitwise
 // identical. Each rank hashes its own state with its engine's MemoryService (XXH3-64 on the CPU, the
-// replica hash of kernels/hash.hpp on the GPU) and the hashes are all-gathered; only when they differ is the first differing element located (in place when
-// the ranks share an address space -- threads, or replicas on one GPU -- else on gathered copies): its tensor and index, every rank's value (decimal and bits), the ULP distance
-// from the majority, and which ranks are in the minority.
+// replica hash of kernels/hash.hpp on the GPU) and the hashes are all-gathered; only when they differ is the first
+// differing element located (in place when the ranks share an address space -- threads, or replicas on one GPU -- else
+// on gathered copies): its tensor and index, every rank's value (decimal and bits), the ULP distance from the majority,
+// and which ranks are in the minority.
 #pragma once
 
 #include <cstdint>
@@ -21,20 +22,20 @@ namespace dpcheck {
 struct ReplicaReport {
   std::int64_t step = 0;
   bool synchronized = true;
-  std::vector<std::uint64_t> hashes;  // one per rank
-  std::string hash_name;              // the function that made them: MemoryService::hash_name()
+  std::vector<std::uint64_t> hashes;          // one per rank
+  std::string hash_name;                      // the function that made them: MemoryService::hash_name()
   std::vector<std::int64_t> optimizer_steps;  // one per rank
   // Simulated ranks (Communicator::simulated): one replica plays every rank, so there is nothing to
   // compare; hashes and optimizer_steps hold the one replica's.
   bool simulated = false;
 
   // Filled on a mismatch.
-  std::string buffer;            // "parameters" or "optimizer state exp_avg", ...
-  std::string element;           // "layers.0.weight[3, 1]"
-  std::size_t flat_index = 0;    // index in the rank's concatenated parameters + state
-  std::vector<float> values;     // one per rank
-  std::vector<int> minority;     // ranks whose value differs from the most common one
-  std::uint64_t max_ulp = 0;     // largest ULP distance from the most common value
+  std::string buffer;          // "parameters" or "optimizer state exp_avg", ...
+  std::string element;         // "layers.0.weight[3, 1]"
+  std::size_t flat_index = 0;  // index in the rank's concatenated parameters + state
+  std::vector<float> values;   // one per rank
+  std::vector<int> minority;   // ranks whose value differs from the most common one
+  std::uint64_t max_ulp = 0;   // largest ULP distance from the most common value
 
   // One line when synchronized; otherwise the located difference over several lines.
   std::string describe() const;

@@ -43,20 +43,16 @@ Policy parse_policy(std::string_view name) {
 
 DistributedSampler::DistributedSampler(const SamplerConfig& config) : config_(config) {
   if (config_.world_size < 1) {
-    throw UsageError("sampler: world_size must be at least 1, got " +
-                     std::to_string(config_.world_size));
+    throw UsageError("sampler: world_size must be at least 1, got " + std::to_string(config_.world_size));
   }
   if (config_.dataset_size < 0) {
-    throw UsageError("sampler: dataset_size must not be negative, got " +
-                     std::to_string(config_.dataset_size));
+    throw UsageError("sampler: dataset_size must not be negative, got " + std::to_string(config_.dataset_size));
   }
   // Padding rounds D up to a multiple of N, which must still fit in an int64.
   const std::int64_t d = config_.dataset_size, n = config_.world_size;
-  if (config_.policy == Policy::pad &&
-      d / n + (d % n != 0 ? 1 : 0) > std::numeric_limits<std::int64_t>::max() / n) {
+  if (config_.policy == Policy::pad && d / n + (d % n != 0 ? 1 : 0) > std::numeric_limits<std::int64_t>::max() / n) {
     throw UsageError("sampler: dataset_size " + std::to_string(config_.dataset_size) +
-                     " is too large to pad to a multiple of world_size " +
-                     std::to_string(config_.world_size));
+                     " is too large to pad to a multiple of world_size " + std::to_string(config_.world_size));
   }
 }
 
@@ -128,8 +124,7 @@ std::int64_t DistributedSampler::position(int rank, std::int64_t k) const {
   return rank * (total / n) + std::min<std::int64_t>(rank, total % n) + k;
 }
 
-std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::int64_t>& order,
-                                                       int rank) const {
+std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::int64_t>& order, int rank) const {
   check_rank(rank, config_.world_size);
   DPCHECK_ASSERT(static_cast<std::int64_t>(order.size()) == config_.dataset_size);
   const std::int64_t d = config_.dataset_size;

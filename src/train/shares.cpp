@@ -124,17 +124,18 @@ ShareVerdict judge_shares(std::int64_t epoch, const EpochShares& shares, const S
          ", outside the data set's [0, " + std::to_string(d) + ")");
   if (c.repeats > 0 && !v.padded) {
     const bool everyone = c.missing == 0 && c.smallest == d && c.widest == d;
-    fail(everyone ? "every rank draws all " + std::to_string(d) +
-                        " examples: the shares are not split among the ranks (no DistributedSampler?)"
-                  : "example " + examples_text({c.repeated.front()}) + " is drawn more than once" +
-                        (c.missing > 0 ? ", and example " + std::to_string(c.first_missing) + " by no rank" : "") +
-                        " (" + std::to_string(c.repeats) + " repeated draws, " + std::to_string(c.missing) +
-                        " examples in no share; repeated: " + examples_text(c.repeated) +
-                        "): the ranks' shares overlap");
+    fail(everyone
+             ? "every rank draws all " + std::to_string(d) +
+                   " examples: the shares are not split among the ranks (no DistributedSampler?)"
+             : "example " + examples_text({c.repeated.front()}) + " is drawn more than once" +
+                   (c.missing > 0 ? ", and example " + std::to_string(c.first_missing) + " by no rank" : "") + " (" +
+                   std::to_string(c.repeats) + " repeated draws, " + std::to_string(c.missing) +
+                   " examples in no share; repeated: " + examples_text(c.repeated) + "): the ranks' shares overlap");
   }
   if (c.missing > 0 && c.repeats == 0 && !v.dropped)
     fail(std::to_string(c.missing) + " examples are in no share (" + list_text(c.missed) +
-         (c.missing > static_cast<std::int64_t>(c.missed.size()) ? ", ..." : "") + "): the shares do not cover the data");
+         (c.missing > static_cast<std::int64_t>(c.missed.size()) ? ", ..." : "") +
+         "): the shares do not cover the data");
   if (c.repeats == 0 && c.missing == 0 && c.widest - c.smallest > 1)
     fail("the shares hold from " + std::to_string(c.smallest) + " to " + std::to_string(c.widest) +
          " examples: they differ by more than one");
@@ -160,7 +161,8 @@ ShareVerdict judge_shares(std::int64_t epoch, const EpochShares& shares, const S
     seen += " apart from padding: " + std::to_string(c.repeats) + " example" + (c.repeats == 1 ? "" : "s") +
             " drawn twice so that the shares are equal (" + examples_text(c.repeated) + ")";
   if (v.dropped)
-    seen += " apart from " + std::to_string(c.missing) + " dropped so that the shares are equal (" + list_text(c.missed) + ")";
+    seen += " apart from " + std::to_string(c.missing) + " dropped so that the shares are equal (" +
+            list_text(c.missed) + ")";
   if (v.shuffled) seen += previous != nullptr ? "; shuffled, in a new order this epoch" : "; shuffled";
   v.message = at + seen;
   return v;

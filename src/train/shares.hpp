@@ -20,9 +20,7 @@ struct EpochShares {
   std::size_t widest = 0;
   std::span<const std::int64_t> sizes;
 
-  std::int64_t at(std::size_t rank, std::int64_t k) const {
-    return flat[rank * widest + static_cast<std::size_t>(k)];
-  }
+  std::int64_t at(std::size_t rank, std::int64_t k) const { return flat[rank * widest + static_cast<std::size_t>(k)]; }
 };
 
 struct ShareCount {

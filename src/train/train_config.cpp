@@ -56,8 +56,9 @@ void TrainConfig::validate(int world_size) const {
   if (warmup_steps < 0) throw UsageError("--warmup-steps must be at least 0");
   if (bucket_mb != 0) bucket_elements(bucket_mb);  // UsageError for a negative or unusable size
   if (warmup_steps > 0 && !linear_scaling)
-    throw UsageError("--warmup-steps ramps the learning rate from --lr up to the linearly scaled one (Goyal et al.): "
-                     "it needs --linear-scaling");
+    throw UsageError(
+        "--warmup-steps ramps the learning rate from --lr up to the linearly scaled one (Goyal et al.): "
+        "it needs --linear-scaling");
   if (allreduce_dtype != DType::f32 && allreduce_dtype != DType::bf16)
     throw UsageError("the gradient all-reduce runs in float32 or bfloat16");
   if (policy == Policy::drop_last && data_size() < world_size)
@@ -68,23 +69,23 @@ void TrainConfig::validate(int world_size) const {
 
 nlohmann::json TrainConfig::to_json(int world_size) const {
   nlohmann::json j = {{"model", dims_string(model.dims)},
-          {"activation", activation_name(model.activation)},
-          {"loss", loss_name(model.loss)},
-          {"batch", batch},
-          {"dataset_size", data_size()},
-          {"accumulate", accumulate},
-          {"optimizer", optimizer_name(optimizer.kind)},
-          {"lr", optimizer.lr},
-          {"momentum", optimizer.momentum},
-          {"beta1", optimizer.beta1},
-          {"beta2", optimizer.beta2},
-          {"eps", optimizer.eps},
-          {"linear_scaling", linear_scaling},
-          {"shuffle", shuffle},
-          {"split", split_name(split)},
-          {"policy", policy_name(policy)},
-          {"seed", seed},
-          {"world_size", world_size}};
+                      {"activation", activation_name(model.activation)},
+                      {"loss", loss_name(model.loss)},
+                      {"batch", batch},
+                      {"dataset_size", data_size()},
+                      {"accumulate", accumulate},
+                      {"optimizer", optimizer_name(optimizer.kind)},
+                      {"lr", optimizer.lr},
+                      {"momentum", optimizer.momentum},
+                      {"beta1", optimizer.beta1},
+                      {"beta2", optimizer.beta2},
+                      {"eps", optimizer.eps},
+                      {"linear_scaling", linear_scaling},
+                      {"shuffle", shuffle},
+                      {"split", split_name(split)},
+                      {"policy", policy_name(policy)},
+                      {"seed", seed},
+                      {"world_size", world_size}};
   // Only a run that scales its loss records the scaler, so that checkpoints written before there was
   // one still resume a run without one.
   if (warmup_steps > 0) j["warmup_steps"] = warmup_steps;

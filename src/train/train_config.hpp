@@ -23,20 +23,20 @@ std::string_view allreduce_dtype_name(DType dtype);
 
 struct TrainConfig {
   ModelConfig model;
-  std::int64_t batch = 32;         // global batch per step
-  std::int64_t dataset_size = 0;   // 0: the same as batch
+  std::int64_t batch = 32;        // global batch per step
+  std::int64_t dataset_size = 0;  // 0: the same as batch
   int steps = 1;
-  int accumulate = 1;              // micro-batches per rank per step
+  int accumulate = 1;  // micro-batches per rank per step
   OptimizerConfig optimizer;
-  bool linear_scaling = false;     // learning rate x world size (Goyal et al., 2017)
+  bool linear_scaling = false;  // learning rate x world size (Goyal et al., 2017)
   // Goyal et al.'s gradual warm-up: over the first warmup_steps steps the learning rate rises in equal
   // steps from lr to the linearly scaled lr x N (step t < K: lr (1 + (N - 1) t / K)), then stays there.
   std::int64_t warmup_steps = 0;
   bool shuffle = true;
   Split split = Split::strided;
   Policy policy = Policy::pad;
-  std::uint64_t seed = 0;          // parameters, synthetic data and shuffle
-  LossScalerConfig loss_scaling;   // --loss-scale: none, or dynamic (GradScaler's semantics)
+  std::uint64_t seed = 0;         // parameters, synthetic data and shuffle
+  LossScalerConfig loss_scaling;  // --loss-scale: none, or dynamic (GradScaler's semantics)
   // --allreduce-dtype: the gradient all-reduce in float32, or in bfloat16 (each rank's gradient rounded
   // to bf16, reduced by the communicator in that dtype, and read back as float32), as frameworks do to
   // halve the traffic.
@@ -48,12 +48,12 @@ struct TrainConfig {
 
   std::int64_t data_size() const { return dataset_size > 0 ? dataset_size : batch; }
   SamplerConfig sampler(int world_size) const;
-  OptimizerConfig optimizer_for(int world_size) const;  // with the linear scaling rule applied
+  OptimizerConfig optimizer_for(int world_size) const;    // with the linear scaling rule applied
   double lr_at(std::int64_t step, int world_size) const;  // with the warm-up as well
   // Steps in an epoch: each rank walks its share in slices of ceil(batch / N) examples, and the epoch
   // lasts as long as the largest share, rank 0's (shares are equal, or the first ranks hold one more).
   std::int64_t steps_per_epoch(int world_size) const;
-  void validate(int world_size) const;                  // throws UsageError
+  void validate(int world_size) const;  // throws UsageError
 
   // What a checkpoint records of the run, and what must match to resume from one: everything but the
   // number of steps. `resume_mismatch` names the first difference, or returns "" when they agree.

@@ -21,7 +21,12 @@ std::vector<std::int64_t> split_sizes(std::int64_t n, std::int64_t parts) {
 
 Trainer::Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
                  const DistributedSampler& sampler, const Dataset& data)
-    : config_(config), comm_(comm), engine_(engine), optimizer_(optimizer), sampler_(sampler), data_(data),
+    : config_(config),
+      comm_(comm),
+      engine_(engine),
+      optimizer_(optimizer),
+      sampler_(sampler),
+      data_(data),
       scaler_(config.loss_scaling) {
   const int world = comm.size();
   config_.validate(world);
@@ -143,9 +148,9 @@ double Trainer::rank_gradient(std::int64_t step) {
     if (comm_.callable_from_any_thread() && config_.allreduce_dtype == DType::f32 &&
         engine_.memory_space() == comm_.memory_space())
       staging = engine_.make_bucket_staging(buckets.size());
-    const bool threaded = comm_.callable_from_any_thread() &&
-                          (staging || (engine_.memory_space() == MemorySpace::host &&
-                                       comm_.memory_space() == MemorySpace::host));
+    const bool threaded =
+        comm_.callable_from_any_thread() &&
+        (staging || (engine_.memory_space() == MemorySpace::host && comm_.memory_space() == MemorySpace::host));
     reducer_ = std::make_unique<BucketReducer>(comm_, std::move(buckets), config_.allreduce_dtype, threaded,
                                                std::move(staging));
   }
@@ -155,7 +160,8 @@ double Trainer::rank_gradient(std::int64_t step) {
   const bool overlap = buckets_overlap();
   const int layers = engine_.model().layers();
   const auto launch_ready = [&](int completed) {
-    while (reducer_->next() < reducer_->buckets().size() && bucket_ready(reducer_->buckets()[reducer_->next()], completed))
+    while (reducer_->next() < reducer_->buckets().size() &&
+           bucket_ready(reducer_->buckets()[reducer_->next()], completed))
       reducer_->launch(reducer_->next());
   };
   struct HookReset {
@@ -168,7 +174,8 @@ double Trainer::rank_gradient(std::int64_t step) {
   const auto started = std::chrono::steady_clock::now();
   const std::vector<std::int64_t> micro = split_sizes(batch.size, config_.accumulate);
   const auto last = std::find_if(micro.rbegin(), micro.rend(), [](std::int64_t n) { return n > 0; });
-  const std::size_t last_micro = last == micro.rend() ? micro.size() : static_cast<std::size_t>(micro.rend() - last) - 1;
+  const std::size_t last_micro =
+      last == micro.rend() ? micro.size() : static_cast<std::size_t>(micro.rend() - last) - 1;
   double loss_sum = 0.0;
   std::int64_t offset = 0;
   bool first = true;
@@ -193,10 +200,8 @@ double Trainer::rank_gradient(std::int64_t step) {
   engine_.synchronize();
   const auto computed = std::chrono::steady_clock::now();
   compute_seconds_ = std::chrono::duration<double>(computed - started).count();
-  if (reducer_)
-    reducer_->finish();
-  else
-    allreduce_gradient();
+  if (reducer_) reducer_->finish();
+  else allreduce_gradient();
   engine_.synchronize();
   exposed_comm_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
   found_inf_ = false;
@@ -294,7 +299,8 @@ void Trainer::restore(const Checkpoint& c) {
     throw UsageError("the checkpoint holds " + std::to_string(c.params.size()) + " parameters, the model has " +
                      std::to_string(engine_.param_count()));
   if (c.state_names != optimizer_.state_names())
-    throw UsageError("the checkpoint's optimizer state does not fit " + std::string(optimizer_name(optimizer_.config().kind)));
+    throw UsageError("the checkpoint's optimizer state does not fit " +
+                     std::string(optimizer_name(optimizer_.config().kind)));
   if (scaler_.enabled() != c.loss_scaler.has_value())
     throw UsageError(scaler_.enabled() ? "the checkpoint has no loss scaler state, and this run scales the loss"
                                        : "the checkpoint holds a loss scaler's state, and this run has none");

@@ -58,10 +58,10 @@ class StepObserver {
 
 struct StepResult {
   std::int64_t step = 0;
-  double loss = 0;              // mean loss over the global batch (before the update)
+  double loss = 0;  // mean loss over the global batch (before the update)
   std::int64_t global_batch = 0;
-  bool skipped = false;         // the loss scaler found a non-finite gradient: no update was taken
-  float loss_scale = 1;         // the scaler's scale after the step (1 without one)
+  bool skipped = false;  // the loss scaler found a non-finite gradient: no update was taken
+  float loss_scale = 1;  // the scaler's scale after the step (1 without one)
   // Wall-clock seconds of the forward and backward passes, and of the gradient all-reduce that they did
   // not hide (all of it without buckets; with them, the wait once the backward pass has returned).
   double compute_seconds = 0;
@@ -201,9 +201,9 @@ class Trainer {
   StepObserver* observer_ = nullptr;
   LossScaler scaler_;
   bool found_inf_ = false;
-  std::vector<float> host_copy_;  // a device engine's gradient, for the scaler's checks
-  std::vector<Bf16> low_grads_;   // the gradient in bf16, for --allreduce-dtype bf16
-  std::unique_ptr<BucketReducer> reducer_;  // --bucket-mb; made at the first step
+  std::vector<float> host_copy_;                           // a device engine's gradient, for the scaler's checks
+  std::vector<Bf16> low_grads_;                            // the gradient in bf16, for --allreduce-dtype bf16
+  std::unique_ptr<BucketReducer> reducer_;                 // --bucket-mb; made at the first step
   double compute_seconds_ = 0, exposed_comm_seconds_ = 0;  // the last compute_gradient's
 };
 

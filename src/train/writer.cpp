@@ -71,7 +71,6 @@ std::int64_t step_of(const std::string& name) {
   return v < kMaxCount && checkpoint_name(v) == name ? v : -1;
 }
 
-
 // Every entry named like a checkpoint, of whatever type (the reader says why a non-directory is
 // unusable), newest first.
 std::vector<std::pair<std::int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
@@ -146,7 +145,9 @@ std::string bound_text(std::int64_t hi) {
 class Fields {
  public:
   Fields(const nlohmann::json& object, std::string name) : object_(object), prefix_(name.empty() ? "" : name + ".") {
-    if (!object.is_object()) refuse((name.empty() ? std::string("the manifest") : in_quotes(name)) + " is " + shown_json(object) + ", not a JSON object");
+    if (!object.is_object())
+      refuse((name.empty() ? std::string("the manifest") : in_quotes(name)) + " is " + shown_json(object) +
+             ", not a JSON object");
   }
 
   const nlohmann::json& at(const std::string& key) {
@@ -167,7 +168,8 @@ class Fields {
       const std::int64_t i = v.get<std::int64_t>();
       if (i >= lo && i < hi) return i;
     }
-    refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not an integer in [" + std::to_string(lo) + ", " + bound_text(hi) + ")");
+    refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not an integer in [" + std::to_string(lo) + ", " +
+           bound_text(hi) + ")");
   }
   std::uint64_t unsigned_integer(const std::string& key) {
     const nlohmann::json& v = at(key);
@@ -177,7 +179,8 @@ class Fields {
   }
   double number(const std::string& key) {
     const nlohmann::json& v = at(key);
-    if (!v.is_number() || !std::isfinite(v.get<double>())) refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not a finite number");
+    if (!v.is_number() || !std::isfinite(v.get<double>()))
+      refuse(in_quotes(name(key)) + " is " + shown_json(v) + ", not a finite number");
     return v.get<double>();
   }
   bool boolean(const std::string& key) {
@@ -191,8 +194,7 @@ class Fields {
     return v.get<std::string>();
   }
   // A string that `parse` turns into a value, or refuses (UsageError) with its own reason.
-  template <class Parse>
-  auto choice(const std::string& key, Parse parse) {
+  template <class Parse> auto choice(const std::string& key, Parse parse) {
     const std::string t = text(key);
     try {
       return parse(t);
@@ -220,7 +222,8 @@ nlohmann::json parse_json(std::string_view text) {
   check_json_depth(text, "the manifest");
   std::vector<std::set<std::string>> keys;  // one set per open object
   std::string twice;
-  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event,
+                                                      nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
     if (event == E::object_start) keys.emplace_back();
     if (event == E::object_end && !keys.empty()) keys.pop_back();
@@ -290,7 +293,9 @@ std::pair<TrainConfig, int> recorded_config(const nlohmann::json& doc) {
   // spells it so. (A number's spelling, 1 for 1.0, compares equal.)
   const nlohmann::json written = c.to_json(world);
   for (const auto& [key, value] : written.items())
-    if (doc.at(key) != value) refuse(in_quotes("config." + key) + " is " + shown_json(doc.at(key)) + ", which dpcheck writes as " + shown_json(value));
+    if (doc.at(key) != value)
+      refuse(in_quotes("config." + key) + " is " + shown_json(doc.at(key)) + ", which dpcheck writes as " +
+             shown_json(value));
   return {c, world};
 }
 
@@ -312,13 +317,15 @@ Manifest parse_manifest(std::string_view text) {
   m.config = f.at("config");
   m.model = config.model;
   m.steps_per_epoch = config.steps_per_epoch(world);
-  const std::string per_epoch = " (the recorded configuration has " + std::to_string(m.steps_per_epoch) + " steps an epoch)";
+  const std::string per_epoch =
+      " (the recorded configuration has " + std::to_string(m.steps_per_epoch) + " steps an epoch)";
   if (m.step_in_epoch >= m.steps_per_epoch)
     refuse("\"step_in_epoch\" is " + std::to_string(m.step_in_epoch) + ", beyond the end of an epoch" + per_epoch);
   if (m.epoch != m.step / m.steps_per_epoch || m.step_in_epoch != m.step % m.steps_per_epoch)
     refuse("\"epoch\" " + std::to_string(m.epoch) + " and \"step_in_epoch\" " + std::to_string(m.step_in_epoch) +
            " do not agree with \"step\" " + std::to_string(m.step) + ", which is step " +
-           std::to_string(m.step % m.steps_per_epoch) + " of epoch " + std::to_string(m.step / m.steps_per_epoch) + per_epoch);
+           std::to_string(m.step % m.steps_per_epoch) + " of epoch " + std::to_string(m.step / m.steps_per_epoch) +
+           per_epoch);
 
   if (config.loss_scaling.enabled() != f.has("loss_scaler"))
     refuse(config.loss_scaling.enabled() ? "\"loss_scaler\" is missing, and the configuration scales its loss"
@@ -345,8 +352,8 @@ Manifest parse_manifest(std::string_view text) {
   const nlohmann::json& state = optimizer.at("state");
   const std::vector<std::string> want = make_cpu_optimizer(config.optimizer, 0)->state_names();
   if (state != nlohmann::json(want))
-    refuse("\"optimizer.state\" is " + shown_json(state) + ", but " + std::string(optimizer_name(config.optimizer.kind)) +
-           " keeps " + nlohmann::json(want).dump());
+    refuse("\"optimizer.state\" is " + shown_json(state) + ", but " +
+           std::string(optimizer_name(config.optimizer.kind)) + " keeps " + nlohmann::json(want).dump());
   m.state_names = want;
   optimizer.done();
 
@@ -355,10 +362,12 @@ Manifest parse_manifest(std::string_view text) {
   Fields files(listed, "files");
   // Counted before the layout is built, so that a manifest claiming a million layers costs no more
   // than its own text.
-  const std::string tensors = "model " + dims_string(m.model.dims) + " with " + std::string(optimizer_name(config.optimizer.kind));
+  const std::string tensors =
+      "model " + dims_string(m.model.dims) + " with " + std::string(optimizer_name(config.optimizer.kind));
   const std::size_t count = 2 * (m.model.dims.size() - 1) + m.state_names.size();
   if (listed.size() < count)
-    refuse("\"files\" lists " + std::to_string(listed.size()) + " files, but " + tensors + " keeps " + std::to_string(count) + " tensors");
+    refuse("\"files\" lists " + std::to_string(listed.size()) + " files, but " + tensors + " keeps " +
+           std::to_string(count) + " tensors");
   const ParamLayout layout(m.model);
   std::vector<std::string> names;
   for (const Slice& s : layout.slices()) names.push_back(s.name + ".npy");
@@ -368,7 +377,8 @@ Manifest parse_manifest(std::string_view text) {
     Manifest::File file{name, static_cast<std::uint64_t>(entry.integer("bytes", 0, kMaxCount)), 0};
     const std::string hash = entry.text("xxh3");
     const bool hex = hash.size() == 16 && hash.find_first_not_of("0123456789abcdef") == std::string::npos;
-    if (!hex) refuse(in_quotes(entry.name("xxh3")) + " is " + in_quotes(hash) + ", not 16 lower-case hexadecimal digits");
+    if (!hex)
+      refuse(in_quotes(entry.name("xxh3")) + " is " + in_quotes(hash) + ", not 16 lower-case hexadecimal digits");
     file.xxh3 = std::stoull(hash, nullptr, 16);
     entry.done();
     m.files.push_back(std::move(file));
@@ -408,92 +418,92 @@ fs::path RankZeroWriter::save(const Checkpoint& c, const ModelConfig& model, boo
   std::exception_ptr failed;  // this rank's, when it could not write the checkpoint, and its text
   std::string why;
   if (writes() && !checkpoint_dir_.empty()) try {
-    fs::create_directories(checkpoint_dir_);
-    remove_abandoned(checkpoint_dir_);
-    const std::string name = checkpoint_name(c.step);
-    const fs::path tmp = checkpoint_dir_ / ("." + name + ".tmp-" + std::to_string(::getpid()));
-    fs::remove_all(tmp);
-    fs::create_directory(tmp);
-    // Every way out before the rename removes the temporary directory (a full disk, `ulimit -f`), and
-    // says the checkpoint's own path rather than the temporary one's.
-    struct RemoveUnlessPublished {
-      const fs::path& dir;
-      bool published = false;
-      ~RemoveUnlessPublished() {
-        std::error_code ec;
-        if (!published) fs::remove_all(dir, ec);
-      }
-    } cleanup{tmp};
-    try {
-
-    nlohmann::json files = nlohmann::json::object();
-    const auto add_file = [&](const std::string& file, std::span<const std::int64_t> shape, std::span<const float> data) {
-      write_npy(tmp / file, shape, data);
-      const std::string bytes = read_bytes(tmp / file);
-      files[file] = {{"bytes", bytes.size()}, {"xxh3", hex64(hash_bytes(bytes.data(), bytes.size()))}};
-    };
-    const ParamLayout layout(model);
-    DPCHECK_ASSERT(c.params.size() == layout.size());
-    for (const Slice& s : layout.slices())
-      add_file(s.name + ".npy", s.shape, std::span<const float>(c.params).subspan(s.offset, s.size()));
-    DPCHECK_ASSERT(c.optimizer_state.size() == c.state_names.size() * c.params.size());
-    const std::vector<std::int64_t> flat{static_cast<std::int64_t>(c.params.size())};
-    for (std::size_t k = 0; k < c.state_names.size(); ++k)
-      add_file("optimizer." + c.state_names[k] + ".npy", flat,
-               std::span<const float>(c.optimizer_state).subspan(k * c.params.size(), c.params.size()));
-
-    // The manifest is the commit marker: written last, it vouches for every file above.
-    nlohmann::json manifest{{"format", kFormat},
-                                  {"version", kVersion},
-                                  {"step", c.step},
-                                  {"epoch", c.epoch},
-                                  {"step_in_epoch", c.step_in_epoch},
-                                  {"optimizer", {{"steps", c.optimizer_steps}, {"state", c.state_names}}},
-                                  {"config", c.config},
-                                  {"files", files}};
-    if (c.loss_scaler)
-      manifest["loss_scaler"] = {{"scale", c.loss_scaler->scale},
-                                    {"growth_tracker", c.loss_scaler->growth_tracker},
-                                    {"skipped", c.loss_scaler->skipped}};
-    const std::string text = manifest.dump(2) + "\n";
-    // The writer never writes what its reader would refuse: fields that disagree (a step that is not
-    // the epoch's, optimizer steps that are not the step) are a bug in the caller, reported now rather
-    // than at the resume.
-    try {
-      parse_manifest(text);
-    } catch (const UsageError& e) {
+      fs::create_directories(checkpoint_dir_);
+      remove_abandoned(checkpoint_dir_);
+      const std::string name = checkpoint_name(c.step);
+      const fs::path tmp = checkpoint_dir_ / ("." + name + ".tmp-" + std::to_string(::getpid()));
       fs::remove_all(tmp);
-      throw Error("refusing to write checkpoint " + name + ": its manifest.json would be refused: " + e.what());
-    }
-    write_file_atomic(tmp / kManifest, text);
+      fs::create_directory(tmp);
+      // Every way out before the rename removes the temporary directory (a full disk, `ulimit -f`), and
+      // says the checkpoint's own path rather than the temporary one's.
+      struct RemoveUnlessPublished {
+        const fs::path& dir;
+        bool published = false;
+        ~RemoveUnlessPublished() {
+          std::error_code ec;
+          if (!published) fs::remove_all(dir, ec);
+        }
+      } cleanup{tmp};
+      try {
+        nlohmann::json files = nlohmann::json::object();
+        const auto add_file = [&](const std::string& file, std::span<const std::int64_t> shape,
+                                  std::span<const float> data) {
+          write_npy(tmp / file, shape, data);
+          const std::string bytes = read_bytes(tmp / file);
+          files[file] = {{"bytes", bytes.size()}, {"xxh3", hex64(hash_bytes(bytes.data(), bytes.size()))}};
+        };
+        const ParamLayout layout(model);
+        DPCHECK_ASSERT(c.params.size() == layout.size());
+        for (const Slice& s : layout.slices())
+          add_file(s.name + ".npy", s.shape, std::span<const float>(c.params).subspan(s.offset, s.size()));
+        DPCHECK_ASSERT(c.optimizer_state.size() == c.state_names.size() * c.params.size());
+        const std::vector<std::int64_t> flat{static_cast<std::int64_t>(c.params.size())};
+        for (std::size_t k = 0; k < c.state_names.size(); ++k)
+          add_file("optimizer." + c.state_names[k] + ".npy", flat,
+                   std::span<const float>(c.optimizer_state).subspan(k * c.params.size(), c.params.size()));
 
+        // The manifest is the commit marker: written last, it vouches for every file above.
+        nlohmann::json manifest{{"format", kFormat},
+                                {"version", kVersion},
+                                {"step", c.step},
+                                {"epoch", c.epoch},
+                                {"step_in_epoch", c.step_in_epoch},
+                                {"optimizer", {{"steps", c.optimizer_steps}, {"state", c.state_names}}},
+                                {"config", c.config},
+                                {"files", files}};
+        if (c.loss_scaler)
+          manifest["loss_scaler"] = {{"scale", c.loss_scaler->scale},
+                                     {"growth_tracker", c.loss_scaler->growth_tracker},
+                                     {"skipped", c.loss_scaler->skipped}};
+        const std::string text = manifest.dump(2) + "\n";
+        // The writer never writes what its reader would refuse: fields that disagree (a step that is not
+        // the epoch's, optimizer steps that are not the step) are a bug in the caller, reported now rather
+        // than at the resume.
+        try {
+          parse_manifest(text);
+        } catch (const UsageError& e) {
+          fs::remove_all(tmp);
+          throw Error("refusing to write checkpoint " + name + ": its manifest.json would be refused: " + e.what());
+        }
+        write_file_atomic(tmp / kManifest, text);
+
+      } catch (const std::exception& e) {
+        std::string what = e.what();
+        const std::string from = tmp.string(), to = (checkpoint_dir_ / name).string();
+        for (std::size_t at = what.find(from); at != std::string::npos; at = what.find(from, at + to.size()))
+          what.replace(at, from.size(), to);
+        throw Error("cannot write checkpoint " + to + ": " + what);
+      }
+
+      final_dir = checkpoint_dir_ / name;
+      const fs::path old = checkpoint_dir_ / ("." + name + ".old-" + std::to_string(::getpid()));
+      const bool replacing = fs::exists(final_dir);
+      if (replacing) fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      cleanup.published = true;
+      sync_directory(checkpoint_dir_);
+      if (replacing) fs::remove_all(old);
+
+      prune(checkpoint_dir_, final_dir, keep_);
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      const std::string from = tmp.string(), to = (checkpoint_dir_ / name).string();
-      for (std::size_t at = what.find(from); at != std::string::npos; at = what.find(from, at + to.size()))
-        what.replace(at, from.size(), to);
-      throw Error("cannot write checkpoint " + to + ": " + what);
+      if (!collective) throw;
+      failed = std::current_exception();
+      why = *e.what() ? e.what() : "cannot write checkpoint " + checkpoint_name(c.step);
+    } catch (...) {
+      if (!collective) throw;
+      failed = std::current_exception();
+      why = "cannot write checkpoint " + checkpoint_name(c.step);
     }
-
-    final_dir = checkpoint_dir_ / name;
-    const fs::path old = checkpoint_dir_ / ("." + name + ".old-" + std::to_string(::getpid()));
-    const bool replacing = fs::exists(final_dir);
-    if (replacing) fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    cleanup.published = true;
-    sync_directory(checkpoint_dir_);
-    if (replacing) fs::remove_all(old);
-
-    prune(checkpoint_dir_, final_dir, keep_);
-  } catch (const std::exception& e) {
-    if (!collective) throw;
-    failed = std::current_exception();
-    why = *e.what() ? e.what() : "cannot write checkpoint " + checkpoint_name(c.step);
-  } catch (...) {
-    if (!collective) throw;
-    failed = std::current_exception();
-    why = "cannot write checkpoint " + checkpoint_name(c.step);
-  }
   // Every rank may read the checkpoint once save() returns. When the writing rank could not write it,
   // every rank ends with its error here, instead of waiting in a barrier (or at the next collective) for
   // a rank that has left.
@@ -532,9 +542,10 @@ void RankZeroWriter::log(const nlohmann::json& record) {
     // (a FIFO with no reader fails with ENXIO), fstat says what was opened, and blocking writes resume.
     struct stat st {};
     if (::stat(log_path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) throw not_a_regular_log(log_path_, st.st_mode);
-    const int fd = ::open(log_path_.c_str(),
-                          O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (log_truncate_ ? O_TRUNC : 0),
-                          new_file_mode);
+    const int fd =
+        ::open(log_path_.c_str(),
+               O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (log_truncate_ ? O_TRUNC : 0),
+               new_file_mode);
     if (fd < 0) {
       const int err = errno;
       if (err == ENXIO && ::stat(log_path_.c_str(), &st) == 0) throw not_a_regular_log(log_path_, st.st_mode);
@@ -628,7 +639,8 @@ std::vector<float> read_tensor(int dir, const Manifest::File& file, std::span<co
   std::vector<float> v = a.as_float32();
   for (std::size_t i = 0; i < v.size(); ++i) {
     if (!std::isfinite(v[i]))
-      refuse(name + " holds " + float_value(v[i]) + " at " + layout.describe_element(offset + i) + ", not a finite number");
+      refuse(name + " holds " + float_value(v[i]) + " at " + layout.describe_element(offset + i) +
+             ", not a finite number");
     if (squares && v[i] < 0)
       refuse(name + " holds " + float_value(v[i]) + " at " + layout.describe_element(offset + i) +
              ": a running mean of squares is never negative");
@@ -659,7 +671,8 @@ std::optional<Checkpoint> read_checkpoint(const fs::path& step_dir, const ModelC
       }
     }
     if (step_of(dir_name) != m.step)
-      refuse(std::string(kManifest) + " records step " + std::to_string(m.step) + ", not the step the directory is named for");
+      refuse(std::string(kManifest) + " records step " + std::to_string(m.step) +
+             ", not the step the directory is named for");
     if (m.model.dims != model.dims)
       refuse("written for model " + dims_string(m.model.dims) + ", this run has " + dims_string(model.dims));
 
@@ -726,7 +739,8 @@ Checkpoint load_checkpoint(const fs::path& dir, const ModelConfig& model, std::v
     if (skipped) skipped->push_back(std::move(why));
   }
   if (reasons.empty())
-    throw UsageError("no usable checkpoint in " + dir.string() + ": none is of step " + std::to_string(at_most_step) + " or before");
+    throw UsageError("no usable checkpoint in " + dir.string() + ": none is of step " + std::to_string(at_most_step) +
+                     " or before");
   throw UsageError("no usable checkpoint in " + dir.string() + ": " + reasons);
 }
 

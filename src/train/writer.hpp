@@ -107,9 +107,9 @@ struct Manifest {
   std::int64_t optimizer_steps = 0;
   std::optional<LossScalerState> loss_scaler;  // present exactly when the configuration scales its loss
   std::vector<std::string> state_names;
-  nlohmann::json config;             // as recorded (TrainConfig::to_json)
-  ModelConfig model;                 // the recorded model
-  std::vector<File> files;           // the model's tensors in layout order, then the optimizer's state blocks
+  nlohmann::json config;    // as recorded (TrainConfig::to_json)
+  ModelConfig model;        // the recorded model
+  std::vector<File> files;  // the model's tensors in layout order, then the optimizer's state blocks
 };
 
 // Parses and checks manifest text: every field present with its JSON type (integers as integers, in

@@ -20,12 +20,12 @@ namespace dpcheck::fuzz {
 
 // An invariant the parser promises: on failure, say which and abort, which libFuzzer reports as a crash
 // (with the input saved) like any other.
-#define DPCHECK_FUZZ_CHECK(cond)                                                                   \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond);           \
-      std::abort();                                                                                \
-    }                                                                                              \
+#define DPCHECK_FUZZ_CHECK(cond)                                                        \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                     \
+    }                                                                                   \
   } while (0)
 
 inline std::string_view as_text(const std::uint8_t* data, std::size_t size) {

@@ -9,20 +9,48 @@
 #include <dpcheck/plugin.h>
 #include <stddef.h>
 
-static int ok_init(const dpcheck_bootstrap_t* b, void** c) { (void)b; *c = NULL; return 0; }
+static int ok_init(const dpcheck_bootstrap_t* b, void** c) {
+  (void)b;
+  *c = NULL;
+  return 0;
+}
 #if BAD != 2
 static int ok_allreduce(void* c, void* b, size_t n, dpcheck_dtype_t t, dpcheck_op_t o, void* s) {
-  (void)c; (void)b; (void)n; (void)t; (void)o; (void)s; return 0;
+  (void)c;
+  (void)b;
+  (void)n;
+  (void)t;
+  (void)o;
+  (void)s;
+  return 0;
 }
 #endif
 static int ok_broadcast(void* c, void* b, size_t n, dpcheck_dtype_t t, int r, void* s) {
-  (void)c; (void)b; (void)n; (void)t; (void)r; (void)s; return 0;
+  (void)c;
+  (void)b;
+  (void)n;
+  (void)t;
+  (void)r;
+  (void)s;
+  return 0;
 }
 static int ok_allgather(void* c, const void* a, void* b, size_t n, dpcheck_dtype_t t, void* s) {
-  (void)c; (void)a; (void)b; (void)n; (void)t; (void)s; return 0;
+  (void)c;
+  (void)a;
+  (void)b;
+  (void)n;
+  (void)t;
+  (void)s;
+  return 0;
 }
-static int ok_barrier(void* c) { (void)c; return 0; }
-static const char* ok_error(void* c) { (void)c; return ""; }
+static int ok_barrier(void* c) {
+  (void)c;
+  return 0;
+}
+static const char* ok_error(void* c) {
+  (void)c;
+  return "";
+}
 static void ok_finalize(void* c) { (void)c; }
 
 static const dpcheck_comm_plugin_t plugin = {
@@ -31,19 +59,29 @@ static const dpcheck_comm_plugin_t plugin = {
 #else
     DPCHECK_PLUGIN_ABI,
 #endif
-    "bad", DPCHECK_HOST, ok_init,
+    "bad",
+    DPCHECK_HOST,
+    ok_init,
 #if BAD == 2
     NULL,
 #else
     ok_allreduce,
 #endif
-    ok_broadcast, ok_allgather, ok_barrier, ok_error, ok_finalize, NULL,
+    ok_broadcast,
+    ok_allgather,
+    ok_barrier,
+    ok_error,
+    ok_finalize,
+    NULL,
 #if BAD == 4
-    DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | (1u << 9), 0,
+    DPCHECK_DTYPE_BIT(DPCHECK_FLOAT32) | (1u << 9),
+    0,
 #elif BAD == 5
-    0, DPCHECK_OP_BIT(DPCHECK_SUM) | (1u << 7),
+    0,
+    DPCHECK_OP_BIT(DPCHECK_SUM) | (1u << 7),
 #else
-    0, 0,
+    0,
+    0,
 #endif
 };
 

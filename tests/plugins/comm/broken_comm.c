@@ -302,7 +302,8 @@ static int read_every_peer(comm_t* c) {
   }
   for (r = 0; r < c->size; ++r)
     if (r != c->rank && !__atomic_load_n(&connection_open[r], __ATOMIC_ACQUIRE)) {
-      snprintf(c->error, sizeof c->error, "allreduce: connection closed by peer (rank %d) before its message was read", r);
+      snprintf(c->error, sizeof c->error, "allreduce: connection closed by peer (rank %d) before its message was read",
+               r);
       return 1;
     }
   return 0;
@@ -425,10 +426,10 @@ static void c_finalize(void* handle) {
 }
 
 static const dpcheck_comm_plugin_t plugin = {
-    PLUGIN_ABI, "broken", DPCHECK_HOST, c_init, c_allreduce, c_broadcast, c_allgather,
-    c_barrier, c_last_error, c_finalize,
+    PLUGIN_ABI,  "broken",        DPCHECK_HOST, c_init,       c_allreduce,
+    c_broadcast, c_allgather,     c_barrier,    c_last_error, c_finalize,
 #ifndef UNCHANGED_SOURCE
-    "test 1", DECLARED_DTYPES, DECLARED_OPS,
+    "test 1",    DECLARED_DTYPES, DECLARED_OPS,
 #endif
 };
 

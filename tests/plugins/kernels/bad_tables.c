@@ -9,13 +9,19 @@
 #if defined(BAD_ABI) || defined(NO_NAME) || defined(DEVICE_MEMORY)
 static const dpcheck_kernel_plugin_t table = {
 #ifdef BAD_ABI
-    99, "from-the-future", DPCHECK_HOST,
+    99,           "from-the-future",
+    DPCHECK_HOST,
 #elif defined(NO_NAME)
     DPCHECK_PLUGIN_ABI, NULL, DPCHECK_HOST,
 #else
     DPCHECK_PLUGIN_ABI, "device", DPCHECK_CUDA,
 #endif
-    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    NULL,         NULL,
+    NULL,         NULL,
+    NULL,         NULL,
+    NULL,         NULL,
+    NULL,         NULL,
+    NULL};
 const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) { return &table; }
 #elif defined(NO_TABLE)
 const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) { return NULL; }

@@ -11,13 +11,13 @@
 #include "kernels_naive.c"
 #undef dpcheck_kernel_plugin
 
-#define DPCHECK_BROKEN(NAME, ENTRY, FUNCTION)                    \
-  const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) {   \
-    static dpcheck_kernel_plugin_t table;                        \
-    table = *naive_kernel_plugin();                              \
-    table.name = NAME;                                           \
-    table.ENTRY = FUNCTION;                                      \
-    return &table;                                               \
+#define DPCHECK_BROKEN(NAME, ENTRY, FUNCTION)                  \
+  const dpcheck_kernel_plugin_t* dpcheck_kernel_plugin(void) { \
+    static dpcheck_kernel_plugin_t table;                      \
+    table = *naive_kernel_plugin();                            \
+    table.name = NAME;                                         \
+    table.ENTRY = FUNCTION;                                    \
+    return &table;                                             \
   }
 
 #endif

@@ -2,8 +2,8 @@
  * message from last_error, which dpcheck must report with the plugin's name, the call and the rank. */
 #include "broken.h"
 
-static int failing_linear_forward(void* kernels, const float* x, const float* w, const float* b, float* y,
-                                  int64_t rows, int64_t in, int64_t out, void* stream) {
+static int failing_linear_forward(void* kernels, const float* x, const float* w, const float* b, float* y, int64_t rows,
+                                  int64_t in, int64_t out, void* stream) {
   (void)kernels, (void)x, (void)w, (void)b, (void)y, (void)rows, (void)in, (void)out, (void)stream;
   return 7;
 }
