@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU engine's per-instruction-set GEMM files (src/cpu/cpu_gemm_kernel.inc) must share no inline or
+# The CPU engine's per-instruction-set GEMM files (src/gemm/cpu_gemm_kernel.inc) must share no inline or
 # template function with the rest of the binary: the linker keeps one copy of each such function, and
 # if it kept the AVX-512 file's copy of one the baseline path calls, a CPU without AVX-512 would stop on
 # an illegal instruction. Each file renames Eigen's namespace for that; this lists the weak symbols the

@@ -209,7 +209,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_DEBUG=WARN
 export DPCHECK_CUDA_PLUGIN="$bin/libdpcheck_cuda.so"
 
 # Skip reasons that mean the GPU target could not be reached at all: on the runner these are failures,
-# not skips (src/plugin/cuda_plugin.cpp and tests/gpu_test_support.hpp word them).
+# not skips (src/target/cuda_plugin.cpp and tests/gpu_test_support.hpp word them).
 plugin_re='no CUDA device|cannot load the CUDA plugin|is a CUDA plugin from another dpcheck build|the CUDA plugin libdpcheck_cuda\.so is missing|this build has no CUDA engine'
 
 current='' current_start=0 child='' signal='' stop_reason='' device_info='' n_fail=0

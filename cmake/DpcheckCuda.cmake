@@ -97,7 +97,7 @@ if(DPCHECK_WITH_CUDA)
   target_compile_options(dpcheck_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
   dpcheck_warnings(dpcheck_kernels)
 
-  # The plugin dpcheck loads on first GPU use (src/plugin/cuda_plugin.cpp). It carries its own copy of what it
+  # The plugin dpcheck loads on first GPU use (src/target/cuda_plugin.cpp). It carries its own copy of what it
   # needs from the static libraries, all hidden, and exports one symbol: dpcheck_cuda_plugin.
   add_library(dpcheck_cuda SHARED kernels/plugin.cpp)
   set_target_properties(dpcheck_cuda PROPERTIES
@@ -110,7 +110,7 @@ if(DPCHECK_WITH_CUDA)
   endif()
   target_link_options(dpcheck_cuda PRIVATE -Wl,--exclude-libs,ALL -Wl,-z,defs)
   dpcheck_warnings(dpcheck_cuda)
-  set_property(SOURCE src/plugin/cuda_plugin.cpp APPEND PROPERTY
+  set_property(SOURCE src/target/cuda_plugin.cpp APPEND PROPERTY
     COMPILE_DEFINITIONS "DPCHECK_CUDA_PLUGIN_BUILD_PATH=\"$<TARGET_FILE:dpcheck_cuda>\"")
 else()
   message(STATUS "dpcheck: CUDA engine: off (DPCHECK_CUDA=${DPCHECK_CUDA})")

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck {
 

@@ -14,8 +14,8 @@
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "src/error.hpp"
-#include "src/plugin/plugin_comm.hpp"
 #include "src/plugin/plugin_loader.hpp"
+#include "src/target/plugin_comm.hpp"
 
 namespace dpcheck {
 namespace conform_comm_detail {

@@ -31,8 +31,8 @@
 #include "conform/conform.hpp"
 #include "src/error.hpp"
 #include "src/low_precision.hpp"
-#include "src/plugin/cuda_plugin.hpp"
-#include "src/plugin/plugin_comm.hpp"
+#include "src/target/cuda_plugin.hpp"
+#include "src/target/plugin_comm.hpp"
 #include "src/train/replica_check.hpp"
 
 namespace dpcheck {

@@ -19,8 +19,8 @@
 #include "src/io/hash.hpp"
 #include "src/io/process.hpp"
 #include "src/low_precision.hpp"
-#include "src/plugin/plugin_comm.hpp"
 #include "src/rng.hpp"
+#include "src/target/plugin_comm.hpp"
 
 namespace dpcheck {
 namespace conform_comm_detail {

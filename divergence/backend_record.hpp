@@ -14,14 +14,14 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck {
 
 // An environment variable's value; nullopt: unset.
 using EnvValues = std::map<std::string, std::optional<std::string>>;
 
-// What the target says of the plugin (src/target.hpp), and what the bundle adds.
+// What the target says of the plugin (src/target/target.hpp), and what the bundle adds.
 struct PluginRecord : PluginIdentity {
   std::string resolved;  // the file it named, every link followed
   std::string xxh3;      // of the file's bytes, 16 hex digits

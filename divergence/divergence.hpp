@@ -27,7 +27,7 @@
 
 #include "divergence/backend_record.hpp"
 #include "src/error.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "src/train/trainer.hpp"
 
 namespace dpcheck {

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <limits>
 
-#include "src/engine.hpp"
 #include "src/error.hpp"
 #include "src/io/hash.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/optimizer.hpp"
 
 namespace dpcheck {

@@ -64,7 +64,7 @@ class TraceRecorder final : public StepObserver {
   std::int64_t next_seq() { return seq_++; }
 
   // Digests only a prefix of each buffer: the broken digests of a mutant (trace_digest_prefix of
-  // src/target.hpp says when).
+  // src/target/target.hpp says when).
   void set_digest_prefix(bool prefix) { prefix_digest_ = prefix; }
 
   // This rank's part of the step's line.

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "divergence/divergence.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 #include <nlohmann/json.hpp>
 

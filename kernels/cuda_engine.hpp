@@ -11,8 +11,8 @@
 #include "kernels/device.hpp"
 #include "kernels/hash.hpp"
 #include "src/builtin_names.hpp"
-#include "src/cuda_api.hpp"
-#include "src/engine.hpp"
+#include "src/target/cuda_api.hpp"
+#include "src/train/engine.hpp"
 
 namespace dpcheck::cuda {
 

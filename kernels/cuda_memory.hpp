@@ -1,4 +1,4 @@
-// The device's MemoryService (src/memory_service.hpp), which the CUDA engine and the CUDA optimizer use.
+// The device's MemoryService (src/io/memory_service.hpp), which the CUDA engine and the CUDA optimizer use.
 // A header of its own, so that the optimizer's kernels (kernels/optimizer.cu) are not compiled with the
 // engine's headers.
 #pragma once
@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "kernels/hash.hpp"
-#include "src/memory_service.hpp"
+#include "src/io/memory_service.hpp"
 
 namespace dpcheck::cuda {
 

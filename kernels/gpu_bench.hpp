@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "src/cuda_api.hpp"
+#include "src/target/cuda_api.hpp"
 
 namespace dpcheck::cuda {
 

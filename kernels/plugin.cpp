@@ -1,10 +1,10 @@
-// The CUDA plugin's entry: the table of functions dpcheck calls through (src/cuda_api.hpp).
+// The CUDA plugin's entry: the table of functions dpcheck calls through (src/target/cuda_api.hpp).
 #include "kernels/cuda_engine.hpp"
 #include "kernels/device.hpp"
 #include "kernels/gpu_bench.hpp"
 #include "kernels/gpu_comm.hpp"
 #include "kernels/optimizer.hpp"
-#include "src/cuda_api.hpp"
+#include "src/target/cuda_api.hpp"
 
 namespace dpcheck::cuda {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "properties/mutants.hpp"
-#include "src/backends.hpp"
+#include "src/target/backends.hpp"
 
 namespace dpcheck {
 

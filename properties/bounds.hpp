@@ -6,7 +6,7 @@
 #include <span>
 
 #include "reference/bound.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "src/train/model.hpp"
 #include "src/train/train_config.hpp"
 

@@ -20,8 +20,8 @@
 #include "src/error.hpp"
 #include "src/io/json_limits.hpp"
 #include "src/low_precision.hpp"
-#include "src/plugin/plugin_comm.hpp"
 #include "src/rng.hpp"
+#include "src/target/plugin_comm.hpp"
 
 namespace dpcheck {
 

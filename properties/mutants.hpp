@@ -13,7 +13,7 @@
 
 #include "reference/bound.hpp"
 #include "src/comm.hpp"
-#include "src/mutant_hooks.hpp"
+#include "src/target/mutant_hooks.hpp"
 #include "src/train/fault.hpp"
 #include "src/train/optimizer.hpp"
 #include "src/train/sampler.hpp"
@@ -22,7 +22,7 @@
 
 namespace dpcheck {
 
-struct PluginRules;  // src/plugin/plugin_comm.hpp
+struct PluginRules;  // src/target/plugin_comm.hpp
 
 struct MutantInfo {
   std::string_view name;
@@ -50,12 +50,12 @@ void require_known_mutant(std::string_view name);      // UsageError listing the
 // own judgement (the rows named audit-...), else "".
 std::string audit_mutant(std::string_view mutant);
 
-// Registers this table's hooks as the program's mutant table (src/mutant_hooks.hpp), through which
+// Registers this table's hooks as the program's mutant table (src/target/mutant_hooks.hpp), through which
 // a Target builds its broken parts; idempotent. The dpcheck command, the property runner and the test
 // programs call it before they run a target.
 void register_mutants();
 
-// The table's hooks (src/mutant_hooks.hpp's MutantTable). Each returns nullptr (or its input unchanged)
+// The table's hooks (src/target/mutant_hooks.hpp's MutantTable). Each returns nullptr (or its input unchanged)
 // when the mutant does not break that part, so the correct part is used.
 MutantTraits mutant_traits(std::string_view name);  // UsageError for an unknown name (require_known_mutant)
 void mutant_engine_spec(std::string_view mutant, EngineSpec& spec);

@@ -1,5 +1,5 @@
 // plugin_abi_rules_hold: the plugin ABI's rules (include/dpcheck/plugin.h), held to what a plugin's
-// communicator does -- src/plugin/plugin_comm.cpp, the code every `--comm ./libmine.so` run goes through.
+// communicator does -- src/target/plugin_comm.cpp, the code every `--comm ./libmine.so` run goes through.
 // A case draws a table of ABI 1, 2 or 3 (ABI 3 with any dtype and op mask, 0 included; an earlier ABI's
 // table with whatever its memory holds past its end, which dpcheck must not read), a world of 2 to 6
 // ranks as threads, and a few collectives of drawn dtypes and ops, and demands:
@@ -27,7 +27,7 @@
 #include "src/comm/local_comm.hpp"
 #include "src/dtype.hpp"
 #include "src/error.hpp"
-#include "src/plugin/plugin_comm.hpp"
+#include "src/target/plugin_comm.hpp"
 
 namespace dpcheck {
 

@@ -49,7 +49,7 @@
 
 #include "properties/scenario.hpp"
 #include "reference/bound.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck {
 

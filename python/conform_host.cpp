@@ -28,10 +28,10 @@
 #include "conform/conform.hpp"
 #include "conform/conform_run.hpp"
 #include "reference/allreduce_schedule.hpp"
-#include "src/backends.hpp"
 #include "src/error.hpp"
 #include "src/io/files.hpp"
 #include "src/io/hash.hpp"
+#include "src/target/backends.hpp"
 
 namespace py = pybind11;
 

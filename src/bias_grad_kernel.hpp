@@ -1,5 +1,5 @@
 // Which bias-gradient kernel the CUDA engine runs (kernels/bias_grad.hpp): its own, or a mutant's. Its own
-// header, so that the kernel's file includes this and not the whole contract of src/cuda_api.hpp
+// header, so that the kernel's file includes this and not the whole contract of src/target/cuda_api.hpp
 // (nlohmann-json, the engine and communicator interfaces), which nvcc's front ends parsed for 10 of
 // that file's 15 seconds.
 #pragma once

@@ -3,7 +3,7 @@
 // and the rank -- rather than hang on a dead or stuck peer.
 //
 // Backends: "local" (ranks as threads of one process, src/comm/local_comm.hpp), "mpi" (one process per
-// rank), and the GPU ones under kernels/; each is a row of the table in src/backends.hpp. Buffers live in
+// rank), and the GPU ones under kernels/; each is a row of the table in src/target/backends.hpp. Buffers live in
 // memory_space(): host pointers for the CPU backends, device pointers for the GPU ones.
 #pragma once
 

@@ -1,13 +1,13 @@
-// What a target asks of an engine (src/backends.hpp's rows build engines and optimizers from it): the
+// What a target asks of an engine (src/target/backends.hpp's rows build engines and optimizers from it): the
 // products' format, the kernels, the collectives' timeout, and the two broken parts that mutants of an
-// engine swap in. A mutant's engine hook edits it (src/mutant_hooks.hpp); the row reads what its engine has.
+// engine swap in. A mutant's engine hook edits it (src/target/mutant_hooks.hpp); the row reads what its engine has.
 #pragma once
 
 #include <chrono>
 #include <string>
 
+#include "src/bias_grad_kernel.hpp"
 #include "src/comm.hpp"
-#include "src/cuda_api.hpp"
 #include "src/low_precision.hpp"
 
 namespace dpcheck {

@@ -1,4 +1,4 @@
-// The backend table (src/backends.hpp), walked row by row: every row validates with its engine and is
+// The backend table (src/target/backends.hpp), walked row by row: every row validates with its engine and is
 // refused with any other in one line naming both, the defaults are rows of their engines, each row's
 // memory space is its engine's, how its ranks run (threads, a launcher's processes, or either) decides
 // what happens with and without a launcher, the help texts list every row, and the rows that can run
@@ -15,11 +15,11 @@
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
-#include "src/backends.hpp"
 #include "src/comm/collective.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
-#include "src/target.hpp"
+#include "src/target/backends.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck {
 namespace {

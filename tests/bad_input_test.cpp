@@ -303,7 +303,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"bench step --json /proc/dpcheck.json", 2, {"--json", "/proc"}},
       {"audit --json {d}/fifo -- true", 2, {"--json", "FIFO"}},
       {"audit --json /proc/dpcheck.json -- true", 2, {"--json", "/proc"}},
-      // Engines and communicators: names from the backend table (src/backends.hpp), in pairs that go
+      // Engines and communicators: names from the backend table (src/target/backends.hpp), in pairs that go
       // together, with a launcher where the communicator's ranks are processes.
       {"verify --engine quantum --report {d}/r.json", 2, {"unknown engine 'quantum' (choose cpu or cuda)"}},
       {"verify --comm carrier-pigeon --report {d}/r.json",

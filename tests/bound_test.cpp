@@ -14,8 +14,8 @@
 #include "properties/any_order.hpp"
 #include "properties/scenario.hpp"
 #include "reference/bound.hpp"
-#include "src/engine.hpp"
 #include "src/rng.hpp"
+#include "src/train/engine.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

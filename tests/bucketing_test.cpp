@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "src/comm/local_comm.hpp"
-#include "src/engine.hpp"
 #include "src/error.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/optimizer.hpp"
 #include "src/train/trainer.hpp"
 
@@ -214,7 +214,7 @@ TEST(BucketedTrainer, OneAllReducesBitsAndStartsDuringTheBackwardPass) {
   }
 }
 
-// The staged path (a GPU's, src/engine.hpp) on the host: a staging whose streams are two tags, which
+// The staged path (a GPU's, src/train/engine.hpp) on the host: a staging whose streams are two tags, which
 // checks that every bucket is marked before it is staged, staged on the communication thread before its
 // all-reduce, with the communicator on the staging's stream for the step's buckets and back on the
 // engine's afterwards, and unstaged once per bucket after all of them.

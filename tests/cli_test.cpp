@@ -15,12 +15,12 @@
 
 #include "properties/mutants.hpp"
 #include "properties/properties.hpp"
-#include "src/backends.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/io/npy.hpp"
 #include "src/io/process.hpp"
-#include "src/plugin/cuda_plugin.hpp"
-#include "src/target.hpp"
+#include "src/target/backends.hpp"
+#include "src/target/cuda_plugin.hpp"
+#include "src/target/target.hpp"
 #include "src/train/model.hpp"
 #include "tests/test_support.hpp"
 
@@ -55,7 +55,7 @@ TEST_F(Cli, HelpForEverySubcommand) {
 }
 
 // The --engine and --comm help of every subcommand that takes them lists every row of the backend
-// table (src/backends.hpp) with its line; bench allreduce describes its table backends by the same lines.
+// table (src/target/backends.hpp) with its line; bench allreduce describes its table backends by the same lines.
 TEST_F(Cli, HelpListsEveryEngineAndEveryBackend) {
   // Help may wrap a long description: compare with runs of blanks as one space.
   const auto squeezed = [](const std::string& text) {

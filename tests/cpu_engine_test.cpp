@@ -2,7 +2,7 @@
 // shapes including 1-wide layers and odd sizes, with the gradient buffer poisoned before each run so an
 // element the engine forgets to write cannot pass; and the host's MemoryService in the same file: XXH3-64
 // by its published values, first_difference and the copies on bits rather than values. Every GEMM code
-// path the CPU has (src/cpu/cpu_gemm.hpp), on one thread and on all, against the same bound, each giving the
+// path the CPU has (src/gemm/cpu_gemm.hpp), on one thread and on all, against the same bound, each giving the
 // same bits run after run; the variables that pin a path and a thread count.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -20,9 +20,9 @@
 #include "properties/scenario.hpp"
 #include "reference/bound.hpp"
 #include "src/comm/local_comm.hpp"
-#include "src/cpu/cpu_gemm.hpp"
-#include "src/engine.hpp"
 #include "src/error.hpp"
+#include "src/gemm/cpu_gemm.hpp"
+#include "src/train/engine.hpp"
 #include "tests/test_support.hpp"
 
 namespace dpcheck {

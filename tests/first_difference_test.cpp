@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "src/engine.hpp"
 #include "src/rng.hpp"
+#include "src/train/engine.hpp"
 
 #if DPCHECK_HAVE_CUDA
 #include "kernels/device.hpp"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "src/error.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "src/train/data.hpp"
 #include "src/train/loss_scaler.hpp"
 #include "src/train/trainer.hpp"

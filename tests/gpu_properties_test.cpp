@@ -4,7 +4,7 @@
 // break a CUDA kernel, must be caught by the property aimed at it, with a replay string that reproduces
 // the same counterexample. GPU time is scarce, so each property runs 50 cases, not verify's 100.
 //
-// The target goes through the CUDA plugin (src/target.cpp, src/plugin/cuda_plugin.cpp), as `dpcheck
+// The target goes through the CUDA plugin (src/target/target.cpp, src/target/cuda_plugin.cpp), as `dpcheck
 // verify --engine cuda` does; without the plugin or a device every test here skips with the reason.
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include "properties/mutants.hpp"
 #include "properties/runner.hpp"
 #include "src/error.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "tests/target_support.hpp"
 
 namespace dpcheck {

@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "src/backends.hpp"
 #include "src/bench/allreduce_run.hpp"
 #include "src/bench/bench.hpp"
 #include "src/error.hpp"
+#include "src/target/backends.hpp"
 #include "tests/comm_conformance.hpp"
 
 namespace dpcheck {

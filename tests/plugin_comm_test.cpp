@@ -1,4 +1,4 @@
-// Communicator plugins (src/plugin/plugin_comm.hpp) across the plugin ABIs (include/dpcheck/plugin.h): the
+// Communicator plugins (src/target/plugin_comm.hpp) across the plugin ABIs (include/dpcheck/plugin.h): the
 // table of ABIs (what each is handed: ABI 1 its own dtypes, ABI 2 the 16-bit ones too, ABI 3 what its
 // masks declare, 0 meaning ABI 1's, so that a source recompiled unchanged is never handed a newer
 // dtype); plugins that declare the 16-bit floats (examples/comm_ring, which rounds at every hop, and
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "src/backends.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
-#include "src/plugin/plugin_comm.hpp"
+#include "src/target/backends.hpp"
+#include "src/target/plugin_comm.hpp"
 #include "tests/comm_conformance.hpp"
 
 namespace dpcheck {

@@ -14,7 +14,7 @@
 #include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
 #include "src/low_precision.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "src/train/data.hpp"
 
 namespace dpcheck {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "src/error.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck {
 

@@ -23,7 +23,7 @@
 #include "src/error.hpp"
 #include "src/io/hash.hpp"
 #include "src/io/npy.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "src/train/writer.hpp"
 #include "tests/test_support.hpp"
 

@@ -9,8 +9,8 @@
 #include "src/comm/mpi_comm.hpp"
 #include "src/error.hpp"
 #include "src/io/process.hpp"
-#include "src/plugin/plugin_comm.hpp"
 #include "src/plugin/plugin_loader.hpp"
+#include "src/target/plugin_comm.hpp"
 
 namespace dpcheck::bench {
 

@@ -1,5 +1,5 @@
 // `dpcheck bench allreduce` as a whole run (src/cli/cmd_bench.cpp parses its options and prints what
-// this returns). Its backends are the rows of the backend table (src/backends.hpp) whose Backend::bench
+// this returns). Its backends are the rows of the backend table (src/target/backends.hpp) whose Backend::bench
 // says so, in table order, and communicator plugins: a row whose ranks are threads runs here, one whose
 // ranks are processes runs under an mpirun started for each N (`dpcheck bench allreduce-worker`, whose
 // rank 0 prints its rows as one JSON line), and a plugin runs its ranks as threads here.
@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "src/backends.hpp"
 #include "src/bench/bench.hpp"
+#include "src/target/backends.hpp"
 
 namespace dpcheck::bench {
 

@@ -1,6 +1,6 @@
 // The `dpcheck bench` harness: collective benchmarks in the style of nccl-tests, one table a run.
 // A row is measured by running N ranks of a backend (BenchBackend): a row of the backend table
-// (src/backends.hpp), whose ranks are threads here or a launcher's processes, or a communicator plugin,
+// (src/target/backends.hpp), whose ranks are threads here or a launcher's processes, or a communicator plugin,
 // so that every backend and baseline (dpcheck's "mpi" Communicator, a bare MPI_Allreduce) adds rows to
 // the same table. Every row also checks its result against a closed form (#wrong, 0 ULP), and sets its
 // memory traffic against a memcpy measured in the same run, because on a shared, noisy machine only
@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "src/backends.hpp"
 #include "src/comm.hpp"
+#include "src/target/backends.hpp"
 
 namespace dpcheck::bench {
 

@@ -12,12 +12,12 @@
 #include <numeric>
 #include <ostream>
 
-#include "src/backends.hpp"
 #include "src/bench/bench.hpp"
-#include "src/engine.hpp"
 #include "src/error.hpp"
 #include "src/io/process.hpp"
+#include "src/target/backends.hpp"
 #include "src/train/data.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/optimizer.hpp"
 
 namespace dpcheck::bench {

@@ -1,6 +1,6 @@
 // `dpcheck bench step --engine cpu`: the CPU engine's training step (forward, loss, backward, SGD) against
 // bare GEMMs of exactly the step's shapes, timed in the same run on every GEMM code path this binary and
-// CPU have (src/cpu/cpu_gemm.hpp) with one thread and with all of them. The step does those products and
+// CPU have (src/gemm/cpu_gemm.hpp) with one thread and with all of them. The step does those products and
 // little else, so the best of the bare GEMMs is what it could reach: the table gives each one's GFLOP/s
 // (2*m*n*k a product) and the step's ratio to the best. Medians over repeats, every buffer touched
 // before anything is timed.
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "src/cpu/cpu_gemm.hpp"
+#include "src/gemm/cpu_gemm.hpp"
 #include "src/train/model.hpp"
 
 namespace dpcheck::bench {

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck::scaling {
 

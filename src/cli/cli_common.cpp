@@ -1,8 +1,8 @@
 #include "src/cli/cli_common.hpp"
 
-#include "src/backends.hpp"
 #include "src/cli/commands.hpp"
 #include "src/comm.hpp"
+#include "src/target/backends.hpp"
 
 #include <sys/ioctl.h>
 #include <sys/resource.h>

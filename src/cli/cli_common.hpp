@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "src/train/data.hpp"
 #include "src/train/model.hpp"
 #include "src/train/replica_check.hpp"  // float_text
@@ -47,7 +47,7 @@ struct ModelOptions {
 std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& model);
 
 // Fills target.process_world from --engine, --comm and the launcher, through the backend's row
-// (src/backends.hpp): UsageError for unknown names or a pair that does not go together; a backend whose
+// (src/target/backends.hpp): UsageError for unknown names or a pair that does not go together; a backend whose
 // ranks may be a launcher's processes (mpi, nccl) takes this process's MPI world when a launcher started
 // it (UsageError when --world-size disagrees with it), one that needs a launcher is refused without
 // one, and one whose ranks are threads is refused under a launcher of several processes (every process

@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "divergence/trace.hpp"
-#include "src/backends.hpp"
 #include "src/bench/allreduce_run.hpp"
 #include "src/bench/bench.hpp"
 #include "src/bench/bench_cpu_step.hpp"
@@ -32,15 +31,16 @@
 #include "src/cli/commands.hpp"
 #include "src/cli/gpu_report.hpp"
 #include "src/comm/mpi_comm.hpp"
-#include "src/cpu/cpu_gemm.hpp"
 #include "src/error.hpp"
+#include "src/gemm/cpu_gemm.hpp"
 #include "src/io/files.hpp"
 #include "src/io/process.hpp"
-#include "src/plugin/cuda_plugin.hpp"
-#include "src/plugin/plugin_comm.hpp"
 #include "src/plugin/plugin_loader.hpp"
 #include "src/report/html.hpp"
-#include "src/target.hpp"
+#include "src/target/backends.hpp"
+#include "src/target/cuda_plugin.hpp"
+#include "src/target/plugin_comm.hpp"
+#include "src/target/target.hpp"
 #include "src/train/model.hpp"
 
 namespace dpcheck::cli {
@@ -407,7 +407,7 @@ BenchCommand add_bench_allreduce(CLI::App& bench) {
   allreduce->add_option("--warmup", args->warmup, "Untimed calls before timing each row")->capture_default_str();
   allreduce->add_option("--json", args->json, "Also write the table as JSON to this file");
   allreduce->add_option("--html", args->html, "Also write the table as one self-contained HTML page to this file");
-  // The backends are rows of the backend table (src/backends.hpp), described as its Backend::bench says.
+  // The backends are rows of the backend table (src/target/backends.hpp), described as its Backend::bench says.
   std::vector<std::string> described;
   for (const Backend* row : bench::allreduce_backends())
     described.push_back(bench::allreduce_name(*row) + " (" + bench::allreduce_help(*row) + ")");

@@ -27,7 +27,7 @@
 #include "src/error.hpp"
 #include "src/io/files.hpp"
 #include "src/report/html.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 #include "src/train/bucketing.hpp"
 
 namespace dpcheck::cli {

@@ -15,7 +15,7 @@
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck::cli {
 

@@ -16,7 +16,7 @@
 #include "src/error.hpp"
 #include "src/io/files.hpp"
 #include "src/report/html.hpp"
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 namespace dpcheck::cli {
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "src/cuda_api.hpp"
+#include "src/target/cuda_api.hpp"
 
 namespace dpcheck::cuda {
 

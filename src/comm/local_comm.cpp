@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "src/comm/collective.hpp"
-#include "src/cpu/cpu_gemm.hpp"
 #include "src/error.hpp"
+#include "src/gemm/cpu_gemm.hpp"
 
 namespace dpcheck {
 

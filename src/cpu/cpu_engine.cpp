@@ -1,20 +1,20 @@
 // The "cpu" engine: float32 forward and backward with Eigen. Its float64 counterpart, written to be read
 // rather than to be fast, is reference/mlp.cpp; the checks compare this engine against it. Its buffers are
-// host memory (src/memory_service.cpp holds the host's MemoryService). With a kernel plugin (--kernels,
+// host memory (src/io/memory_service.cpp holds the host's MemoryService). With a kernel plugin (--kernels,
 // src/plugin/kernel_plugin.hpp), each op the plugin provides runs in place of the engine's own, on the same
 // buffers and with the same semantics; the others stay the engine's. The matrix products run on the widest
 // instruction set the CPU has, on all its cores when this rank has the machine to itself
-// (src/cpu/cpu_gemm.hpp); every buffer is the engine's, kept from one step to the next, since fresh memory
+// (src/gemm/cpu_gemm.hpp); every buffer is the engine's, kept from one step to the next, since fresh memory
 // is slow to touch.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 
 #include "src/builtin_names.hpp"
-#include "src/cpu/cpu_gemm.hpp"
-#include "src/engine.hpp"
 #include "src/error.hpp"
+#include "src/gemm/cpu_gemm.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/train/engine.hpp"
 
 namespace dpcheck {
 

@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include <dpcheck/plugin.h>
-#include "src/train/model.hpp"
+#include "src/model_kinds.hpp"
 
 namespace dpcheck {
 

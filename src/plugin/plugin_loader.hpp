@@ -29,7 +29,7 @@ std::vector<std::string> plugin_env_names(const std::string& path, std::string_v
 // The plugin ABIs this dpcheck loads (include/dpcheck/plugin.h): from the first to the header's. 2
 // added the 16-bit floating dtypes, which a communicator of ABI 1 is never passed; 3 appended the
 // version and a communicator's capability masks, which dpcheck reads only from a table of ABI 3 or
-// later (src/plugin/plugin_comm.hpp).
+// later (src/target/plugin_comm.hpp).
 inline constexpr unsigned kOldestPluginAbi = 1;
 
 // "ABI 1 to 3": the ABIs this dpcheck knows, as its messages say them.

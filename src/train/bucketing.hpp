@@ -19,7 +19,7 @@
 // bucketed training gives the bits of one all-reduce: the property bucketing_preserves_bits. A ring's
 // order depends on where in the call an element falls (nccl's chunks), so there the bits may differ.
 //
-// On a GPU (an engine with BucketStaging, src/engine.hpp) the hook fires as a layer's kernels are
+// On a GPU (an engine with BucketStaging, src/train/engine.hpp) the hook fires as a layer's kernels are
 // queued: launching a bucket records an event on the engine's stream, and the communication thread
 // queues the bucket's copy after that event on a stream of its own and all-reduces it there, so the
 // device runs the all-reduce beside the rest of the backward pass; the reduced buckets are copied
@@ -41,7 +41,7 @@
 
 #include "src/comm.hpp"
 #include "src/dtype.hpp"
-#include "src/engine.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/model.hpp"
 
 namespace dpcheck {

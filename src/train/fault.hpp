@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "src/comm.hpp"
-#include "src/memory_service.hpp"
+#include "src/io/memory_service.hpp"
 #include "src/train/trainer.hpp"
 
 namespace dpcheck {

@@ -11,15 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "src/model_kinds.hpp"
+
 namespace dpcheck {
-
-enum class Activation { relu, tanh, identity };
-enum class Loss { mse, cross_entropy };
-
-std::string_view activation_name(Activation a);
-std::string_view loss_name(Loss l);
-Activation parse_activation(std::string_view name);  // relu | tanh | identity; else UsageError
-Loss parse_loss(std::string_view name);              // mse | cross-entropy; else UsageError
 
 // Limits that keep every index and count of a model within what the engines, the .npy files and the
 // collectives (MPI counts are int) handle; what fits in this machine's memory is checked by the commands.

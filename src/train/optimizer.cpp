@@ -7,7 +7,7 @@
 
 #include "src/choice.hpp"
 #include "src/error.hpp"
-#include "src/memory_service.hpp"
+#include "src/io/memory_service.hpp"
 #include "src/plugin/kernel_plugin.hpp"
 
 namespace dpcheck {

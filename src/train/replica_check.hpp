@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "src/comm.hpp"
-#include "src/engine.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/loss_scaler.hpp"
 #include "src/train/optimizer.hpp"
 

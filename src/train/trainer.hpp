@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "src/comm.hpp"
-#include "src/engine.hpp"
 #include "src/train/bucketing.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/data.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/loss_scaler.hpp"
 #include "src/train/optimizer.hpp"
 #include "src/train/replica_check.hpp"

@@ -1,5 +1,5 @@
 // A user's communicator plugin (include/dpcheck/plugin.h, `--comm ./libmine.so`) as one more row of
-// the backend table (src/backends.hpp), named by the path as given, so that every command that takes
+// the backend table (src/target/backends.hpp), named by the path as given, so that every command that takes
 // --comm takes a plugin: its ranks run as threads of this process (one init per rank thread, the
 // bootstrap over dpcheck's local transport) or as a launcher's processes (the bootstrap over MPI).
 //
@@ -20,8 +20,8 @@
 
 #include <dpcheck/plugin.h>
 
-#include "src/backends.hpp"
 #include "src/comm.hpp"
+#include "src/target/backends.hpp"
 
 namespace dpcheck {
 

@@ -16,8 +16,8 @@
 
 #include "src/bias_grad_kernel.hpp"
 #include "src/comm.hpp"
-#include "src/engine.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/optimizer.hpp"
 
 namespace dpcheck::cuda {
@@ -93,12 +93,12 @@ struct Plugin {
 };
 
 // 3: the bench's hash row lost its reference check (kernels never call the reference), and the
-// Engine's hashes, comparisons and copies moved to its MemoryService (src/memory_service.hpp), which
+// Engine's hashes, comparisons and copies moved to its MemoryService (src/io/memory_service.hpp), which
 // changed the Engine's virtual functions. Raised with every change to the types above.
 // 4: device_alloc and device_free, for conform's buffers. 5: a device kernel plugin in EngineOptions
 // and make_optimizer. 6: DType's bf16 and f16, which the plugin's communicators must reduce (an older
 // plugin would take them for another type). 8: Engine::make_bucket_staging, a new virtual function
-// (src/engine.hpp), which an older plugin's engines lack: the trainer would call past their tables.
+// (src/train/engine.hpp), which an older plugin's engines lack: the trainer would call past their tables.
 inline constexpr int kPluginAbi = 8;
 
 }  // namespace dpcheck::cuda

@@ -1,7 +1,7 @@
-// The host's MemoryService (src/memory_service.hpp): its own file, not the CPU engine's, since the
+// The host's MemoryService (src/io/memory_service.hpp): its own file, not the CPU engine's, since the
 // optimizers, the replica check and the checkpoint format copy and hash host buffers through it without
 // needing an engine (and the parsers' fuzz targets link these without the engine's GEMM).
-#include "src/memory_service.hpp"
+#include "src/io/memory_service.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
 // The CPU engine's matrix products (src/cpu/cpu_engine.cpp) and the code paths they run on. Eigen's GEMM is
-// compiled once per instruction set (src/cpu/cpu_gemm_baseline.cpp, cpu_gemm_avx2.cpp, cpu_gemm_avx512.cpp,
-// each including src/cpu/cpu_gemm_kernel.inc under its own flags and its own name for Eigen's namespace, so
+// compiled once per instruction set (src/gemm/cpu_gemm_baseline.cpp, cpu_gemm_avx2.cpp, cpu_gemm_avx512.cpp,
+// each including src/gemm/cpu_gemm_kernel.inc under its own flags and its own name for Eigen's namespace, so
 // that the three sets of Eigen's inline templates never meet under one name at link time), and the path
 // is picked at run time from what the CPU has: a binary built for any x86-64 uses AVX2 or AVX-512 where
 // they are and runs where they are not. A product on several threads is cut into blocks of rows (or of

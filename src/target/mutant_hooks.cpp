@@ -1,4 +1,4 @@
-#include "src/mutant_hooks.hpp"
+#include "src/target/mutant_hooks.hpp"
 
 #include <atomic>
 

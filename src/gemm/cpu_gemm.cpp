@@ -1,6 +1,6 @@
-// Which GEMM code path and how many threads the CPU engine's products take (src/cpu/cpu_gemm.hpp), and the
-// dispatch to the per-instruction-set files (src/cpu/cpu_gemm_kernel.hpp).
-#include "src/cpu/cpu_gemm.hpp"
+// Which GEMM code path and how many threads the CPU engine's products take (src/gemm/cpu_gemm.hpp), and the
+// dispatch to the per-instruction-set files (src/gemm/cpu_gemm_kernel.hpp).
+#include "src/gemm/cpu_gemm.hpp"
 
 #include <sched.h>
 
@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "src/cpu/cpu_gemm_kernel.hpp"
 #include "src/error.hpp"
+#include "src/gemm/cpu_gemm_kernel.hpp"
 
 namespace dpcheck::cpu {
 

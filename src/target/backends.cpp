@@ -1,6 +1,6 @@
-// The table of engines and communicator backends (src/backends.hpp): the built-in rows, their lookup
+// The table of engines and communicator backends (src/target/backends.hpp): the built-in rows, their lookup
 // and validation, and the help texts made from them.
-#include "src/backends.hpp"
+#include "src/target/backends.hpp"
 #include "src/builtin_names.hpp"
 
 #include <algorithm>
@@ -12,10 +12,10 @@
 #include "src/comm/local_comm.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/simulated_comm.hpp"
-#include "src/engine.hpp"
 #include "src/error.hpp"
-#include "src/plugin/cuda_plugin.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "src/target/cuda_plugin.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/optimizer.hpp"
 
 namespace dpcheck {

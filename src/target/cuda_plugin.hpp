@@ -1,10 +1,10 @@
-// Loading the CUDA plugin (src/cuda_api.hpp) on first use: $DPCHECK_CUDA_PLUGIN, else libdpcheck_cuda.so
+// Loading the CUDA plugin (src/target/cuda_api.hpp) on first use: $DPCHECK_CUDA_PLUGIN, else libdpcheck_cuda.so
 // beside the running executable, else the one this build made.
 #pragma once
 
 #include <string>
 
-#include "src/cuda_api.hpp"
+#include "src/target/cuda_api.hpp"
 
 namespace dpcheck {
 

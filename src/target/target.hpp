@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "src/backends.hpp"
 #include "src/comm.hpp"
-#include "src/engine.hpp"
+#include "src/target/backends.hpp"
+#include "src/train/engine.hpp"
 #include "src/train/fault.hpp"
 #include "src/train/optimizer.hpp"
 #include "src/train/sampler.hpp"
@@ -24,7 +24,7 @@
 namespace dpcheck {
 
 struct Target {
-  // --engine and --comm: rows of the backend table (src/backends.hpp) that go together.
+  // --engine and --comm: rows of the backend table (src/target/backends.hpp) that go together.
   std::string engine{default_engine()};
   std::string comm = default_comm(engine);
   std::string mutant;                     // empty: the correct implementation

@@ -20,6 +20,9 @@
 #include "src/comm.hpp"
 #include "src/dtype.hpp"
 #include "src/engine_spec.hpp"
+#include "src/plugin/kernel_plugin.hpp"
+#include "src/train/engine.hpp"
+#include "src/train/optimizer.hpp"
 
 namespace dpcheck {
 
@@ -130,7 +133,7 @@ const std::deque<Backend>& backends();
 
 // The row named `name`, or nullptr. A name that no row has goes to the finders (add_backend_finder):
 // a path to a shared object (holding a '/' or ending in ".so") is a communicator plugin
-// (include/dpcheck/plugin.h), loaded and registered as a row on first use (src/plugin/plugin_comm.cpp),
+// (include/dpcheck/plugin.h), loaded and registered as a row on first use (src/target/plugin_comm.cpp),
 // UsageError if it cannot be.
 const Backend* find_backend(std::string_view name);
 

@@ -1,7 +1,7 @@
 // The Engine: forward and backward of the MLP on one rank's examples, into a flat gradient buffer laid
 // out like the parameters (src/train/model.hpp). Implementations: "cpu" (Eigen, float32, src/cpu/cpu_engine.cpp)
 // and "cuda" (kernels/). Buffers live in memory_space(), whose hashes, comparisons and copies are the
-// engine's MemoryService (src/memory_service.hpp); the trainer moves only the gradient through the
+// engine's MemoryService (src/io/memory_service.hpp); the trainer moves only the gradient through the
 // Communicator and the parameters through the Optimizer, so a device engine never copies to the host
 // on the training path.
 #pragma once
@@ -14,8 +14,8 @@
 #include <string_view>
 
 #include "src/dtype.hpp"
+#include "src/io/memory_service.hpp"
 #include "src/low_precision.hpp"
-#include "src/memory_service.hpp"
 #include "src/train/data.hpp"
 #include "src/train/model.hpp"
 

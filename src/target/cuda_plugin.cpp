@@ -1,4 +1,4 @@
-#include "src/plugin/cuda_plugin.hpp"
+#include "src/target/cuda_plugin.hpp"
 
 #include <dlfcn.h>
 

@@ -2,7 +2,7 @@
 // hold: hash them, find the first element where two differ, copy them to and from the host. The
 // replica check hashes and compares parameters and optimizer state through it, and the engines and
 // optimizers copy their buffers through it, so a device's buffers stay on the device until the host
-// needs a value. Implementations: the host's (src/memory_service.cpp: XXH3-64, a loop over the bits,
+// needs a value. Implementations: the host's (src/io/memory_service.cpp: XXH3-64, a loop over the bits,
 // memcpy) and the CUDA engine's (kernels/cuda_engine.*: the replica hash of kernels/hash.hpp, which is
 // not XXH3, a first-difference kernel, and copies queued on the engine's stream).
 #pragma once

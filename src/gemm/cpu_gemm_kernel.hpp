@@ -1,5 +1,5 @@
-// The entry points of the per-instruction-set GEMM files (src/cpu/cpu_gemm_kernel.inc, compiled by
-// src/cpu/cpu_gemm_baseline.cpp, cpu_gemm_avx2.cpp and cpu_gemm_avx512.cpp), called only by src/cpu/cpu_gemm.cpp.
+// The entry points of the per-instruction-set GEMM files (src/gemm/cpu_gemm_kernel.inc, compiled by
+// src/gemm/cpu_gemm_baseline.cpp, cpu_gemm_avx2.cpp and cpu_gemm_avx512.cpp), called only by src/gemm/cpu_gemm.cpp.
 // Nothing here may name an Eigen type: each of those files renames Eigen's namespace.
 #pragma once
 
@@ -8,7 +8,7 @@
 namespace dpcheck::cpu::kernel {
 
 // c = (accumulate ? c : 0) + op(a) * op(b) on one thread; the shapes as in dpcheck::cpu::gemm
-// (src/cpu/cpu_gemm.hpp), each matrix row-major with its own row stride (ld*), so that a call can take a
+// (src/gemm/cpu_gemm.hpp), each matrix row-major with its own row stride (ld*), so that a call can take a
 // block of rows or columns of a larger product.
 struct GemmCall {
   bool trans_a = false, trans_b = false, accumulate = false;

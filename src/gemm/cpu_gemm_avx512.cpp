@@ -1,5 +1,5 @@
 // The CPU engine's GEMM on AVX-512 F, VL, DQ and BW with FMA:
-// src/cpu/cpu_gemm_kernel.inc under this file's flags (CMakeLists.txt).
+// src/gemm/cpu_gemm_kernel.inc under this file's flags (CMakeLists.txt).
 #define DPCHECK_GEMM_EIGEN EigenIsaAvx512
 #define DPCHECK_GEMM_ENTRY gemm_avx512
-#include "src/cpu/cpu_gemm_kernel.inc"
+#include "src/gemm/cpu_gemm_kernel.inc"

@@ -1,13 +1,13 @@
-#include "src/target.hpp"
+#include "src/target/target.hpp"
 
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/simulated_comm.hpp"
 #include "src/error.hpp"
-#include "src/mutant_hooks.hpp"
-#include "src/plugin/cuda_plugin.hpp"
 #include "src/plugin/kernel_plugin.hpp"
-#include "src/plugin/plugin_comm.hpp"
 #include "src/plugin/plugin_loader.hpp"
+#include "src/target/cuda_plugin.hpp"
+#include "src/target/mutant_hooks.hpp"
+#include "src/target/plugin_comm.hpp"
 
 #include <vector>
 

@@ -1,6 +1,6 @@
-// Communicator plugins (src/plugin/plugin_comm.hpp): loading, the bootstrap dpcheck hands them, the
+// Communicator plugins (src/target/plugin_comm.hpp): loading, the bootstrap dpcheck hands them, the
 // guarded calls, and their rows in the backend table.
-#include "src/plugin/plugin_comm.hpp"
+#include "src/target/plugin_comm.hpp"
 
 #include <bit>
 #include <cstdlib>
@@ -10,9 +10,9 @@
 #include "src/comm/local_comm.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/error.hpp"
-#include "src/plugin/cuda_plugin.hpp"
 #include "src/plugin/plugin_call.hpp"
 #include "src/plugin/plugin_loader.hpp"
+#include "src/target/cuda_plugin.hpp"
 
 namespace dpcheck {
 
