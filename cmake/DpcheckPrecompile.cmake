@@ -25,6 +25,16 @@ function(dpcheck_precompile target)
   dpcheck_precompile_headers(${target} ${ARGN})
 endfunction()
 
+# The same for a library whose headers and flags are `owner`'s: its precompiled headers are owner's.
+function(dpcheck_precompile_like target owner)
+  if(DPCHECK_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+  endif()
+  if(DPCHECK_PCH)
+    target_precompile_headers(${target} REUSE_FROM ${owner})
+  endif()
+endfunction()
+
 function(dpcheck_precompile_test target)
   if(NOT DPCHECK_PCH)
     return()

@@ -40,13 +40,24 @@ struct ConformRow {
   std::map<std::string, double> ratio_by_shape_class;
 };
 
+struct ConformOptions;
+// verify's properties as conform rows ("properties" section): the checks' names ("property <name>", in
+// the table's order) and what runs those that `options` asks for against `target`, calling on_row for
+// each, each failing row's replay being verify's replay line.
+struct PropertyRows {
+  std::vector<std::string> checks;
+  std::function<std::vector<ConformRow>(const Target& target, const ConformOptions& options)> run;
+};
+
 struct ConformOptions {
   std::uint64_t seed = 1;
   int cases = 100;  // per property of verify; random shapes per kernel check
   std::chrono::milliseconds timeout = Communicator::default_timeout;
-  std::string check;                              // non-empty: run that check alone
-  std::string case_text;                          // with check: that one case (a row's `minimal`)
-  bool properties = true;                         // run verify's properties after the plugin's own checks
+  std::string check;      // non-empty: run that check alone
+  std::string case_text;  // with check: that one case (a row's `minimal`)
+  // verify's properties, run after the plugin's own checks; none when null. Conform's checks are a
+  // layer below the properties, so the caller gives them (properties/conform_rows.hpp).
+  const PropertyRows* properties = nullptr;
   std::size_t max_bytes = std::size_t{64} << 20;  // the largest buffer a collective check passes
   // Kernel checks: the largest dimension (rows, in, out) a drawn shape reaches.
   int max_kernel_size = 1024;
@@ -69,7 +80,7 @@ struct ConformOptions {
   // The command line that replays a case: "dpcheck conform --kernels ./libk.so" (the launcher prefix
   // and --world-size included), to which " --check '<name>' --case '<minimal>'" is appended.
   std::string replay_prefix;
-  // A mutant of conform's own checks (properties/mutants.hpp), which the property that judges them
+  // A mutant of conform's own checks (mutants/mutants.hpp), which the property that judges them
   // (conform_rows_catch_broken_communicators) hands on; "" for none.
   std::string mutant;
   // Called as each row is decided, so that a long run shows progress and a crash leaves the rows so far.
@@ -116,7 +127,11 @@ std::string run_conform_comm_check(Communicator& comm, const std::string& name, 
 
 // UsageError unless `check` (when given) names a check of conform_comm or a property of verify
 // ("property <name>"), and `case_text` (when given) is a case of that check. Run before any output.
-void check_conform_comm_selection(const std::string& check, const std::string& case_text);
+void check_conform_comm_selection(const std::string& check, const std::string& case_text,
+                                  const PropertyRows* properties);
+// A --check of "property <name>": UsageError unless `properties` has it (naming those it has), or when
+// there are none.
+void require_property_check(const std::string& check, const PropertyRows* properties);
 // Whether a check of conform_comm_checks() judges the all-reduce: its exact sums in every dtype and op,
 // the buffer reused, the same bits and run to run, the schedule, and the fingerprint.
 bool is_allreduce_check(const std::string& name);
@@ -129,9 +144,5 @@ std::size_t conform_case_count(const std::string& check, const std::string& case
 // ended and returns 0 when every waiting rank's call failed within the timeout (a hang ends the
 // process through the watchdog, exit 3).
 int conform_absent_rank_probe(const Target& target, int world_size);
-
-// Properties of verify run against `target`, as conform rows ("properties" section), each failing
-// row's replay being verify's replay line.
-std::vector<ConformRow> conform_properties(const Target& target, const ConformOptions& options);
 
 }  // namespace dpcheck

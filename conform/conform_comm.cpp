@@ -10,12 +10,11 @@
 #include "conform/conform.hpp"
 #include "conform/conform_comm_backends.hpp"
 #include "conform/conform_comm_internal.hpp"
-#include "properties/common.hpp"
-#include "properties/mutants.hpp"
-#include "properties/properties.hpp"
+#include "mutants/mutants.hpp"
 #include "src/error.hpp"
 #include "src/plugin/plugin_loader.hpp"
 #include "src/target/plugin_comm.hpp"
+#include "verdict/verdict.hpp"
 
 namespace dpcheck {
 namespace conform_comm_detail {
@@ -219,12 +218,13 @@ bool is_allreduce_check(const std::string& name) {
          name.starts_with("run-to-run ") || name.starts_with("schedule ") || name == "summation order and width";
 }
 
-void check_conform_comm_selection(const std::string& check, const std::string& case_text) {
+void check_conform_comm_selection(const std::string& check, const std::string& case_text,
+                                  const PropertyRows* properties) {
   using conform_comm_detail::parse_case;
   if (!case_text.empty() && check.empty()) throw UsageError("--case needs --check: the case of which check?");
   if (check.empty()) return;
   if (check.starts_with("property ")) {
-    (void)find_property(check.substr(std::string("property ").size()));
+    require_property_check(check, properties);
     if (!case_text.empty())
       throw UsageError("--case is for conform's own checks; a property's case replays with dpcheck verify --reproduce");
     return;
@@ -297,7 +297,7 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
   using conform_comm_detail::run_checks_on_world;
   using conform_comm_detail::unsupported_reason;
   using conform_comm_detail::unsupported_row;
-  check_conform_comm_selection(o.check, o.case_text);
+  check_conform_comm_selection(o.check, o.case_text, o.properties);
   std::vector<ConformRow> rows;
   const auto emit = [&](ConformRow row) {
     if (o.on_row) o.on_row(row);
@@ -426,10 +426,10 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
   }
   if (o.properties && (o.check.empty() || o.check.starts_with("property "))) {
     if (!stopped.empty()) {
-      for (const PropertyDef& p : properties())
-        if (wanted("property " + std::string(p.name))) not_run("properties", "property " + std::string(p.name));
+      for (const std::string& check : o.properties->checks)
+        if (wanted(check)) not_run("properties", check);
     } else {
-      for (ConformRow& row : conform_properties(target, o)) rows.push_back(std::move(row));  // on_row called there
+      for (ConformRow& row : o.properties->run(target, o)) rows.push_back(std::move(row));  // on_row called there
     }
   }
   return rows;

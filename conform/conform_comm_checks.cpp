@@ -13,7 +13,7 @@
 
 #include "conform/conform_comm_backends.hpp"
 #include "conform/conform_comm_internal.hpp"
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "src/error.hpp"
 #include "src/io/hash.hpp"
 #include "src/low_precision.hpp"

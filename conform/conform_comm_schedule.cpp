@@ -14,13 +14,13 @@
 #include <set>
 
 #include "conform/conform_comm_internal.hpp"
-#include "properties/common.hpp"
 #include "reference/allreduce_schedule.hpp"
 #include "src/io/hash.hpp"
 #include "src/io/process.hpp"
 #include "src/low_precision.hpp"
 #include "src/rng.hpp"
 #include "src/target/plugin_comm.hpp"
+#include "verdict/verdict.hpp"
 
 namespace dpcheck {
 namespace conform_comm_detail {

@@ -20,11 +20,10 @@
 
 #include "conform/conform.hpp"
 #include "conform/conform_kernels_internal.hpp"
-#include "properties/bounds.hpp"
-#include "properties/mutants.hpp"
-#include "properties/properties.hpp"
+#include "mutants/mutants.hpp"
 #include "src/error.hpp"
 #include "src/plugin/kernel_plugin.hpp"
+#include "verdict/bounds.hpp"
 
 namespace dpcheck {
 namespace conform_kernels_detail {
@@ -252,10 +251,9 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
           only_determinism = d;
         }
     if (!only) {
-      const auto props = properties();
-      const bool is_property = std::any_of(props.begin(), props.end(), [&](const PropertyDef& p) {
-        return "property " + std::string(p.name) == options.check;
-      });
+      const bool is_property =
+          options.properties && std::find(options.properties->checks.begin(), options.properties->checks.end(),
+                                          options.check) != options.properties->checks.end();
       if (!is_property) {
         std::string names;
         for (const OpCheck& c : checks)
@@ -263,7 +261,7 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
         throw UsageError("--check '" + options.check + "' is no check of conform --kernels (its kernel checks: " +
                          names + "; or 'property <name>' for a property of verify)");
       }
-      return conform_properties(target, options);
+      return options.properties->run(target, options);
     }
     if (!plugin.provides(only->op))
       throw UsageError("--check '" + options.check + "': plugin '" + std::string(plugin.name()) + "' provides no " +
@@ -292,7 +290,7 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
       add(std::move(row));
     }
     if (options.properties && !only)
-      for (ConformRow& row : conform_properties(target, options)) rows.push_back(std::move(row));
+      for (ConformRow& row : options.properties->run(target, options)) rows.push_back(std::move(row));
     return rows;
   }
   const Kernels kernels(plugin, -1, options.timeout);
@@ -316,7 +314,7 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
       add(check_row(check, determinism, kernels, options, bo));
     }
   if (options.properties)
-    for (ConformRow& row : conform_properties(target, options)) rows.push_back(std::move(row));
+    for (ConformRow& row : options.properties->run(target, options)) rows.push_back(std::move(row));
   return rows;
 }
 

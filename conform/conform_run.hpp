@@ -17,7 +17,7 @@ struct ConformRequest {
   std::uint64_t seed = 1;
   int cases = 30;
   std::string check, case_text;
-  bool properties = true;
+  const PropertyRows* properties = nullptr;  // verify's properties, or none (conform/conform.hpp)
   bool thorough = false;
   double max_mib = 64;  // with max_mib_given
   bool max_mib_given = false;

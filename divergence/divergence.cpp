@@ -12,8 +12,6 @@
 #include <sstream>
 
 #include "divergence/trace.hpp"
-#include "properties/bounds.hpp"
-#include "properties/common.hpp"
 #include "reference/bound.hpp"
 #include "reference/optimizer.hpp"
 #include "reference/schedule.hpp"
@@ -22,6 +20,8 @@
 #include "src/io/hash.hpp"
 #include "src/io/json_limits.hpp"
 #include "src/train/replica_check.hpp"
+#include "verdict/bounds.hpp"
+#include "verdict/verdict.hpp"
 
 namespace dpcheck {
 

@@ -8,10 +8,10 @@
 #include <ostream>
 #include <sstream>
 
-#include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "src/rng.hpp"
 #include "src/train/trainer.hpp"
+#include "verdict/bounds.hpp"
 
 namespace dpcheck {
 

@@ -17,8 +17,8 @@
 #include <set>
 #include <sstream>
 
+#include "mutants/mutants.hpp"
 #include "properties/common.hpp"
-#include "properties/mutants.hpp"
 #include "src/audit/audit.hpp"
 #include "src/audit/planted.hpp"
 

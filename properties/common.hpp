@@ -1,6 +1,6 @@
-// What the property files share (internal to properties/): agreeing on a verdict across processes,
-// which rank records a world's results, the scenario space a target draws from, scratch directories,
-// and the shared parts of the checks (step_check_body, worst_against_formula); implemented in common.cpp.
+// What the property files share (internal to properties/), beside what every check shares
+// (verdict/verdict.hpp): the scenario space a target draws from, scratch directories,
+// and the shared part of the checks (step_check_body); implemented in common.cpp.
 // The case bodies themselves are declared in properties/bodies.hpp.
 #pragma once
 
@@ -12,15 +12,9 @@
 
 #include "properties/bodies.hpp"
 #include "properties/properties.hpp"
+#include "verdict/verdict.hpp"
 
 namespace dpcheck {
-
-// A property's verdict must be the same on every process of a process backend, so that all follow the
-// same shrink path: the AND over processes (the verdict itself for thread backends).
-bool agree(const Target& target, bool verdict);
-
-// Whether this rank records the results of a world: rank 0's thread, or every process.
-bool records(const Target& target, const Communicator& comm);
 
 // The ranks whose part this call of a rank function plays: its own, or every rank of a simulated world
 // (src/comm/simulated_comm.hpp), where one replica stands for them all.
@@ -51,17 +45,5 @@ void remove_scratch(const Target& target, const std::filesystem::path& dir);
 void step_check_body(const Target& target, CaseRecord& record,
                      StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
                      void (*classify)(const Scenario& scenario) = nullptr, bool scale = false);
-
-// The element whose |got - want| / bound is largest (a non-finite `got`: infinite), kept in `worst` when
-// it is larger than what `worst` holds: its ratio, its index and "<what> <element(i)> is <value>, the
-// formula gives <want> (error, bound, error ratio)".
-struct WorstElement {
-  double ratio = 0;
-  std::string where;
-  std::size_t index = 0;
-};
-void worst_against_formula(std::span<const float> got, const std::vector<double>& want,
-                           const std::vector<double>& bound, const std::string& what,
-                           const std::function<std::string(std::size_t)>& element, WorstElement& worst);
 
 }  // namespace dpcheck

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstdio>
 
-#include "properties/bounds.hpp"
 #include "properties/common.hpp"
 #include "reference/bound.hpp"
 #include "reference/schedule.hpp"
+#include "verdict/bounds.hpp"
 
 namespace dpcheck {
 

@@ -22,8 +22,8 @@
 
 #include <dpcheck/plugin.h>
 
+#include "mutants/mutants.hpp"
 #include "properties/common.hpp"
-#include "properties/mutants.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/dtype.hpp"
 #include "src/error.hpp"

@@ -14,8 +14,8 @@
 #include <set>
 #include <sstream>
 
+#include "mutants/mutants.hpp"
 #include "properties/common.hpp"
-#include "properties/mutants.hpp"
 #include "src/audit/audit.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/io/process.hpp"

@@ -8,7 +8,7 @@
 
 #include <rapidcheck.h>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/replay.hpp"
 #include "properties/scenario.hpp"
 #include "src/error.hpp"

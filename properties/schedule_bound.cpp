@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "mutants/mutants.hpp"
 #include "properties/common.hpp"
-#include "properties/mutants.hpp"
 #include "reference/allreduce_schedule.hpp"
 #include "reference/schedule_messages.hpp"
 #include "src/rng.hpp"

@@ -19,8 +19,8 @@
 #include <sstream>
 #include <utility>
 
+#include "mutants/mutants.hpp"
 #include "properties/common.hpp"
-#include "properties/mutants.hpp"
 #include "reference/shuffle.hpp"
 #include "reference/training_rules.hpp"
 #include "src/train/replica_check.hpp"

@@ -204,11 +204,11 @@ std::string section_of(const std::string& check) {
 // The request's refusals before the world starts: an unknown check or case, a schedule that is not
 // one, a schedule check without --schedule, a --case too large for this machine.
 void check_request(const std::string& check, const std::string& case_text, const std::string& schedule, int world) {
-  check_conform_comm_selection(check, case_text);
   if (check.starts_with("property "))
     throw UsageError("--check '" + check +
                      "': verify's properties do not run on a process group; its checks are "
                      "conform's communicator checks (see --list-checks)");
+  check_conform_comm_selection(check, case_text, nullptr);
   if (!schedule.empty()) (void)reference::parse_schedule(schedule);
   if (check.starts_with("schedule ") && schedule.empty())
     throw UsageError("--check '" + check + "' needs --schedule NAME, the schedule the process group claims");
@@ -284,7 +284,7 @@ py::dict conform_process_group(py::object group, int rank, int size, const py::d
   o.seed = r.seed;
   o.timeout = target.timeout;
   o.case_text = r.case_text;
-  o.properties = false;
+  o.properties = nullptr;
   o.thorough = r.thorough;
   o.schedule = r.schedule;
   o.max_bytes = static_cast<std::size_t>((r.max_mib >= 0 ? r.max_mib : r.thorough ? 64.0 : 16.0) * 1024 * 1024);

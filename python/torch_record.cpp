@@ -6,7 +6,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "properties/common.hpp"
 #include "reference/optimizer.hpp"
 #include "src/error.hpp"
 #include "src/io/files.hpp"
@@ -14,6 +13,7 @@
 #include "src/io/npy.hpp"
 #include "src/train/replica_check.hpp"
 #include "src/train/writer.hpp"
+#include "verdict/verdict.hpp"
 
 namespace dpcheck::torchjob {
 

@@ -12,7 +12,7 @@
 #include <set>
 #include <string>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
 #include "src/comm/collective.hpp"

@@ -524,6 +524,9 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"conform --kernels {d}/missing.so --precision fp7", 2, {"unknown --precision 'fp7'"}},
       {"conform --kernels {r}", 2, {"--kernels", "dpcheck_comm_plugin", "--comm"}},
       {"conform --comm {r} --check 'property no_such_property'", 2, {"no_such_property"}},
+      {"conform --comm {r} --no-properties --check 'property replicas_bitwise_synchronized'",
+       2,
+       {"--check 'property replicas_bitwise_synchronized'", "leaves out verify's properties"}},
       // diff: two inputs of one kind, each there and readable, traces well formed and of a known version.
       {"diff {d}/trace.jsonl {d}/missing.jsonl", 2, {"B", "missing.jsonl", "no such file"}},
       {"diff {d}/missing {d}/init", 2, {"A", "missing", "no such file"}},

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/properties.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/io/npy.hpp"

@@ -1,4 +1,4 @@
-// The communicator mutants that sum in an order of their own (properties/mutants.cpp) on bfloat16 and
+// The communicator mutants that sum in an order of their own (mutants/mutants.cpp) on bfloat16 and
 // float16 all-reduces, which the gradient all-reduce may run in: they must break those too, not pass
 // them through to the correct backend. allreduce-rank-order starts each rank's sum at its own buffer,
 // so the ranks disagree; allreduce-arrival-order sums in one order on every rank, so they agree, but
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "src/comm/local_comm.hpp"
 #include "tests/comm_conformance.hpp"
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "conform/conform.hpp"
+#include "properties/conform_rows.hpp"
 #include "src/error.hpp"
 #include "tests/test_support.hpp"
 
@@ -26,7 +27,7 @@ ConformOptions quick(int cases) {
   ConformOptions o;
   o.cases = cases;
   o.seed = 11;
-  o.properties = false;
+  o.properties = nullptr;
   o.replay_prefix = kPrefix;
   return o;
 }
@@ -297,7 +298,7 @@ TEST(ConformKernels, BadChecksAndCasesAreUsageErrors) {
 // broken kernel fails there too.
 TEST(ConformKernels, PropertiesRunWithThePluginsKernels) {
   ConformOptions o = quick(6);
-  o.properties = true;
+  o.properties = &conform_property_rows();
   o.check = "property gradient_average_matches_whole_batch";
   const std::vector<ConformRow> ok = conform_kernels(with_kernels(DPCHECK_KERNELS_NAIVE), o);
   ASSERT_EQ(ok.size(), 1u);
@@ -313,7 +314,7 @@ TEST(ConformKernels, PropertiesRunWithThePluginsKernels) {
 // rounded to bf16, and its float32 products must stay within the mixed-precision bound.
 TEST(ConformKernels, PropertiesRunWithThePluginsKernelsInBf16) {
   ConformOptions o = quick(6);
-  o.properties = true;
+  o.properties = &conform_property_rows();
   o.check = "property gradient_average_matches_whole_batch";
   Target naive = with_kernels(DPCHECK_KERNELS_NAIVE), tail = with_kernels(DPCHECK_KERNELS_TAIL_TILE);
   naive.precision = tail.precision = Precision::bf16;

@@ -85,7 +85,7 @@ template <class Testable> void check_cases(int cases, Testable&& testable) {
 
 void check_gradient(const cuda::EngineOptions& options, std::int64_t max_batch, int cases) {
   reference::BoundOptions bound_options;
-  if (options.tf32) {  // as bound_options() in properties/bounds.cpp gives for a TF32 target
+  if (options.tf32) {  // as bound_options() in verdict/bounds.cpp gives for a TF32 target
     bound_options.unit_roundoff = 0x1p-11;
     bound_options.product_input_roundings = 4;
   }

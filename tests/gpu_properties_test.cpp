@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/runner.hpp"
 #include "src/error.hpp"
 #include "src/target/target.hpp"

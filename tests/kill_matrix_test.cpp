@@ -8,7 +8,7 @@
 #include <ostream>
 #include <string>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/runner.hpp"
 #include "tests/test_support.hpp"
 

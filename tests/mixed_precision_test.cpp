@@ -13,8 +13,8 @@
 #include <sstream>
 #include <string>
 
+#include "mutants/mutants.hpp"
 #include "properties/common.hpp"
-#include "properties/mutants.hpp"
 #include "properties/runner.hpp"
 #include "src/error.hpp"
 #include "src/train/loss_scaler.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
 #include "tests/test_support.hpp"

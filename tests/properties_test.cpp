@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <random>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/properties.hpp"
 #include "properties/runner.hpp"
 #include "properties/scenario.hpp"

@@ -1,6 +1,6 @@
 // Linked into every test program: its targets build their broken parts through the mutant table
-// (properties/mutants.hpp), as the dpcheck command's do.
-#include "properties/mutants.hpp"
+// (mutants/mutants.hpp), as the dpcheck command's do.
+#include "mutants/mutants.hpp"
 
 namespace {
 

@@ -12,6 +12,7 @@
 
 #include "conform/conform.hpp"
 #include "conform/conform_run.hpp"
+#include "properties/conform_rows.hpp"
 #include "properties/properties.hpp"
 #include "reference/allreduce_schedule.hpp"
 #include "src/cli/cli_common.hpp"
@@ -139,7 +140,8 @@ int check_conform_request(ConformCliOptions& o) {
   if (o.max_size < 1 || o.max_size > 4096) throw UsageError("--max-size must be in [1, 4096]");
   if (o.max_size_given && !kernels)
     throw UsageError("--max-size is for kernel plugins (--kernels); a communicator's buffers take --max-mib");
-  if (!kernels) check_conform_comm_selection(o.check, o.case_text);
+  if (!kernels)
+    check_conform_comm_selection(o.check, o.case_text, o.no_properties ? nullptr : &conform_property_rows());
   if (!o.schedule.empty()) {
     if (kernels) throw UsageError("--schedule is for a communicator (--comm): a kernel plugin has no all-reduce");
     (void)reference::parse_schedule(o.schedule);
@@ -186,7 +188,7 @@ ConformRequest conform_request(const ConformCliOptions& o) {
   r.cases = o.cases;
   r.check = o.check;
   r.case_text = o.case_text;
-  r.properties = !o.no_properties;
+  r.properties = o.no_properties ? nullptr : &conform_property_rows();
   r.thorough = o.thorough;
   r.max_mib = o.max_mib;
   r.max_mib_given = o.max_mib_given;

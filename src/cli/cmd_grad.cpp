@@ -9,7 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/properties.hpp"
 #include "reference/bound.hpp"
 #include "src/cli/cli_common.hpp"

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "properties/runner.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"

@@ -23,7 +23,7 @@ const MutantTable& mutant_table() {
   if (table == nullptr)
     throw Error(
         "no mutant table is registered in this program: call register_mutants() "
-        "(properties/mutants.hpp) before running a target with a mutant");
+        "(mutants/mutants.hpp) before running a target with a mutant");
   return *table;
 }
 

@@ -1,4 +1,4 @@
-// Mutants as the core sees them: hooks through which the mutant table (properties/mutants.hpp)
+// Mutants as the core sees them: hooks through which the mutant table (mutants/mutants.hpp)
 // swaps a deliberately broken part into what a Target builds. The core names no mutant. It hands the
 // name to the table's hooks, and each returns nullptr (or its input unchanged) when that mutant does
 // not break that part, so that the correct part is used.
@@ -47,7 +47,7 @@ struct MutantTable {
 // Sets the program's mutant table: once; the same table again changes nothing, another is an Error.
 void register_mutant_table(const MutantTable& table);
 // The program's table. Error when none was registered: a program that runs targets with mutants calls
-// register_mutants() (properties/mutants.hpp) first, so that a missed registration fails loudly
+// register_mutants() (mutants/mutants.hpp) first, so that a missed registration fails loudly
 // instead of quietly running the correct parts.
 const MutantTable& mutant_table();
 

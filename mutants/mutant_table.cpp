@@ -1,13 +1,13 @@
-// The table of mutants (properties/mutants.hpp): one row each, its name, the property aimed at it, the
+// The table of mutants (mutants/mutants.hpp): one row each, its name, the property aimed at it, the
 // bug in words, and what it needs to show (an engine, a precision, a wide or large case, scale). The
-// parts each one breaks are built by the hooks in properties/mutants.cpp. A file of its own, so that the
+// parts each one breaks are built by the hooks in mutants/mutants.cpp. A file of its own, so that the
 // table reads as the list it is.
 #include <array>
 #include <span>
 #include <string>
 #include <string_view>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "src/builtin_names.hpp"
 #include "src/error.hpp"
 

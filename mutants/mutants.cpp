@@ -1,4 +1,4 @@
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 
 #include <algorithm>
 #include <array>

@@ -1,8 +1,8 @@
-#include "properties/bounds.hpp"
+#include "verdict/bounds.hpp"
 
 #include <cstdint>
 
-#include "properties/mutants.hpp"
+#include "mutants/mutants.hpp"
 #include "src/target/backends.hpp"
 
 namespace dpcheck {

@@ -368,7 +368,7 @@ std::string run_kernel_row(const KernelDefect& d, const ConformOptions& options,
   in_process_kernel_plugin(target.kernels, kernel_table(d.kind));
   ConformOptions o = options;
   o.check = std::string(d.row);
-  o.properties = false;
+  o.properties = nullptr;
   const std::vector<ConformRow> rows = conform_kernels(target, o);
   if (rows.size() != 1)
     fail_case("conform --kernels --check '" + o.check + "' gave " + std::to_string(rows.size()) + " rows");

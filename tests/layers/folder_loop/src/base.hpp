@@ -1,0 +1,3 @@
+#pragma once
+
+#include "src/io/files.hpp"
