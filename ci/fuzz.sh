@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "usage: bash ci/fuzz.sh [SECONDS-PER-TARGET]" >&2; exit 2; }
-targets=(npy manifest replay model sizes trace)
+targets=(npy manifest case_token model sizes trace)
 
 bash ci/setup.sh
 start=$SECONDS

@@ -9,7 +9,7 @@
 #include <rapidcheck.h>
 
 #include "mutants/mutants.hpp"
-#include "properties/replay.hpp"
+#include "properties/case_token.hpp"
 #include "properties/scenario.hpp"
 #include "src/error.hpp"
 #include "src/rng.hpp"
@@ -105,7 +105,7 @@ class Search {
             if (property.draws_formats &&
                 (!target.drawn_precisions.empty() || !target.drawn_allreduce_dtypes.empty())) {
               // The formats drawn per case, as the first draw of the case: a failure shrinks towards
-              // float32, and the replay token holds the case's formats.
+              // float32, and the case token holds the case's formats.
               const CaseFormats f = *gen_formats(target);
               Target drawn = target;
               drawn.precision = f.precision;
@@ -152,7 +152,7 @@ class Search {
             out_.closest.ratio = current_.ratio;
             out_.closest.note = current_.note;
             out_.closest.example = example_text(d);
-            out_.closest.reproduce = encode_replay({out_.name, {random, size, {}}});
+            out_.closest.reproduce = encode_case_token({out_.name, {random, size, {}}});
           }
           break;
         }
@@ -181,7 +181,7 @@ class Search {
     if (fault_) std::rethrow_exception(fault_);
     if (!walked) throw UsageError("bad --reproduce string: it leads to no case of " + out_.name);
     out_.replayed = true;
-    out_.reproduce = encode_replay({out_.name, reproduce});
+    out_.reproduce = encode_case_token({out_.name, reproduce});
     const Runs runs = run_again(*walked);
     if (runs.fails == 0) {
       out_.passed = true;
@@ -250,7 +250,7 @@ class Search {
       runs.failing = first_description;
       runs.failing_record = first_record;
       record_failure(runs);
-      out_.reproduce = encode_replay({out_.name, reproduce});
+      out_.reproduce = encode_case_token({out_.name, reproduce});
       return;
     }
 
@@ -288,7 +288,7 @@ class Search {
       runs.failing_record = best_record;
     }
     record_failure(runs);
-    out_.reproduce = encode_replay({out_.name, reproduce});
+    out_.reproduce = encode_case_token({out_.name, reproduce});
   }
 
   void tick() {
@@ -307,7 +307,9 @@ class Search {
 
 }  // namespace
 
-const PropertyDef& replay_property(const std::string& token) { return find_property(decode_replay(token).property); }
+const PropertyDef& replay_property(const std::string& token) {
+  return find_property(decode_case_token(token).property);
+}
 
 std::string PropertyResult::tightness_text(std::string_view and_word) const {
   std::string text;
@@ -330,9 +332,9 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
   out.min_tightness = property.min_tightness;
   out.tightness_paths[0] = property.tightness_paths[0];
   out.tightness_paths[1] = property.tightness_paths[1];
-  std::optional<ReplayToken> token;
+  std::optional<CaseToken> token;
   if (!options.reproduce.empty()) {
-    token = decode_replay(options.reproduce);
+    token = decode_case_token(options.reproduce);
     if (token->property != out.name)
       throw UsageError("the --reproduce string replays a case of " + token->property + ", not of " + out.name);
   }

@@ -23,7 +23,7 @@ namespace dpcheck {
 struct RunOptions {
   int cases = 100;
   std::uint64_t seed = 0;
-  std::string reproduce;  // a replay token printed with an earlier result: runs that one case only
+  std::string reproduce;  // a case token printed with an earlier result: runs that one case only
   bool shrink = true;
   int reruns = 5;  // runs of a failing case, to tell a steady failure from one that comes and goes
   // Called after each case and each shrink step tried (for a progress line).
@@ -38,7 +38,7 @@ struct ClosestCall {
   double ratio = -1;      // its error ratio (worst-case bound); negative: none measured
   std::string note;       // where, and what the bound there is made of
   std::string example;    // the case
-  std::string reproduce;  // replay token for RunOptions::reproduce (or --reproduce)
+  std::string reproduce;  // case token for RunOptions::reproduce (or --reproduce)
 };
 
 struct PropertyResult {
@@ -69,7 +69,7 @@ struct PropertyResult {
   double seconds = 0;
   std::string failure;             // why the minimal case failed
   std::string counterexample;      // the minimal case
-  std::string reproduce;           // replay token of the minimal case
+  std::string reproduce;           // case token of the minimal case
   int failing_runs = 0, runs = 0;  // the minimal case failed failing_runs of runs times
   bool replayed = false;           // this result replays one case (RunOptions::reproduce)
   CaseRecord::Size failure_size;
@@ -87,7 +87,7 @@ inline constexpr std::int64_t min_tightness_cases = 50;
 
 PropertyResult run_property(const PropertyDef& property, const Target& target, const RunOptions& options);
 
-// The property a replay token belongs to (UsageError if the token is damaged or names no property).
+// The property a case token belongs to (UsageError if the token is damaged or names no property).
 const PropertyDef& replay_property(const std::string& token);
 
 // A failure that comes and goes is replayed as many times as verify allows (--reruns): the shrinker keeps a

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "properties/replay.hpp"
+#include "properties/case_token.hpp"
 #include "src/io/npy.hpp"
 #include "src/train/model.hpp"
 #include "tests/test_support.hpp"
@@ -234,8 +234,8 @@ class BadInput : public testing::Test {
 };
 
 TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
-  // A well-formed replay token of one property, for the rows that name another.
-  const std::string token = encode_replay({"gradient_average_matches_whole_batch", {rc::Random(7), 3, {}}});
+  // A well-formed case token of one property, for the rows that name another.
+  const std::string token = encode_case_token({"gradient_average_matches_whole_batch", {rc::Random(7), 3, {}}});
   std::string damaged = token;
   damaged[damaged.size() / 2] = damaged[damaged.size() / 2] == 'A' ? 'B' : 'A';
   const std::vector<Row> rows{
@@ -263,7 +263,7 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"verify --reproduce " + dpcheck::quoted(token) + " --property sampler_shards_disjoint --report {d}/r.json",
        2,
        {"gradient_average_matches_whole_batch", "sampler_shards_disjoint"}},
-      {"verify --reproduce " + dpcheck::quoted(encode_replay({"no_such_property", {rc::Random(7), 3, {}}})) +
+      {"verify --reproduce " + dpcheck::quoted(encode_case_token({"no_such_property", {rc::Random(7), 3, {}}})) +
            " --report {d}/r.json",
        2,
        {"no_such_property"}},

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "properties/replay.hpp"
+#include "properties/case_token.hpp"
 #include "properties/runner.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
@@ -107,7 +107,7 @@ TEST_F(Runner, DamagedTokensAndTokensOfAnotherPropertyAreRefused) {
   g.fail_from = 300;
   const PropertyResult r = run_property(test_property(), Target{}, options());
   ASSERT_FALSE(r.reproduce.empty());
-  EXPECT_EQ(decode_replay(r.reproduce).property, "gradient_average_matches_whole_batch");
+  EXPECT_EQ(decode_case_token(r.reproduce).property, "gradient_average_matches_whole_batch");
   for (std::size_t at : {std::size_t{0}, r.reproduce.size() / 2, r.reproduce.size() - 1}) {
     std::string bad = r.reproduce;
     bad[at] = bad[at] == 'x' ? 'y' : 'x';
@@ -115,8 +115,8 @@ TEST_F(Runner, DamagedTokensAndTokensOfAnotherPropertyAreRefused) {
     replay.reproduce = bad;
     EXPECT_THROW(run_property(test_property(), Target{}, replay), UsageError) << bad;
   }
-  EXPECT_THROW(decode_replay(""), UsageError);
-  EXPECT_THROW(decode_replay("a:b"), UsageError);
+  EXPECT_THROW(decode_case_token(""), UsageError);
+  EXPECT_THROW(decode_case_token("a:b"), UsageError);
   PropertyDef other = test_property();
   other.name = "replicas_bitwise_synchronized";
   RunOptions replay = options();
@@ -127,8 +127,8 @@ TEST_F(Runner, DamagedTokensAndTokensOfAnotherPropertyAreRefused) {
 TEST_F(Runner, TokensRoundTrip) {
   rc::Random random(1234);
   random.split();
-  const ReplayToken t{"checkpoint_resume_bitwise", {random, 42, {3, 0, 1, 7}}};
-  const ReplayToken back = decode_replay(encode_replay(t));
+  const CaseToken t{"checkpoint_resume_bitwise", {random, 42, {3, 0, 1, 7}}};
+  const CaseToken back = decode_case_token(encode_case_token(t));
   EXPECT_EQ(back.property, t.property);
   EXPECT_EQ(back.reproduce, t.reproduce);
 }

@@ -1,4 +1,4 @@
-#include "properties/replay.hpp"
+#include "properties/case_token.hpp"
 
 #include <array>
 #include <cstdio>
@@ -52,7 +52,7 @@ bool base64_decode(std::string_view text, std::vector<std::uint8_t>& out) {
 
 }  // namespace
 
-std::string replay_check_digits(std::string_view signed_part) {
+std::string case_token_check_digits(std::string_view signed_part) {
   char buf[9];
   std::snprintf(buf, sizeof buf, "%08x",
                 static_cast<unsigned>(hash_bytes(signed_part.data(), signed_part.size(), 0x5eed) & 0xffffffffu));
@@ -97,14 +97,14 @@ std::string layout_problem(const std::vector<std::uint8_t>& b) {
 
 }  // namespace
 
-std::string encode_replay(const ReplayToken& token) {
+std::string encode_case_token(const CaseToken& token) {
   std::vector<std::uint8_t> bytes;
   rc::detail::serialize(token.reproduce, std::back_inserter(bytes));
   const std::string signed_part = token.property + ":" + base64_encode(bytes);
-  return signed_part + ":" + replay_check_digits(signed_part);
+  return signed_part + ":" + case_token_check_digits(signed_part);
 }
 
-ReplayToken decode_replay(std::string_view text) {
+CaseToken decode_case_token(std::string_view text) {
   const auto bad = [&](const std::string& why) {
     return UsageError("bad --reproduce string: " + why + " (copy the whole string printed after --reproduce)");
   };
@@ -112,9 +112,9 @@ ReplayToken decode_replay(std::string_view text) {
   const std::size_t first = text.find(':'), last = text.rfind(':');
   if (first == std::string_view::npos || first == last) throw bad("expected <property>:<case>:<check>");
   const std::string_view signed_part = text.substr(0, last), check = text.substr(last + 1);
-  if (check != replay_check_digits(signed_part))
+  if (check != case_token_check_digits(signed_part))
     throw bad("its check digits do not match, so it was damaged or edited");
-  ReplayToken token;
+  CaseToken token;
   token.property = std::string(text.substr(0, first));
   std::vector<std::uint8_t> bytes;
   if (!base64_decode(text.substr(first + 1, last - first - 1), bytes)) throw bad("the case is not valid base64");

@@ -1,4 +1,4 @@
-// Replay tokens: the string printed with a failing case (and with each property's closest call) that
+// Case tokens: the string printed with a failing case (and with each property's closest call) that
 // `dpcheck verify --reproduce` turns back into exactly that case. A token reads
 //   <property>:<payload>:<check>
 // where payload is RapidCheck's serialized Reproduce (the case's random state, its size and the shrink
@@ -14,16 +14,16 @@
 
 namespace dpcheck {
 
-struct ReplayToken {
+struct CaseToken {
   std::string property;
   rc::detail::Reproduce reproduce;
 };
 
-std::string encode_replay(const ReplayToken& token);
+std::string encode_case_token(const CaseToken& token);
 // The check digits of a token's signed part, "<property>:<payload>".
-std::string replay_check_digits(std::string_view signed_part);
+std::string case_token_check_digits(std::string_view signed_part);
 // UsageError saying what is wrong: empty, malformed, damaged (checksum), or an unreadable payload.
 // The property name is returned as written; the caller checks that it names a property.
-ReplayToken decode_replay(std::string_view text);
+CaseToken decode_case_token(std::string_view text);
 
 }  // namespace dpcheck
