@@ -28,7 +28,7 @@ std::string algorithm_env(const Target& target) {
 std::string replay_prefix(const Target& target, int world, const ConformRequest& r, std::uint64_t seed) {
   const bool kernels = !target.kernels.empty();
   std::string prefix = algorithm_env(target);
-  prefix += target.process_world ? find_backend(target.comm)->launch_prefix(world) : std::string();
+  prefix += target.process_world ? target.backend().launch_prefix(world) : std::string();
   prefix += dpcheck_program() + " conform";
   if (target.engine != default_engine()) prefix += " --engine " + target.engine;
   prefix += kernels ? " --kernels " + shell_word(target.kernels) : " --comm " + shell_word(target.comm);

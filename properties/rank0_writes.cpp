@@ -188,7 +188,7 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     for (std::string f; flags >> f;) argv.push_back(f);
     // The target's own communicator where it runs under the launcher (a plugin that writes a file on
     // every rank breaks the promise too), dpcheck's process backend (mpi) otherwise.
-    const Backend& row = backend_for(target.engine, target.comm);
+    const Backend& row = target.backend();
     // The audited argv names no --engine: it trains on the default engine, whose communicators these are.
     const bool own_comm = target.engine == default_engine() && row.may_run_under_launcher();
     argv.insert(argv.end(), {"--comm", own_comm ? target.comm : process_comm(default_engine()), "--checkpoint-dir",

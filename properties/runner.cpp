@@ -338,7 +338,7 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
     if (token->property != out.name)
       throw UsageError("the --reproduce string replays a case of " + token->property + ", not of " + out.name);
   }
-  if (const Backend* row = find_registered_backend(target.comm); !property.simulates && row && row->simulated) {
+  if (!property.simulates && target.backend().simulated) {
     out.skipped =
         "it needs real ranks: simulated ones play every rank on one replica, which no other replica can "
         "differ from, and write no files of their own";

@@ -247,7 +247,7 @@ nlohmann::json measure_world(const Setup& s, Communicator& comm) {
 
 std::vector<nlohmann::json> measure_worlds(const Setup& s, int world_size, const std::vector<std::string>& worker_args,
                                            const std::function<void(int n)>& on_world) {
-  const Backend& row = backend_for(s.target.engine, s.target.comm);
+  const Backend& row = s.target.backend();
   bench::MpiWorkerLaunch launch;
   if (row.needs_launcher()) {
     launch.mpirun = find_in_path("mpirun");

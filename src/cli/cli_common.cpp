@@ -104,7 +104,7 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
 }
 
 int resolve_world(Target& target, int requested, bool given) {
-  const Backend& backend = backend_for(target.engine, target.comm);
+  const Backend& backend = target.backend();
   if (Communicator* world = world_of_processes(backend, process_world())) {
     if (given && requested != world->size())
       throw UsageError("--world-size " + std::to_string(requested) + " disagrees with the launcher's " +
@@ -495,9 +495,8 @@ void check_train_size(const TrainConfig& t, int world, const Target& target, boo
   needs.batch = t.batch;
   needs.dataset = t.data_size();
   needs.world_size = world;
-  const Backend* row = find_registered_backend(target.comm);
-  needs.ranks_are_threads = target.process_world == nullptr && !(row && row->simulated);
-  needs.replicas_on_host = find_engine(target.engine).memory == MemorySpace::host;
+  needs.ranks_are_threads = target.process_world == nullptr && !target.backend().simulated;
+  needs.replicas_on_host = target.engine_row().memory == MemorySpace::host;
   needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam       ? 2
                            : t.optimizer.kind == OptimizerKind::momentum ? 1
                                                                          : 0;

@@ -97,7 +97,7 @@ void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
   if (worker) target.world_size = worker_world->size();
   // A backend whose ranks are a launcher's processes is checked by the workers, under the mpirun that
   // bench scaling starts for each N.
-  const Backend& row = backend_for(target.engine, target.comm);
+  const Backend& row = target.backend();
   if (worker || !row.needs_launcher()) validate_target(target);
   else if (!mpi_available())
     throw UsageError("--comm " + target.comm + ": this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");

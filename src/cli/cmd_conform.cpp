@@ -62,7 +62,7 @@ std::string plugin_title(const ConformCliOptions& o) {
       return path + ", '" + p.name + "'" + (p.version.empty() ? std::string() : " " + p.version) + ", plugin ABI " +
              std::to_string(p.abi);
   // A built-in backend: MPI's own collectives name the library, and the algorithm when one is forced.
-  if (const Backend& row = backend_for(o.target.engine, o.target.comm); row.mpi != MpiUse::none) {
+  if (const Backend& row = o.target.backend(); row.mpi != MpiUse::none) {
     std::string title = path;
     if (const std::string v = mpi_library_version(); !v.empty()) title += ", " + v;
     const char* dynamic = std::getenv("OMPI_MCA_coll_tuned_use_dynamic_rules");

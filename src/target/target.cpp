@@ -71,12 +71,8 @@ std::vector<PluginIdentity> target_plugins(const Target& target) {
   return out;
 }
 
-namespace {
-
-// The target's row; UsageError when its names are unknown or do not go together.
-const Backend& backend_of(const Target& target) { return backend_for(target.engine, target.comm); }
-
-}  // namespace
+const EngineRow& Target::engine_row() const { return find_engine(engine); }
+const Backend& Target::backend() const { return backend_for(engine, comm); }
 
 std::string shell_word(const std::string& text) {
   if (!text.empty() &&
@@ -106,8 +102,7 @@ const MutantTable* hooks(const Target& target) { return target.mutant.empty() ? 
 
 bool formats_drawable(const Target& target) {
   const MutantTable* m = hooks(target);
-  return find_engine(target.engine).draws_formats && !target.tf32 &&
-         !(m && !m->require(target.mutant).precision.empty());
+  return target.engine_row().draws_formats && !target.tf32 && !(m && !m->require(target.mutant).precision.empty());
 }
 
 }  // namespace
@@ -125,9 +120,9 @@ bool allreduce_dtype_drawable(const Target& target) {
 }
 
 void validate_target(const Target& target, GradientAllreduce gradient) {
-  const Backend& backend = backend_of(target);
+  const Backend& backend = target.backend();
   (void)world_of_processes(backend, target.process_world);
-  const EngineRow& engine = find_engine(target.engine);
+  const EngineRow& engine = target.engine_row();
   if (target.tf32 && !engine.tf32)
     throw UsageError("--tf32 is for " + engines_with(&EngineRow::tf32) + "'s matrix products");
   if (target.tf32 && target.precision != Precision::fp32)
@@ -152,7 +147,7 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
                        " path: add --precision " + std::string(m.precision));
   }
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
-  if (backend_of(target).simulated && target.world_size > SimulatedComm::max_world)
+  if (target.backend().simulated && target.world_size > SimulatedComm::max_world)
     throw UsageError("--world-size " + std::to_string(target.world_size) + ": a simulated world has at most " +
                      std::to_string(SimulatedComm::max_world) + " ranks (2^20)");
   if (engine.require) engine.require();
@@ -162,16 +157,16 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
 }
 
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {
-  const Backend& backend = backend_of(target);
+  const Backend& backend = target.backend();
   return backend.thresholds ? backend.thresholds(world_size, target.process_world) : std::vector<std::size_t>{};
 }
 
 std::string launch_prefix(const Target& target) {
-  return target.process_world ? backend_of(target).launch_prefix(target.process_world->size()) : std::string();
+  return target.process_world ? target.backend().launch_prefix(target.process_world->size()) : std::string();
 }
 
 std::string replay_command(const Target& target, const std::string& token) {
-  const Backend& backend = backend_of(target);
+  const Backend& backend = target.backend();
   std::string cmd = launch_prefix(target) + dpcheck_program() + " verify";
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
   if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
@@ -202,7 +197,7 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
       faulty = fault_communicator(inner, *target.fault);
     fn(faulty ? *faulty : inner);
   };
-  const Backend& backend = backend_of(target);
+  const Backend& backend = target.backend();
   if (Communicator* world = world_of_processes(backend, target.process_world)) {
     if (world->size() != world_size)
       throw Error("a scenario asked for " + std::to_string(world_size) + " ranks but the launcher started " +
@@ -229,12 +224,12 @@ EngineSpec engine_spec(const Target& target) {
 }  // namespace
 
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model, int rank) {
-  return find_engine(target.engine).make_engine(model, engine_spec(target), rank);
+  return target.engine_row().make_engine(model, engine_spec(target), rank);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
                                           int rank, int world_size, void* stream) {
-  const EngineRow& engine = find_engine(target.engine);
+  const EngineRow& engine = target.engine_row();
   const MutantTable* table = hooks(target);
   const OptimizerConfig c = table ? table->optimizer_config(target.mutant, config, rank, world_size) : config;
   std::unique_ptr<Optimizer> optimizer = engine.make_optimizer(c, size, stream, engine_spec(target), rank);
@@ -263,8 +258,7 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
 // (dpcheck's own host backends) keeps the bound small at any N (reference/allreduce_schedule.hpp).
 std::string allreduce_bound_refusal(const Target& target, DType dtype, int world) {
   if (dtype != DType::bf16 || world <= 64) return "";
-  const Backend* comm = find_backend(target.comm);
-  if (comm != nullptr && comm->rank_order) return "";
+  if (target.backend().rank_order) return "";
   return "--allreduce-dtype bf16 on " + std::to_string(world) + " ranks of --comm " + target.comm +
          ", which names no reduction schedule: its N + 1 roundings of 2^-8 would leave the bound above a quarter "
          "of every gradient; at most 64 ranks (dpcheck's own host backends round once, at any N)";

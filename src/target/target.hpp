@@ -51,6 +51,12 @@ struct Target {
   Communicator* process_world = nullptr;
 
   std::string describe() const;  // "engine cpu, comm local, mutant none" ("engine cpu (bf16), ...")
+
+  // The rows of the backend table (src/target/backends.hpp) that `engine` and `comm` name, so that the
+  // Target's users ask the Target, not the table. UsageError when the names are unknown or do not go
+  // together (validate_target says so first, in the options' words).
+  const EngineRow& engine_row() const;
+  const Backend& backend() const;
 };
 
 // A target as every file that records one writes it (train's trace and report, a repro bundle, verify's
