@@ -11,6 +11,7 @@
 #include "mutants/mutants.hpp"
 #include "properties/case_token.hpp"
 #include "properties/scenario.hpp"
+#include "src/comm/mpi_comm.hpp"
 #include "src/error.hpp"
 #include "src/rng.hpp"
 
@@ -307,7 +308,7 @@ class Search {
 
 }  // namespace
 
-const PropertyDef& replay_property(const std::string& token) {
+const PropertyDef& case_token_property(const std::string& token) {
   return find_property(decode_case_token(token).property);
 }
 
@@ -388,8 +389,30 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
   return out;
 }
 
+std::string reproduce_command(const Target& target, const std::string& token) {
+  const Backend& backend = target.backend();
+  std::string cmd = launch_prefix(target) + dpcheck_program() + " verify";
+  if (target.engine != default_engine()) cmd += " --engine " + target.engine;
+  if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
+  if (target.tf32) cmd += " --tf32";
+  // A format the run fixed is named even at its default, where verify would otherwise draw it per case.
+  if (target.precision != Precision::fp32 || (target.drawn_precisions.empty() && precision_drawable(target)))
+    cmd += " --precision " + std::string(precision_name(target.precision));
+  if (target.allreduce_dtype != DType::f32 ||
+      (target.drawn_allreduce_dtypes.empty() && allreduce_dtype_drawable(target)))
+    cmd += " --allreduce-dtype " + std::string(allreduce_dtype_name(target.allreduce_dtype));
+  if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
+  if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
+  // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
+  // then recorded in the token).
+  if (target.world_size > 0 && !target.process_world) cmd += " --world-size " + std::to_string(target.world_size);
+  if (!target.model_dims.empty()) cmd += " --model " + dims_string(target.model_dims);
+  if (target.thorough) cmd += " --thorough";  // the token replays a case of the wider space
+  return cmd + " --reproduce " + shell_quoted(token);
+}
+
 std::string failure_replay(const Target& target, const PropertyResult& result) {
-  return replay_command(target, result.reproduce) +
+  return reproduce_command(target, result.reproduce) +
          (result.flaky() ? " --reruns " + std::to_string(comes_and_goes_reruns) : std::string());
 }
 

@@ -88,14 +88,19 @@ inline constexpr std::int64_t min_tightness_cases = 50;
 PropertyResult run_property(const PropertyDef& property, const Target& target, const RunOptions& options);
 
 // The property a case token belongs to (UsageError if the token is damaged or names no property).
-const PropertyDef& replay_property(const std::string& token);
+const PropertyDef& case_token_property(const std::string& token);
+
+// The command that reproduces one case of a property on this target: `dpcheck verify` with the engine,
+// communicator, kernels, mutant and world size the target was run with (the defaults left out), prefixed by its
+// row's launcher when the ranks are a launcher's processes, and --reproduce with the token (shell-quoted).
+std::string reproduce_command(const Target& target, const std::string& token);
 
 // A failure that comes and goes is replayed as many times as verify allows (--reruns): the shrinker keeps a
 // smaller case that failed in any one of its runs, so a minimal case may fail one run in twenty or fewer,
 // and its run takes milliseconds (a case that launches processes is run twice at most).
 inline constexpr int comes_and_goes_reruns = 1000;
 
-// The command that replays a failure's minimal case (replay_command), ending in --reruns
+// The command that replays a failure's minimal case (reproduce_command), ending in --reruns
 // comes_and_goes_reruns when the failure comes and goes, so that as printed it fails again.
 std::string failure_replay(const Target& target, const PropertyResult& result);
 

@@ -121,7 +121,7 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                             ? nlohmann::json({{"error_ratio", r.closest.ratio},
                                               {"where", r.closest.note},
                                               {"case", r.closest.example},
-                                              {"replay", replay_command(o.target, r.closest.reproduce)}})
+                                              {"replay", reproduce_command(o.target, r.closest.reproduce)}})
                             : nlohmann::json(nullptr);
     props.push_back(std::move(p));
   }
@@ -166,7 +166,7 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
       property("closest_call_ratio", number(r.closest.ratio, "%.4g"));
       property("closest_call_where", r.closest.note);
       property("closest_call_case", r.closest.example);
-      property("closest_call_replay", replay_command(o.target, r.closest.reproduce));
+      property("closest_call_replay", reproduce_command(o.target, r.closest.reproduce));
     }
     if (r.runs > 0 && !r.passed) property("runs", runs_text(r));
     x << "    </properties>\n";
@@ -233,7 +233,7 @@ std::vector<const PropertyDef*> select_properties(const VerifyOptions& o) {
   if (o.reproduce_given) {
     // The token names its property: --property may repeat it, never contradict it.
     if (o.reproduce.empty()) throw UsageError("--reproduce is empty: give the string printed after --reproduce");
-    const PropertyDef& p = replay_property(o.reproduce);
+    const PropertyDef& p = case_token_property(o.reproduce);
     if (o.only.size() > 1 || (o.only.size() == 1 && o.only[0] != p.name))
       throw UsageError("the --reproduce string replays a case of " + std::string(p.name) + ", not of " +
                        (o.only.empty() ? std::string("another property") : o.only[0]));
@@ -320,7 +320,7 @@ void describe_closest_calls(std::ostream& details, const VerifyOptions& o, const
                            : "")
             << "\n"
             << indented("    where: ", r.closest.note) << indented("    case:  ", r.closest.example)
-            << "    replay: " << replay_command(o.target, r.closest.reproduce) << "\n";
+            << "    replay: " << reproduce_command(o.target, r.closest.reproduce) << "\n";
   }
 }
 

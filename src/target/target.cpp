@@ -165,28 +165,6 @@ std::string launch_prefix(const Target& target) {
   return target.process_world ? target.backend().launch_prefix(target.process_world->size()) : std::string();
 }
 
-std::string replay_command(const Target& target, const std::string& token) {
-  const Backend& backend = target.backend();
-  std::string cmd = launch_prefix(target) + dpcheck_program() + " verify";
-  if (target.engine != default_engine()) cmd += " --engine " + target.engine;
-  if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
-  if (target.tf32) cmd += " --tf32";
-  // A format the run fixed is named even at its default, where verify would otherwise draw it per case.
-  if (target.precision != Precision::fp32 || (target.drawn_precisions.empty() && precision_drawable(target)))
-    cmd += " --precision " + std::string(precision_name(target.precision));
-  if (target.allreduce_dtype != DType::f32 ||
-      (target.drawn_allreduce_dtypes.empty() && allreduce_dtype_drawable(target)))
-    cmd += " --allreduce-dtype " + std::string(allreduce_dtype_name(target.allreduce_dtype));
-  if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
-  if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
-  // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
-  // then recorded in the token).
-  if (target.world_size > 0 && !target.process_world) cmd += " --world-size " + std::to_string(target.world_size);
-  if (!target.model_dims.empty()) cmd += " --model " + dims_string(target.model_dims);
-  if (target.thorough) cmd += " --thorough";  // the token replays a case of the wider space
-  return cmd + " --reproduce " + shell_quoted(token);
-}
-
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
   const auto with_mutant = [&](Communicator& comm) {
     const MutantTable* table = hooks(target);

@@ -120,11 +120,6 @@ inline int fixed_world(const Target& target) {
   return target.process_world ? target.process_world->size() : target.world_size;
 }
 
-// The command that replays one case of a property on this target: `dpcheck verify` with the engine,
-// communicator, kernels, mutant and world size the target was run with (the defaults left out), prefixed by its
-// row's launcher when the ranks are a launcher's processes, and --reproduce with the token (shell-quoted).
-std::string replay_command(const Target& target, const std::string& token);
-
 // `text` as one shell word, in single quotes.
 std::string shell_quoted(const std::string& text);
 // `text` as one shell word: as it is when no shell would change it (a name, a plain path), else quoted.
