@@ -400,6 +400,11 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       {"train --model 4,99999999999", 2, {"--model", "width 99999999999 is larger than 16777216"}},
       {"train --model 4,1 --world-size 2000000000", 2, {"--world-size 2000000000", "too big for this machine"}},
       {"grad --model 4,1 --batch 8 --world-size 2000000000", 2, {"--world-size 2000000000", "threads"}},
+      // --world-size below 1, refused where every command reads its target options (TargetOptions::target).
+      {"grad --model 4,1 --batch 8 --world-size 0", 2, {"--world-size must be at least 1"}},
+      {"verify --world-size -3", 2, {"--world-size must be at least 1"}},
+      {"train --model 4,1 --world-size 0 --steps 1", 2, {"--world-size must be at least 1"}},
+      {"bench trace --world-size 0", 2, {"--world-size must be at least 1"}},
       {"grad --model 4,1 --batch 100000000000000", 2, {"--batch 100000000000000", "too big for this machine"}},
       {"train --model 4,1 --batch 100000000000000", 2, {"--batch 100000000000000", "GiB"}},
       {"train --model 4,1 --batch 8 --dataset-size 100000000000000", 2, {"--dataset-size 100000000000000"}},

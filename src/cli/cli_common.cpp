@@ -112,7 +112,6 @@ int resolve_world(Target& target, int requested, bool given) {
     target.process_world = world;
     return world->size();
   }
-  if (given && requested < 1) throw UsageError("--world-size must be at least 1");
   return requested;
 }
 
@@ -350,6 +349,8 @@ bool TargetOptions::given(const std::string& option) const {
 }
 
 Target TargetOptions::target() const {
+  // --world-size is checked here alone, for every command that takes it.
+  if (given("--world-size") && world_size < 1) throw UsageError("--world-size must be at least 1");
   Target t;
   t.engine = engine;
   t.comm = given("--comm") ? comm : default_comm(engine);

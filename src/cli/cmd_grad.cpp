@@ -97,7 +97,6 @@ GradResult compute_grad(const GradOptions& o) {
   const ModelConfig& model = g.model;
   const std::uint64_t seed = o.seed.value();
   const int world = o.target.world_size;
-  if (world < 1) throw UsageError("--world-size must be at least 1");
   if (o.x.empty() != o.y.empty()) throw UsageError("give both --x and --y, or neither");
   if (o.x.empty() && o.batch < 1) throw UsageError("give --x and --y, or --batch (at least 1) for synthetic data");
   if (!o.x.empty() && o.batch != 0) throw UsageError("--batch is for synthetic data; with --x the batch is its rows");
