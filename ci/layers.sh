@@ -3,6 +3,9 @@
 # the order of LAYERS below (lowest first): a file includes files of its own folder and of folders in
 # lower layers, never of a higher layer or of another folder in its own. So no two folders include each
 # other, directly or through others. Besides:
+#   - nothing includes kernels/ (the core loads the CUDA plugin through its contract; tests pair a kernel
+#     with its reference), and kernels/ includes nothing of reference/: a wrong constant must not live
+#     on both sides of a check;
 #   - no file in src/ includes a CUDA header: the core reaches the CUDA plugin through the contract it
 #     owns (src/target/cuda_api.hpp);
 #   - no two modules include each other, directly or through others, where a module is a header with
@@ -58,6 +61,8 @@ judged=$(awk -v layers="$layer_list" '
     if (!(t in layer)) { if (!(t in told)) print "break " t ": a folder in no layer: add it to LAYERS in ci/layers.sh"; told[t] = 1; next }
     if (f == t) next
     print "edge " f " " t
+    if (t == "kernels") print "break " $1 " includes " $2 "   <- nothing includes kernels/: the core loads it through its contract (src/target/cuda_api.hpp)"
+    if (f == "kernels" && t == "reference") print "break " $1 " includes " $2 "   <- kernels/ and the oracle share no code"
     if (layer[t] + 0 > layer[f] + 0) print "break " $1 " includes " $2 "   <- " f " may not include " t ", a higher layer"
     else if (layer[t] == layer[f]) print "break " $1 " includes " $2 "   <- " f " and " t " are one layer and include nothing of each other"
   }' <<<"$includes")
