@@ -4,26 +4,20 @@
 // small case, while the correct implementation passes everything.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "reference/allreduce_schedule.hpp"
 #include "reference/bound.hpp"
-#include "src/comm.hpp"
 #include "src/target/mutant_hooks.hpp"
-#include "src/train/fault.hpp"
-#include "src/train/optimizer.hpp"
-#include "src/train/sampler.hpp"
-#include "src/train/trainer.hpp"
-#include "src/train/writer.hpp"
+#include "src/target/plugin_comm.hpp"
 
 namespace dpcheck {
 
-struct PluginRules;  // src/target/plugin_comm.hpp
-
+// One mutant, whole: its name, the property aimed at it, the bug in words, what it needs to show, and
+// the hooks that build the parts it breaks. A row is all there is to a mutant: verify, the kill matrix
+// (tests/kill_matrix_test.cpp) and the list of mutants read the rows (docs/mutants.md shows one added).
 struct MutantInfo {
   std::string_view name;
   std::string_view caught_by;    // the property aimed at it
@@ -41,7 +35,24 @@ struct MutantInfo {
   // The bug shows only at scale (a world of the scale class, a data set past 2^31 examples): verify
   // draws the scale class in half the cases against it, and its minimal case keeps the world it needs.
   bool scale = false;
+  // The trainer's parts it breaks: communicator, sampler, optimizer, engine, the trainer's seams, writer.
+  MutantParts parts = {};
+  // The checks' own parts it breaks: the derived bound, the schedule emulation and its bound, the plugin
+  // ABI's rules. (Mutants of conform's, the divergence tools' and the write audit's own judgement are
+  // compared by name where that judgement is made: those checks hold the broken line beside the right one.)
+  void (*bound)(reference::BoundOptions& options) = nullptr;
+  void (*schedule)(reference::ScheduleOptions& options) = nullptr;
+  void (*schedule_gamma)(const reference::ScheduleOptions& options, int world, double& gamma) = nullptr;
+  void (*plugin_rules)(PluginRules& rules) = nullptr;
 };
+
+// The rows, by the part they break (mutants/comm_mutants.cpp, data_mutants.cpp, step_mutants.cpp,
+// file_mutants.cpp, check_mutants.cpp); mutants() is all of them.
+std::span<const MutantInfo> comm_mutants();
+std::span<const MutantInfo> data_mutants();
+std::span<const MutantInfo> step_mutants();
+std::span<const MutantInfo> file_mutants();
+std::span<const MutantInfo> check_mutants();
 
 std::span<const MutantInfo> mutants();
 const MutantInfo* find_mutant(std::string_view name);  // nullptr when unknown
@@ -55,40 +66,25 @@ std::string audit_mutant(std::string_view mutant);
 // programs call it before they run a target.
 void register_mutants();
 
-// The table's hooks (src/target/mutant_hooks.hpp's MutantTable). Each returns nullptr (or its input unchanged)
-// when the mutant does not break that part, so the correct part is used.
+// The table as the core sees it (src/target/mutant_hooks.hpp's MutantTable).
 MutantTraits mutant_traits(std::string_view name);  // UsageError for an unknown name (require_known_mutant)
-void mutant_engine_spec(std::string_view mutant, EngineSpec& spec);
-bool mutant_trace_digest_prefix(std::string_view mutant);
-// The bound mutants: the derived bound without its kink term, or three times as loose.
+// The parts that `name` breaks; none for "" and for a name no row has.
+const MutantParts& mutant_parts(std::string_view name);
+
+// The checks' own parts, from the row of `mutant` (no change for "" or a mutant that leaves them alone).
 void mutant_bound_options(std::string_view mutant, reference::BoundOptions& options);
 // The plugin ABI's mutants (plugin_abi_rules_hold): the broken rule a plugin's communicator applies in
 // place of plugin.h's; the rules themselves for any other.
 PluginRules mutant_plugin_rules(std::string_view mutant);
-// conform's mutant of its own checks: the same-bits and run-to-run checks draw the same random values on
-// every rank, so ranks that sum in different orders still agree.
-bool mutant_conform_same_inputs(std::string_view mutant);
-// conform's mutant of its allowance: an average's rounding allowed with bfloat16's unit roundoff.
-bool mutant_conform_avg_allowance_16bit(std::string_view mutant);
-// conform's mutant of its kernel checks' shapes: every drawn size a multiple of 8.
-bool mutant_conform_kernel_whole_tiles(std::string_view mutant);
-// conform's mutant of its replay lines: a failing row's line without its --world-size.
-bool mutant_conform_replay_drops_world_size(std::string_view mutant);
-// The schedule emulation's mutant: halving-doubling's pairs from the highest bit down.
 void mutant_schedule_options(std::string_view mutant, reference::ScheduleOptions& options);
-// The schedule-bound mutant: a ring's gamma from a tree's depth.
 void mutant_schedule_gamma(std::string_view mutant, const reference::ScheduleOptions& options, int world,
                            double& gamma);
-std::unique_ptr<Communicator> mutant_communicator(std::string_view mutant, Communicator& inner);
-std::unique_ptr<DistributedSampler> mutant_sampler(std::string_view mutant, const SamplerConfig& config);
-// The optimizer itself, wrapped when the mutant breaks its formula.
-std::unique_ptr<Optimizer> mutant_optimizer(std::string_view mutant, std::unique_ptr<Optimizer> optimizer);
-OptimizerConfig mutant_optimizer_config(std::string_view mutant, OptimizerConfig config, int rank, int world_size);
-std::unique_ptr<Trainer> mutant_trainer(std::string_view mutant, const TrainConfig& config, Communicator& comm,
-                                        Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
-                                        const Dataset& data);
-std::unique_ptr<RankZeroWriter> mutant_writer(std::string_view mutant, Communicator& comm,
-                                              const std::filesystem::path& checkpoint_dir,
-                                              const std::filesystem::path& log_path, int keep);
+// conform's mutants of its own checks (conform/): the same-bits and run-to-run checks draw the same
+// random values on every rank; an average's rounding allowed with bfloat16's unit roundoff; every drawn
+// kernel size a multiple of 8; a failing row's replay line without its --world-size.
+bool mutant_conform_same_inputs(std::string_view mutant);
+bool mutant_conform_avg_allowance_16bit(std::string_view mutant);
+bool mutant_conform_kernel_whole_tiles(std::string_view mutant);
+bool mutant_conform_replay_drops_world_size(std::string_view mutant);
 
 }  // namespace dpcheck

@@ -1,4 +1,4 @@
-// The communicator mutants that sum in an order of their own (mutants/mutants.cpp) on bfloat16 and
+// The communicator mutants that sum in an order of their own (mutants/comm_mutants.cpp) on bfloat16 and
 // float16 all-reduces, which the gradient all-reduce may run in: they must break those too, not pass
 // them through to the correct backend. allreduce-rank-order starts each rank's sum at its own buffer,
 // so the ranks disagree; allreduce-arrival-order sums in one order on every rank, so they agree, but
@@ -31,7 +31,7 @@ template <class H> std::vector<std::vector<H>> sums(const char* mutant) {
   run_local(
       kRanks,
       [&](Communicator& local) {
-        std::unique_ptr<Communicator> wrapped = *mutant ? mutant_communicator(mutant, local) : nullptr;
+        std::unique_ptr<Communicator> wrapped = *mutant ? find_mutant(mutant)->parts.communicator(local) : nullptr;
         Communicator& c = wrapped ? *wrapped : local;
         std::vector<H> buf = conformance::awkward_values<H>(c.rank(), kLen);
         c.allreduce(std::span<H>(buf), ReduceOp::sum);
@@ -85,7 +85,7 @@ TEST_P(CommMutantsSuite, TheConformanceSuiteFailsTheMutant) {
   run_local(
       kRanks,
       [&](Communicator& local) {
-        const std::unique_ptr<Communicator> wrapped = mutant_communicator(k.mutant, local);
+        const std::unique_ptr<Communicator> wrapped = find_mutant(k.mutant)->parts.communicator(local);
         failures[static_cast<std::size_t>(local.rank())] =
             run_conform_comm_check(*wrapped, k.check, conformance::suite_options());
       },

@@ -114,7 +114,7 @@ class ErrnoKeeper {
 // ---- mutants of the audit's own judgement ---------------------------------------------------------
 // The audit is held to a property like every other check (audit_sees_every_write, properties/
 // audit_writes.cpp): it plants writes of every kind on ranks other than 0, and each of these bugs, written
-// as a contributor might write it, must make that property fail (mutants/mutants.cpp lists them).
+// as a contributor might write it, must make that property fail (their rows are in mutants/file_mutants.cpp).
 // DPCHECK_AUDIT_MUTANT names one; run_audited (src/audit/audit.hpp) sets it only for a property run
 // against that mutant and removes it from every other audited command, so `dpcheck audit` never runs
 // one. Set once by the constructor, before the program's threads exist.

@@ -97,12 +97,14 @@ std::string gradient_allreduce_unsupported(const Target& target) {
 
 namespace {
 
-// The mutant table's hooks when the target names a mutant, else nullptr.
-const MutantTable* hooks(const Target& target) { return target.mutant.empty() ? nullptr : &mutant_table(); }
+// The parts that the target's mutant breaks, or nullptr without one.
+const MutantParts* broken_parts(const Target& target) {
+  return target.mutant.empty() ? nullptr : &mutant_table().parts(target.mutant);
+}
 
 bool formats_drawable(const Target& target) {
-  const MutantTable* m = hooks(target);
-  return target.engine_row().draws_formats && !target.tf32 && !(m && !m->require(target.mutant).precision.empty());
+  return target.engine_row().draws_formats && !target.tf32 &&
+         (target.mutant.empty() || mutant_table().require(target.mutant).precision.empty());
 }
 
 }  // namespace
@@ -137,8 +139,8 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
   if (target.precision != Precision::fp32 && !engine.low_precision_with_kernels && !target.kernels.empty())
     throw UsageError("--precision " + std::string(precision_name(target.precision)) + " and --kernels on the " +
                      target.engine + " engine do not go together yet");
-  if (const MutantTable* table = hooks(target)) {
-    const MutantTraits m = table->require(target.mutant);
+  if (!target.mutant.empty()) {
+    const MutantTraits m = mutant_table().require(target.mutant);
     if (!m.engine.empty() && m.engine != target.engine)
       throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m.engine) + " engine: add --engine " +
                        std::string(m.engine));
@@ -167,8 +169,8 @@ std::string launch_prefix(const Target& target) {
 
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
   const auto with_mutant = [&](Communicator& comm) {
-    const MutantTable* table = hooks(target);
-    std::unique_ptr<Communicator> wrapped = table ? table->communicator(target.mutant, comm) : nullptr;
+    const MutantParts* broken = broken_parts(target);
+    std::unique_ptr<Communicator> wrapped = broken && broken->communicator ? broken->communicator(comm) : nullptr;
     Communicator& inner = wrapped ? *wrapped : comm;
     std::unique_ptr<Communicator> faulty;
     if (target.fault && target.fault->phase == FaultPhase::all_reduce)
@@ -195,7 +197,7 @@ EngineSpec engine_spec(const Target& target) {
   spec.tf32 = target.tf32;
   spec.kernels = target.kernels;
   spec.timeout = target.timeout;
-  if (const MutantTable* table = hooks(target)) table->engine_spec(target.mutant, spec);
+  if (const MutantParts* broken = broken_parts(target); broken && broken->engine_spec) broken->engine_spec(spec);
   return spec;
 }
 
@@ -208,25 +210,25 @@ std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& mod
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
                                           int rank, int world_size, void* stream) {
   const EngineRow& engine = target.engine_row();
-  const MutantTable* table = hooks(target);
-  const OptimizerConfig c = table ? table->optimizer_config(target.mutant, config, rank, world_size) : config;
+  const MutantParts* broken = broken_parts(target);
+  OptimizerConfig c = config;
+  if (broken && broken->optimizer_config) broken->optimizer_config(c, rank, world_size);
   std::unique_ptr<Optimizer> optimizer = engine.make_optimizer(c, size, stream, engine_spec(target), rank);
   // The optimizer mutants break a host engine's formula (the cuda engine's optimizer is kernels/optimizer.cu).
-  if (table && engine.memory == MemorySpace::host) return table->optimizer(target.mutant, std::move(optimizer));
+  if (broken && broken->optimizer && engine.memory == MemorySpace::host) return broken->optimizer(std::move(optimizer));
   return optimizer;
 }
 
 std::unique_ptr<DistributedSampler> make_sampler(const Target& target, const SamplerConfig& config) {
-  if (const MutantTable* table = hooks(target))
-    if (auto m = table->sampler(target.mutant, config)) return m;
+  if (const MutantParts* broken = broken_parts(target); broken && broken->sampler) return broken->sampler(config);
   return std::make_unique<DistributedSampler>(config);
 }
 
 std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& comm,
                                             const std::filesystem::path& checkpoint_dir,
                                             const std::filesystem::path& log_path, int keep) {
-  if (const MutantTable* table = hooks(target))
-    if (auto m = table->writer(target.mutant, comm, checkpoint_dir, log_path, keep)) return m;
+  if (const MutantParts* broken = broken_parts(target); broken && broken->writer)
+    return broken->writer(comm, checkpoint_dir, log_path, keep);
   return std::make_unique<RankZeroWriter>(comm, checkpoint_dir, log_path, keep);
 }
 
@@ -259,17 +261,18 @@ RankTrainer make_rank_trainer(const Target& target, const TrainConfig& config, C
   r.optimizer = make_optimizer(target, config.optimizer_for(world), r.engine->param_count(), comm.rank(), world,
                                r.engine->stream());
   r.sampler = make_sampler(target, config.sampler(world));
-  if (target.fault && target.fault->phase != FaultPhase::all_reduce)
-    r.trainer = fault_trainer(*target.fault, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
-  else if (const MutantTable* table = hooks(target))
-    r.trainer = table->trainer(target.mutant, config, comm, *r.engine, *r.optimizer, *r.sampler, data);
-  if (!r.trainer) r.trainer = std::make_unique<Trainer>(config, comm, *r.engine, *r.optimizer, *r.sampler, data);
+  // A planted fault's hooks take the place of the mutant's (an all-reduce fault has none: it wraps the
+  // communicator).
+  TrainerHooks hooks;
+  if (target.fault && target.fault->phase != FaultPhase::all_reduce) hooks = fault_hooks(*target.fault);
+  else if (const MutantParts* broken = broken_parts(target)) hooks = broken->trainer;
+  r.trainer = std::make_unique<Trainer>(config, comm, *r.engine, *r.optimizer, *r.sampler, data, std::move(hooks));
   return r;
 }
 
 bool trace_digest_prefix(const Target& target) {
-  const MutantTable* table = hooks(target);
-  return table && table->trace_digest_prefix(target.mutant);
+  const MutantParts* broken = broken_parts(target);
+  return broken && broken->trace_digest_prefix;
 }
 
 nlohmann::json target_to_json(const Target& target) {

@@ -79,54 +79,47 @@ class FaultCommunicator final : public ForwardingCommunicator {
   std::int64_t calls_ = 0;
 };
 
-class FaultTrainer final : public Trainer {
- public:
-  FaultTrainer(const Fault& fault, const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
-               const DistributedSampler& sampler, const Dataset& data)
-      : Trainer(config, comm, engine, optimizer, sampler, data), fault_(fault) {}
-
-  std::vector<std::int64_t> local_indices(std::int64_t step) const override {
-    std::vector<std::int64_t> idx = Trainer::local_indices(step);
-    if (fault_.phase == FaultPhase::data && now(step) && !idx.empty()) {
-      std::int64_t& at = idx[std::min(fault_.element, idx.size() - 1)];
-      at = (at + 1) % data().size();
-    }
-    return idx;
-  }
-
- protected:
-  void local_gradient_ready(std::int64_t step) override {
-    if (fault_.phase == FaultPhase::local_gradient && now(step))
-      inject_fault(engine().memory(), engine().grads(), engine().param_count(), fault_);
-  }
-  void update_done(std::int64_t step) override {
-    if (!now(step)) return;
-    if (fault_.phase == FaultPhase::update)
-      inject_fault(engine().memory(), engine().params(), engine().param_count(), fault_);
-    if (fault_.phase == FaultPhase::optimizer_state)
-      inject_fault(engine().memory(), optimizer().state(), optimizer().state_size(), fault_);
-  }
-  // The fault goes into the whole local gradient, so buckets start after it.
-  bool overlaps_backward() const override { return false; }
-
- private:
-  // The fault's step on its rank, or (fault.step < 0) every step from -fault.step on.
-  bool now(std::int64_t step) const {
-    return rank() == fault_.rank && (fault_.step >= 0 ? step == fault_.step : step >= -fault_.step);
-  }
-  Fault fault_;
-};
-
 }  // namespace
 
 std::unique_ptr<Communicator> fault_communicator(Communicator& inner, const Fault& fault) {
   return std::make_unique<FaultCommunicator>(inner, fault);
 }
 
-std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm,
-                                       Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
-                                       const Dataset& data) {
-  return std::make_unique<FaultTrainer>(fault, config, comm, engine, optimizer, sampler, data);
+TrainerHooks fault_hooks(const Fault& fault) {
+  if (fault.phase == FaultPhase::all_reduce) return {};
+  // The fault's step on its rank, or (fault.step < 0) every step from -fault.step on.
+  const auto now = [fault](const Trainer& t, std::int64_t step) {
+    return t.rank() == fault.rank && (fault.step >= 0 ? step == fault.step : step >= -fault.step);
+  };
+  TrainerHooks hooks;
+  switch (fault.phase) {
+    case FaultPhase::data:
+      hooks.local_indices = [fault, now](const Trainer& t, std::int64_t step, std::vector<std::int64_t> idx) {
+        if (now(t, step) && !idx.empty()) {
+          std::int64_t& at = idx[std::min(fault.element, idx.size() - 1)];
+          at = (at + 1) % t.data().size();
+        }
+        return idx;
+      };
+      break;
+    case FaultPhase::local_gradient:
+      hooks.local_gradient_ready = [fault, now](Trainer& t, std::int64_t step) {
+        if (now(t, step)) inject_fault(t.engine().memory(), t.engine().grads(), t.engine().param_count(), fault);
+      };
+      break;
+    case FaultPhase::update:
+      hooks.update_done = [fault, now](Trainer& t, std::int64_t step) {
+        if (now(t, step)) inject_fault(t.engine().memory(), t.engine().params(), t.engine().param_count(), fault);
+      };
+      break;
+    case FaultPhase::optimizer_state:
+      hooks.update_done = [fault, now](Trainer& t, std::int64_t step) {
+        if (now(t, step)) inject_fault(t.engine().memory(), t.optimizer().state(), t.optimizer().state_size(), fault);
+      };
+      break;
+    case FaultPhase::all_reduce: break;
+  }
+  return hooks;
 }
 
 }  // namespace dpcheck

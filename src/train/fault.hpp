@@ -45,11 +45,9 @@ struct Fault {
 void inject_fault(const MemoryService& memory, float* buf, std::size_t n, const Fault& fault);
 // The output of data all-reduce number fault.step (counted from 0 on this communicator) on fault.rank.
 std::unique_ptr<Communicator> fault_communicator(Communicator& inner, const Fault& fault);
-// A trainer whose fault.rank takes the fault at step fault.step: in its examples, its local gradient
-// before the all-reduce, or its parameters or optimizer state after the update (not all-reduce faults:
-// fault_communicator).
-std::unique_ptr<Trainer> fault_trainer(const Fault& fault, const TrainConfig& config, Communicator& comm,
-                                       Engine& engine, Optimizer& optimizer, const DistributedSampler& sampler,
-                                       const Dataset& data);
+// The hooks (TrainerHooks) through which fault.rank takes the fault at step fault.step: in its examples,
+// its local gradient before the all-reduce, or its parameters or optimizer state after the update. None
+// for an all-reduce fault (fault_communicator).
+TrainerHooks fault_hooks(const Fault& fault);
 
 }  // namespace dpcheck

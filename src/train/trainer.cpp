@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "src/choice.hpp"
 #include "src/comm/simulated_comm.hpp"
@@ -20,8 +21,9 @@ std::vector<std::int64_t> split_sizes(std::int64_t n, std::int64_t parts) {
 }
 
 Trainer::Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
-                 const DistributedSampler& sampler, const Dataset& data)
+                 const DistributedSampler& sampler, const Dataset& data, TrainerHooks hooks)
     : config_(config),
+      hooks_(std::move(hooks)),
       comm_(comm),
       engine_(engine),
       optimizer_(optimizer),
@@ -47,7 +49,7 @@ Trainer::Slot Trainer::slot(int rank, std::int64_t step) const {
   s.epoch = step / steps_per_epoch_;
   s.begin = std::min(share, (step % steps_per_epoch_) * slice_);
   s.end = std::min(share, s.begin + slice_);
-  return s;
+  return hooks_.slot ? hooks_.slot(*this, rank, step, s) : s;
 }
 
 std::int64_t Trainer::global_batch(std::int64_t step) const {
@@ -87,16 +89,23 @@ std::int64_t Trainer::largest_micro_batch(std::int64_t step) const {
   return largest;
 }
 
+std::vector<std::int64_t> Trainer::local_indices(std::int64_t step) const {
+  std::vector<std::int64_t> idx = rank_indices(rank(), step);
+  return hooks_.local_indices ? hooks_.local_indices(*this, step, std::move(idx)) : idx;
+}
+
 Batch Trainer::local_batch(std::int64_t step) const {
-  const std::vector<std::int64_t> idx = local_indices(step);
-  return data_.gather(idx);
+  Batch batch = data_.gather(local_indices(step));
+  return hooks_.local_batch ? hooks_.local_batch(*this, step, std::move(batch)) : batch;
 }
 
 double Trainer::share_weight(std::int64_t share, std::int64_t global, int world) const {
+  if (hooks_.share_weight) return hooks_.share_weight(share, global, world);
   return static_cast<double>(share) * world / static_cast<double>(global);
 }
 
 double Trainer::micro_batch_weight(std::int64_t micro, std::int64_t share) const {
+  if (hooks_.micro_batch_weight) return hooks_.micro_batch_weight(micro, share);
   return static_cast<double>(micro) / static_cast<double>(share);
 }
 
@@ -194,7 +203,7 @@ double Trainer::rank_gradient(std::int64_t step) {
   }
   if (first) engine_.zero_grads();  // nothing to train on: contribute zeros, but still take part
 
-  local_gradient_ready(step);
+  if (hooks_.local_gradient_ready) hooks_.local_gradient_ready(*this, step);
   const bool local_inf = scaler_.enabled() && gradient_non_finite();
   if (observer_) observer_->local_gradient(*this, step, loss_sum, share);
   engine_.synchronize();
@@ -214,7 +223,8 @@ double Trainer::rank_gradient(std::int64_t step) {
 }
 
 std::vector<GradientBucket> Trainer::gradient_buckets(std::size_t cap) const {
-  return plan_buckets(ParamLayout(engine_.model()), cap);
+  std::vector<GradientBucket> buckets = plan_buckets(ParamLayout(engine_.model()), cap);
+  return hooks_.gradient_buckets ? hooks_.gradient_buckets(std::move(buckets)) : buckets;
 }
 
 void Trainer::allreduce_gradient() {
@@ -231,6 +241,7 @@ void Trainer::allreduce_gradient() {
 }
 
 bool Trainer::agree_found_inf(bool local_inf, bool reduced_inf) {
+  if (hooks_.agree_found_inf) return hooks_.agree_found_inf(*this, local_inf, reduced_inf);
   std::int64_t found = local_inf || reduced_inf ? 1 : 0;
   comm_.host().allreduce(&found, 1, DType::i64, ReduceOp::max);
   return found != 0;
@@ -269,7 +280,8 @@ void Trainer::scale_gradient(float factor) {
   engine_.memory().copy_from_host(host_copy_.data(), engine_.grads(), n);
 }
 
-double Trainer::global_mean_loss(double local_loss_sum, std::int64_t, std::int64_t global) {
+double Trainer::global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t global) {
+  if (hooks_.global_mean_loss) return hooks_.global_mean_loss(*this, local_loss_sum, local_examples, global);
   comm_.host().allreduce(&local_loss_sum, 1, DType::f64, ReduceOp::sum);
   return local_loss_sum / static_cast<double>(global);
 }
@@ -308,6 +320,7 @@ void Trainer::restore(const Checkpoint& c) {
   optimizer_.load_state(c.optimizer_state, c.optimizer_steps);
   if (c.loss_scaler) scaler_.restore(*c.loss_scaler);
   next_step_ = c.step;
+  if (hooks_.restored) hooks_.restored(*this, c);
 }
 
 StepResult Trainer::step() {
@@ -317,9 +330,11 @@ StepResult Trainer::step() {
   r.loss = compute_gradient(r.step);
   // A skipped step leaves the parameters, the optimizer state and its step count as they were.
   r.skipped = found_inf_;
-  if (config_.warmup_steps > 0) optimizer_.set_lr(warmup_lr(r.step));
+  if (config_.warmup_steps > 0)
+    optimizer_.set_lr(hooks_.warmup_lr ? hooks_.warmup_lr(*this, r.step) : config_.lr_at(r.step, comm_.size()));
   if (!found_inf_) optimizer_.step(engine_.params(), engine_.grads());
-  update_loss_scaler(found_inf_);
+  if (hooks_.update_loss_scaler) hooks_.update_loss_scaler(*this, found_inf_);
+  else scaler_.update(found_inf_);
   r.loss_scale = scaler_.scale();
   r.compute_seconds = compute_seconds_;
   r.exposed_comm_seconds = exposed_comm_seconds_;
@@ -328,7 +343,7 @@ StepResult Trainer::step() {
     r.buckets_overlapped = reducer_->launched_early();
     r.buckets_may_overlap = buckets_overlap();
   }
-  update_done(r.step);
+  if (hooks_.update_done) hooks_.update_done(*this, r.step);
   if (observer_) observer_->updated(*this, r.step);
   r.replicas = check_replicas(comm_, engine_, optimizer_, r.step, scaler_.enabled() ? &scaler_.state() : nullptr);
   ++next_step_;

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -56,6 +57,52 @@ class StepObserver {
   virtual void updated(Trainer& /*trainer*/, std::int64_t /*step*/) {}
 };
 
+// Which slice of a rank's share a step takes: [begin, end) into sampler.indices(rank, epoch).
+struct StepSlot {
+  std::int64_t epoch = 0;
+  std::int64_t begin = 0, end = 0;
+};
+
+// The trainer's seams: each hook, when set, replaces or amends one decision of the step, and the
+// trainer keeps its own where none is set. The correct trainer has none; fault injection
+// (src/train/fault.hpp) and the mutants (mutants/) set them. A hook that is handed `correct` gets the
+// trainer's own answer, to change or to ignore. Hooks that exchange messages (global_mean_loss,
+// agree_found_inf) are collectives: every rank calls them at the same point.
+struct TrainerHooks {
+  std::function<StepSlot(const Trainer&, int rank, std::int64_t step, StepSlot correct)> slot = {};
+  // This rank's examples at a step (rank_indices of its own rank).
+  std::function<std::vector<std::int64_t>(const Trainer&, std::int64_t step, std::vector<std::int64_t> correct)>
+      local_indices = {};
+  // The examples this rank feeds its engine at a step (local_indices, gathered from the data).
+  std::function<Batch(const Trainer&, std::int64_t step, Batch correct)> local_batch = {};
+  // Weight of a rank's mean gradient in the all-reduce avg (share * N / global).
+  std::function<double(std::int64_t share, std::int64_t global, int world)> share_weight = {};
+  // Weight of a micro-batch's mean gradient within the rank's mean (micro / share).
+  std::function<double(std::int64_t micro, std::int64_t share)> micro_batch_weight = {};
+  // Called when the rank's local gradient is whole, before the observer sees it and before the
+  // all-reduce. With this hook the buckets start once it has run, not during the backward pass.
+  std::function<void(Trainer&, std::int64_t step)> local_gradient_ready = {};
+  // Called after the optimizer step, before the observer sees it and before the replica check.
+  std::function<void(Trainer&, std::int64_t step)> update_done = {};
+  // The mean loss over the global batch from this rank's sum of per-example losses (a collective).
+  std::function<double(Trainer&, double local_loss_sum, std::int64_t local_examples, std::int64_t global)>
+      global_mean_loss = {};
+  // The scale this rank's backward pass runs at and its gradient is unscaled by (the scaler's).
+  std::function<float(const Trainer&)> loss_scale = {};
+  // Whether the step is skipped, from this rank's view (a collective: the max over ranks).
+  std::function<bool(Trainer&, bool local_inf, bool reduced_inf)> agree_found_inf = {};
+  // The buckets of at most a cap of elements, in the order they are all-reduced (plan_buckets).
+  std::function<std::vector<GradientBucket>(std::vector<GradientBucket> correct)> gradient_buckets = {};
+  // Whether bucket b may start once the backward pass has finished layer `completed` and those above.
+  std::function<bool(const GradientBucket& b, int completed)> bucket_ready = {};
+  // The loss scaler's update after a step, every rank alike (LossScaler::update).
+  std::function<void(Trainer&, bool found_inf)> update_loss_scaler = {};
+  // The learning rate of a step under a warm-up (TrainConfig::lr_at).
+  std::function<double(const Trainer&, std::int64_t step)> warmup_lr = {};
+  // Called when restore() has loaded a checkpoint.
+  std::function<void(Trainer&, const Checkpoint&)> restored = {};
+};
+
 struct StepResult {
   std::int64_t step = 0;
   double loss = 0;  // mean loss over the global batch (before the update)
@@ -73,23 +120,18 @@ struct StepResult {
   ReplicaReport replicas;
 };
 
-class Trainer {
+class Trainer final {
  public:
   Trainer(const TrainConfig& config, Communicator& comm, Engine& engine, Optimizer& optimizer,
-          const DistributedSampler& sampler, const Dataset& data);
-  virtual ~Trainer() = default;
+          const DistributedSampler& sampler, const Dataset& data, TrainerHooks hooks = {});
 
-  // Which slice of each rank's share a step takes: [begin, end) into sampler.indices(rank, epoch).
-  struct Slot {
-    std::int64_t epoch = 0;
-    std::int64_t begin = 0, end = 0;
-  };
-  virtual Slot slot(int rank, std::int64_t step) const;
+  using Slot = StepSlot;
+  Slot slot(int rank, std::int64_t step) const;
   std::int64_t global_batch(std::int64_t step) const;
   // The sampler's examples of any rank at a step: its slot of its share.
   std::vector<std::int64_t> rank_indices(int rank, std::int64_t step) const;
-  // This rank's examples at a step: rank_indices of this rank (a fault-injecting trainer changes one).
-  virtual std::vector<std::int64_t> local_indices(std::int64_t step) const { return rank_indices(rank(), step); }
+  // This rank's examples at a step: rank_indices of this rank (a fault's hook changes one).
+  std::vector<std::int64_t> local_indices(std::int64_t step) const;
 
   // Every rank's examples at a step, concatenated in rank order: the global batch that the all-reduced
   // gradient must equal the gradient of. Computed from the sampler alone, with no communication.
@@ -127,7 +169,7 @@ class Trainer {
   // The same into `c`, reusing its buffers (a snapshot before every step costs a copy, no allocation).
   void checkpoint_into(Checkpoint& c) const;
   // Continues from a checkpoint (UsageError if it does not fit this trainer's model and optimizer).
-  virtual void restore(const Checkpoint& checkpoint);
+  void restore(const Checkpoint& checkpoint);
 
   const TrainConfig& config() const { return config_; }
   int rank() const { return comm_.rank(); }
@@ -141,53 +183,34 @@ class Trainer {
   // Hooks called at each phase of every step (nullptr: none). Not owned.
   void set_observer(StepObserver* observer) { observer_ = observer; }
 
- protected:
-  // Weight of a rank's mean gradient in the all-reduce avg: share * N / global.
-  virtual double share_weight(std::int64_t share, std::int64_t global, int world) const;
-  // Weight of a micro-batch's mean gradient within the rank's mean: micro / share.
-  virtual double micro_batch_weight(std::int64_t micro, std::int64_t share) const;
-  // The examples this rank feeds its engine at a step.
-  virtual Batch local_batch(std::int64_t step) const;
-  // Called when the rank's local gradient is ready, before the observer sees it and before the
-  // all-reduce: a fault-injecting trainer (a mutant) changes it here.
-  virtual void local_gradient_ready(std::int64_t /*step*/) {}
-  // Called after the optimizer step, before the observer sees it and before the replica check: a
-  // fault-injecting trainer changes a parameter or an optimizer state element here.
-  virtual void update_done(std::int64_t /*step*/) {}
-  // The mean loss over the global batch from this rank's sum of per-example losses (a collective).
-  virtual double global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t global);
-  // The scale this rank's backward pass runs at and its gradient is unscaled by: the scaler's.
-  virtual float applied_loss_scale() const { return scaler_.scale(); }
-  // Whether the step is skipped, from this rank's view (its local gradient, the all-reduced one): every
-  // rank's view reduced with a max, so that all decide alike (a collective).
-  virtual bool agree_found_inf(bool local_inf, bool reduced_inf);
-  // The buckets of at most cap elements, in the order they are all-reduced (plan_buckets).
-  virtual std::vector<GradientBucket> gradient_buckets(std::size_t cap) const;
-  // Whether bucket b may start once the backward pass has finished layer `completed` and those above
-  // it (completed == layers: the last micro-batch's pass has not begun).
-  virtual bool bucket_ready(const GradientBucket& b, int completed) const { return completed <= b.ready_layer; }
-  // Whether the buckets may start during the backward pass. A trainer that changes the local gradient
-  // once it is whole (local_gradient_ready) says no: its buckets start when that is done.
-  virtual bool overlaps_backward() const { return true; }
+ private:
+  double share_weight(std::int64_t share, std::int64_t global, int world) const;
+  double micro_batch_weight(std::int64_t micro, std::int64_t share) const;
+  Batch local_batch(std::int64_t step) const;
+  double global_mean_loss(double local_loss_sum, std::int64_t local_examples, std::int64_t global);
+  float applied_loss_scale() const { return hooks_.loss_scale ? hooks_.loss_scale(*this) : scaler_.scale(); }
+  bool agree_found_inf(bool local_inf, bool reduced_inf);
+  std::vector<GradientBucket> gradient_buckets(std::size_t cap) const;
+  bool bucket_ready(const GradientBucket& b, int completed) const {
+    return hooks_.bucket_ready ? hooks_.bucket_ready(b, completed) : completed <= b.ready_layer;
+  }
   // Whether the buckets start during the last micro-batch's backward pass: a communication thread, no
-  // observer (it may talk over the communicator at local_gradient) and a trainer that overlaps.
-  bool buckets_overlap() const { return reducer_ && reducer_->threaded() && !observer_ && overlaps_backward(); }
+  // observer (it may talk over the communicator at local_gradient) and no hook that changes the local
+  // gradient once it is whole (its buckets start when that is done).
+  bool buckets_overlap() const {
+    return reducer_ && reducer_->threaded() && !observer_ && !hooks_.local_gradient_ready;
+  }
   // Whether the engine's gradient holds an infinity or a NaN.
   bool gradient_non_finite();
-  // The loss scaler's update after a step, every rank alike (LossScaler::update).
-  virtual void update_loss_scaler(bool found_inf) { scaler_.update(found_inf); }
-  // The learning rate of a step under a warm-up (TrainConfig::lr_at).
-  virtual double warmup_lr(std::int64_t step) const { return config_.lr_at(step, comm_.size()); }
   // Multiplies the engine's gradient by factor (a power of two: exact).
   void scale_gradient(float factor);
   // The gradient all-reduce (avg) in config().allreduce_dtype.
   void allreduce_gradient();
-
- private:
   // compute_gradient of this rank (the rank being played, on a simulated world).
   double rank_gradient(std::int64_t step);
 
   TrainConfig config_;
+  TrainerHooks hooks_;
   Communicator& comm_;
   Engine& engine_;
   Optimizer& optimizer_;
