@@ -242,6 +242,8 @@ TEST_F(BadInput, EveryRowEndsWithOneLineAndTouchesNothing) {
       // Output paths: never replaced unless a regular file, and checked before any work.
       {"verify --cases 1 --report /dev/full", 2, {"/dev/full", "character device"}},
       {"verify --thorough=maybe", 2, {"--thorough", "maybe"}},
+      {"verify --describe-mutants --list-mutants", 2, {"--describe-mutants", "excludes"}},
+      {"verify --describe-mutants=maybe", 2, {"--describe-mutants", "maybe"}},
       {"verify --thorough --cases 0", 2, {"--cases must be at least 1"}},
       {"verify --cases 1 --report /dev/null", 2, {"/dev/null", "character device"}},
       {"verify --cases 1 --report {d}/fifo", 2, {"fifo", "FIFO"}},

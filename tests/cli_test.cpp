@@ -84,6 +84,22 @@ TEST_F(Cli, ListMutantsPrintsOneNameALine) {
   EXPECT_EQ(r.output, expected);
 }
 
+// --describe-mutants prints the rows themselves, so docs/mutants.md needs no list of its own.
+TEST_F(Cli, DescribeMutantsPrintsEveryRow) {
+  const CommandResult r = run("verify --describe-mutants");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("| mutant | needs | caught by | the bug |\n", 0), 0u) << r.output;
+  for (const MutantInfo& m : mutants()) {
+    const std::string line = "| `" + std::string(m.name) + "` | ";
+    const std::size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << m.name;
+    const std::string row = r.output.substr(at, r.output.find('\n', at) - at);
+    EXPECT_NE(row.find(" | " + std::string(m.caught_by) + " | " + std::string(m.bug) + " |"), std::string::npos) << row;
+    EXPECT_EQ(row.find("--precision") != std::string::npos, !m.precision.empty()) << row;
+    EXPECT_EQ(row.find("--engine") != std::string::npos, !m.engine.empty()) << row;
+  }
+}
+
 // Without --precision or --allreduce-dtype the cases draw both, so a plain `verify` reaches the bf16
 // and fp16 paths (its case-class lines say how often) and a plain --mutant reaches a precision's bug.
 TEST_F(Cli, VerifyDrawsTheFormatsAndAPrecisionMutantNeedsNoFlag) {

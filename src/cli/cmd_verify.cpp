@@ -38,6 +38,7 @@ struct VerifyOptions {
   std::string report, junit, html;
   bool quiet = false;
   bool list_mutants = false;
+  bool describe_mutants = false;
 };
 
 // The formats verify draws per case where no option fixes them (precision_drawable,
@@ -363,9 +364,24 @@ void describe_failures(std::ostream& details, const VerifyOptions& o, const std:
   }
 }
 
+// The mutants' rows as a Markdown table: what each needs to show, the property aimed at it, its bug.
+void describe_mutants(std::ostream& out) {
+  out << "| mutant | needs | caught by | the bug |\n| --- | --- | --- | --- |\n";
+  for (const MutantInfo& m : mutants()) {
+    std::string needs;
+    const auto add = [&](const std::string& what) { needs += (needs.empty() ? "" : ", ") + what; };
+    if (!m.engine.empty()) add("`--engine " + std::string(m.engine) + "`");
+    if (!m.precision.empty()) add("`--precision " + std::string(m.precision) + "`");
+    if (m.scale) add("scale");
+    out << "| `" << m.name << "` | " << needs << " | " << m.caught_by << " | " << m.bug << " |\n";
+  }
+}
+
 int run_verify(VerifyOptions& o) {
-  if (o.list_mutants) {
-    if (is_printing_rank())
+  if (o.list_mutants || o.describe_mutants) {
+    if (!is_printing_rank()) return exit_ok;
+    if (o.describe_mutants) describe_mutants(std::cout);
+    else
       for (const MutantInfo& m : mutants()) std::cout << m.name << "\n";
     return exit_ok;
   }
@@ -483,6 +499,9 @@ Runner add_verify(CLI::App& app) {
                   "power and closest call, each failure with its minimal case and replay line (self-contained)");
   sub->add_flag("--quiet", o->quiet, "No progress line on standard error (shown only on a terminal)");
   sub->add_flag("--list-mutants", o->list_mutants, "Print the mutants' names, one a line, and exit");
+  sub->add_flag("--describe-mutants", o->describe_mutants,
+                "Print every mutant as a Markdown table (what it needs, the property aimed at it, its bug), and exit")
+      ->excludes("--list-mutants");
   return [o, sub] {
     o->reproduce_given = sub->count("--reproduce") > 0;
     o->cases_given = sub->count("--cases") > 0;
