@@ -237,7 +237,7 @@ TEST(Bench, SmallAllreduceRunFindsNoWrongElements) {
 TEST(Bench, AllreduceBackendsAreRowsOfTheTable) {
   const auto names = [](std::string_view list) {
     std::vector<std::string> out;
-    for (const Backend* row : bench::parse_allreduce_backends(list)) out.push_back(row->name);
+    for (const Backend* row : parse_allreduce_backends(list)) out.push_back(row->name);
     return out;
   };
   EXPECT_EQ(names("local,MPI"), (std::vector<std::string>{"local", "mpi"}));
@@ -246,17 +246,17 @@ TEST(Bench, AllreduceBackendsAreRowsOfTheTable) {
   EXPECT_EQ(names("mpi,local,mpi"), (std::vector<std::string>{"local", "mpi"}));
   for (const char* bad : {"bogus", "nccl", "cuda-local", "local,", ""}) {
     try {
-      bench::parse_allreduce_backends(bad);
+      parse_allreduce_backends(bad);
       ADD_FAILURE() << "'" << bad << "' was taken";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("(choose from local, mpi, MPI_Allreduce)"), std::string::npos) << e.what();
     }
   }
   std::vector<std::string> all;
-  for (const Backend* row : bench::allreduce_backends()) all.push_back(bench::allreduce_name(*row));
+  for (const Backend* row : allreduce_backends()) all.push_back(allreduce_name(*row));
   EXPECT_EQ(all, (std::vector<std::string>{"local", "mpi", "MPI_Allreduce"}));
-  EXPECT_EQ(bench::allreduce_process_names(), (std::vector<std::string>{"mpi", "MPI_Allreduce"}));
-  EXPECT_EQ(bench::allreduce_help(*find_backend("mpi")), find_backend("mpi")->help);
+  EXPECT_EQ(allreduce_process_names(), (std::vector<std::string>{"mpi", "MPI_Allreduce"}));
+  EXPECT_EQ(allreduce_help(*find_backend("mpi")), find_backend("mpi")->help);
 }
 
 // How a worker process hands its rows to the parent.

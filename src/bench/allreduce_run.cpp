@@ -1,33 +1,17 @@
-// `dpcheck bench allreduce` as a whole run (src/bench/allreduce_run.hpp): its backends from the backend
-// table, the plan of a run, the run, and a worker's rows under mpirun.
+// `dpcheck bench allreduce` as a whole run (src/bench/allreduce_run.hpp): the plan of a run, the run,
+// and a worker's rows under mpirun.
 #include "src/bench/allreduce_run.hpp"
 
 #include <algorithm>
-#include <cctype>
 
 #include "src/choice.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/error.hpp"
 #include "src/io/process.hpp"
-#include "src/plugin/plugin_loader.hpp"
-#include "src/target/plugin_comm.hpp"
 
 namespace dpcheck::bench {
 
 namespace {
-
-std::string lowercase_name(std::string_view text) {
-  std::string out(text);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  return out;
-}
-
-// Whether `lowered` (lower case) is one of the row's names for --backends.
-bool names_row(const Backend& row, const std::string& lowered) {
-  if (lowered == lowercase_name(row.name) || lowered == lowercase_name(allreduce_name(row))) return true;
-  return std::any_of(row.bench.aliases.begin(), row.bench.aliases.end(),
-                     [&](const std::string& alias) { return lowered == lowercase_name(alias); });
-}
 
 // Why the process rows cannot run here, or "" when they can.
 std::string why_no_process_rows(const std::string& mpirun) {
@@ -39,70 +23,17 @@ std::string why_no_process_rows(const std::string& mpirun) {
   return {};
 }
 
-// A plugin's rows: its ranks as threads of this process, beside the table's.
-BenchBackend plugin_backend(const std::string& path) {
-  if (!looks_like_plugin_path(path))
-    throw UsageError("--comm " + path + ": give a communicator plugin's path (the built-in backends go in --backends)");
-  // Loads and checks it: a host-memory plugin.
-  const Backend& row = backend_for(std::string(engine_for_memory(MemorySpace::host).name), path);
-  return thread_backend(row, load_comm_plugin(path).name);
-}
-
 void append_rows(std::vector<AllreduceRow>& rows, const std::vector<AllreduceRow>& more) {
   rows.insert(rows.end(), more.begin(), more.end());
 }
 
 }  // namespace
 
-std::vector<const Backend*> allreduce_backends() {
-  std::vector<const Backend*> rows;
-  for (const Backend& b : backends())
-    if (b.bench.runs) rows.push_back(&b);
-  return rows;
-}
-
-std::string allreduce_name(const Backend& row) { return row.bench.name.empty() ? row.name : row.bench.name; }
-
-std::string allreduce_help(const Backend& row) { return row.bench.help.empty() ? row.help : row.bench.help; }
-
-std::vector<std::string> allreduce_process_names() {
-  std::vector<std::string> names;
-  for (const Backend* row : allreduce_backends())
-    if (!row->ranks_as_threads()) names.push_back(allreduce_name(*row));
-  return names;
-}
-
-std::vector<const Backend*> parse_allreduce_backends(std::string_view list) {
-  const std::vector<const Backend*> all = allreduce_backends();
-  std::vector<const Backend*> picked;
-  std::string_view rest = list;
-  for (;;) {
-    const std::size_t comma = rest.find(',');
-    const std::string item(rest.substr(0, comma));
-    const auto it =
-        std::find_if(all.begin(), all.end(), [&](const Backend* b) { return names_row(*b, lowercase_name(item)); });
-    if (it == all.end()) {
-      std::vector<std::string> names;
-      for (const Backend* b : all) names.push_back(allreduce_name(*b));
-      throw UsageError("--backends: unknown backend '" + item + "' (choose from " + joined_list(names, ", ") + ")");
-    }
-    if (std::find(picked.begin(), picked.end(), *it) == picked.end()) picked.push_back(*it);
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  std::sort(picked.begin(), picked.end(), [&](const Backend* a, const Backend* b) {
-    return std::find(all.begin(), all.end(), a) < std::find(all.begin(), all.end(), b);
-  });
-  return picked;
-}
-
-AllreducePlan plan_allreduce(std::string_view backends, const std::vector<std::string>& plugins) {
+AllreducePlan plan_allreduce(const std::vector<const Backend*>& backends, std::vector<BenchBackend> plugins) {
   AllreducePlan plan;
-  for (const std::string& path : plugins) plan.plugins.push_back(plugin_backend(path));
+  plan.plugins = std::move(plugins);
   const bool chosen = !backends.empty() || !plan.plugins.empty();
-  const std::vector<const Backend*> rows = !backends.empty() ? parse_allreduce_backends(backends)
-                                           : chosen          ? std::vector<const Backend*>{}
-                                                             : allreduce_backends();
+  const std::vector<const Backend*> rows = chosen ? backends : allreduce_backends();
   for (const Backend* row : rows) {
     if (row->ranks_as_threads()) plan.threads.push_back(thread_backend(*row, allreduce_name(*row)));
     else plan.processes.push_back(allreduce_name(*row));
@@ -142,11 +73,11 @@ AllreduceResult run_allreduce(const AllreducePlan& plan, const AllreduceConfig& 
   return r;
 }
 
-std::vector<AllreduceRow> allreduce_worker_rows(std::string_view backends, const AllreduceConfig& cfg,
+std::vector<AllreduceRow> allreduce_worker_rows(const std::vector<const Backend*>& backends, const AllreduceConfig& cfg,
                                                 Communicator& world) {
   const MemcpyBaseline no_baseline;  // the parent measured it and sets the ratios
   std::vector<AllreduceRow> rows;
-  for (const Backend* row : parse_allreduce_backends(backends)) {
+  for (const Backend* row : backends) {
     if (row->ranks_as_threads())
       throw UsageError("bench allreduce-worker runs the process backends, not " + allreduce_name(*row));
     append_rows(rows, bench_allreduce(process_backend(*row, allreduce_name(*row), world), cfg, no_baseline));

@@ -14,20 +14,6 @@
 
 namespace dpcheck::bench {
 
-// The table's rows that bench allreduce runs (Backend::bench.runs), in table order.
-std::vector<const Backend*> allreduce_backends();
-// The name of a row's rows in bench allreduce's table: Backend::bench.name, else the row's name.
-std::string allreduce_name(const Backend& row);
-// What bench allreduce's --help says of a row: Backend::bench.help, else the row's help.
-std::string allreduce_help(const Backend& row);
-// The names (allreduce_name) of the rows of allreduce_backends whose ranks are processes under mpirun.
-std::vector<std::string> allreduce_process_names();
-
-// --backends "local,mpi,MPI_Allreduce": rows of allreduce_backends, in table order, without repeats.
-// An item names a row by its name, its rows' name or one of its aliases (Backend::bench), in either
-// case. UsageError naming an unknown item and the choices.
-std::vector<const Backend*> parse_allreduce_backends(std::string_view list);
-
 // What a run of bench allreduce runs, in this order: the table's rows whose ranks are threads here,
 // the rows whose ranks are processes (by their names in the table of rows) under `launch`, and the
 // plugins' rows.
@@ -39,13 +25,12 @@ struct AllreducePlan {
   std::vector<std::string> notes;  // for the table's header: how the process rows run, or why they do not
 };
 
-// The plan for --backends `backends` (empty: every row of allreduce_backends that can run here, with a
-// note saying why the process rows cannot when they cannot) and the communicator plugins at the paths
-// `plugins` (--comm, a host-memory plugin each, loaded here; with them and no --backends, the plugins'
-// rows alone). UsageError for an unknown backend, a plugin path that is not one or a plugin that does
-// not load, and a process row asked for by --backends that cannot run here (no MPI in this build, no
-// mpirun on PATH, or this process started by a launcher).
-AllreducePlan plan_allreduce(std::string_view backends, const std::vector<std::string>& plugins);
+// The plan for the rows of --backends (parse_allreduce_backends; none: every row of allreduce_backends
+// that can run here, with a note saying why the process rows cannot when they cannot) and the rows of
+// communicator plugins (--comm, a host-memory plugin each, loaded by the CLI; with them and no
+// --backends, the plugins' rows alone). UsageError for a process row asked for by --backends that cannot
+// run here (no MPI in this build, no mpirun on PATH, or this process started by a launcher).
+AllreducePlan plan_allreduce(const std::vector<const Backend*>& backends, std::vector<BenchBackend> plugins);
 
 struct AllreduceResult {
   MemcpyBaseline baseline;
@@ -56,10 +41,10 @@ struct AllreduceResult {
 // then size, then backend in table order, the plugins' rows last.
 AllreduceResult run_allreduce(const AllreducePlan& plan, const AllreduceConfig& cfg);
 
-// One rank of a worker under mpirun: the rows of the process rows named in `backends` (as
-// parse_allreduce_backends reads them), each run on `world` (cfg.ranks being its size), without memcpy
-// ratios (the parent sets them); rows on rank 0 only. UsageError for a row whose ranks are threads.
-std::vector<AllreduceRow> allreduce_worker_rows(std::string_view backends, const AllreduceConfig& cfg,
+// One rank of a worker under mpirun: the rows of the process rows `backends` (parse_allreduce_backends),
+// each run on `world` (cfg.ranks being its size), without memcpy ratios (the parent sets them); rows on
+// rank 0 only. UsageError for a row whose ranks are threads.
+std::vector<AllreduceRow> allreduce_worker_rows(const std::vector<const Backend*>& backends, const AllreduceConfig& cfg,
                                                 Communicator& world);
 
 }  // namespace dpcheck::bench

@@ -65,6 +65,20 @@ struct WorkerArgs {
   int warmup = 3;
 };
 
+// A communicator plugin's rows (--comm): its ranks as threads of this process, beside the table's.
+bench::BenchBackend plugin_backend(const std::string& path) {
+  if (!looks_like_plugin_path(path))
+    throw UsageError("--comm " + path + ": give a communicator plugin's path (the built-in backends go in --backends)");
+  // Loads and checks it: a host-memory plugin.
+  const Backend& row = backend_for(std::string(engine_for_memory(MemorySpace::host).name), path);
+  return bench::thread_backend(row, load_comm_plugin(path).name);
+}
+
+// --backends, or none when it was not given.
+std::vector<const Backend*> backend_rows(const std::string& list) {
+  return list.empty() ? std::vector<const Backend*>{} : parse_allreduce_backends(list);
+}
+
 int run_allreduce(const AllreduceArgs& args) {
   bench::AllreduceConfig cfg;
   cfg.sizes = bench::parse_sizes(args.sizes);
@@ -73,7 +87,9 @@ int run_allreduce(const AllreduceArgs& args) {
   if (args.warmup < 0) throw UsageError("--warmup must not be negative, got " + std::to_string(args.warmup));
   cfg.iters = args.iters;
   cfg.warmup = args.warmup;
-  const bench::AllreducePlan plan = bench::plan_allreduce(args.backends, args.plugins);
+  std::vector<bench::BenchBackend> plugins;
+  for (const std::string& path : args.plugins) plugins.push_back(plugin_backend(path));
+  const bench::AllreducePlan plan = bench::plan_allreduce(backend_rows(args.backends), std::move(plugins));
 
   // Checked before the run, so that a bad path fails in a second rather than after the benchmark.
   if (!args.json.empty()) check_output_path(args.json, "--json");
@@ -106,7 +122,8 @@ int run_allreduce_worker(const WorkerArgs& args) {
   cfg.ranks = {world->size()};
   cfg.iters = args.iters;
   cfg.warmup = args.warmup;
-  const std::vector<bench::AllreduceRow> rows = bench::allreduce_worker_rows(args.backends, cfg, *world);
+  const std::vector<bench::AllreduceRow> rows =
+      bench::allreduce_worker_rows(parse_allreduce_backends(args.backends), cfg, *world);
   if (world->rank() == 0)
     std::cout << bench::worker_rows_prefix << bench::allreduce_json(bench::MemcpyBaseline{}, rows).dump() << std::endl;
   return exit_ok;
@@ -409,8 +426,8 @@ BenchCommand add_bench_allreduce(CLI::App& bench) {
   allreduce->add_option("--html", args->html, "Also write the table as one self-contained HTML page to this file");
   // The backends are rows of the backend table (src/target/backends.hpp), described as its Backend::bench says.
   std::vector<std::string> described;
-  for (const Backend* row : bench::allreduce_backends())
-    described.push_back(bench::allreduce_name(*row) + " (" + bench::allreduce_help(*row) + ")");
+  for (const Backend* row : allreduce_backends())
+    described.push_back(allreduce_name(*row) + " (" + allreduce_help(*row) + ")");
   allreduce->add_option("--backends", args->backends,
                         "Backends, comma-separated, from " + and_list(described) + "; default: every one available");
 
@@ -419,8 +436,8 @@ BenchCommand add_bench_allreduce(CLI::App& bench) {
                         "threads (repeatable)");
 
   // Started by `bench allreduce` under mpirun; not for users, so hidden from --help.
-  CLI::App* worker = bench.add_subcommand("allreduce-worker",
-                                          "One rank of the " + and_list(bench::allreduce_process_names()) + " rows");
+  CLI::App* worker =
+      bench.add_subcommand("allreduce-worker", "One rank of the " + and_list(allreduce_process_names()) + " rows");
   worker->group("");
   auto wargs = std::make_shared<WorkerArgs>();
   worker->add_option("--backends", wargs->backends)->required();

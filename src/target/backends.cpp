@@ -4,6 +4,7 @@
 #include "src/builtin_names.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <memory>
 
@@ -345,6 +346,67 @@ std::string comm_option_help() {
          by_engine([](const Backend& b) { return b.name + " (" + b.help + (b.engine_default ? "; default)" : ")"); },
                    "; ") +
          "; or a communicator plugin: the path to its shared object (include/dpcheck/plugin.h)";
+}
+
+// ---- bench allreduce's view of the table ----
+
+namespace {
+
+std::string lowercase_name(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return out;
+}
+
+// Whether `lowered` (lower case) is one of the row's names for --backends.
+bool names_row(const Backend& row, const std::string& lowered) {
+  if (lowered == lowercase_name(row.name) || lowered == lowercase_name(allreduce_name(row))) return true;
+  return std::any_of(row.bench.aliases.begin(), row.bench.aliases.end(),
+                     [&](const std::string& alias) { return lowered == lowercase_name(alias); });
+}
+
+}  // namespace
+
+std::vector<const Backend*> allreduce_backends() {
+  std::vector<const Backend*> rows;
+  for (const Backend& b : backends())
+    if (b.bench.runs) rows.push_back(&b);
+  return rows;
+}
+
+std::string allreduce_name(const Backend& row) { return row.bench.name.empty() ? row.name : row.bench.name; }
+
+std::string allreduce_help(const Backend& row) { return row.bench.help.empty() ? row.help : row.bench.help; }
+
+std::vector<std::string> allreduce_process_names() {
+  std::vector<std::string> names;
+  for (const Backend* row : allreduce_backends())
+    if (!row->ranks_as_threads()) names.push_back(allreduce_name(*row));
+  return names;
+}
+
+std::vector<const Backend*> parse_allreduce_backends(std::string_view list) {
+  const std::vector<const Backend*> all = allreduce_backends();
+  std::vector<const Backend*> picked;
+  std::string_view rest = list;
+  for (;;) {
+    const std::size_t comma = rest.find(',');
+    const std::string item(rest.substr(0, comma));
+    const auto it =
+        std::find_if(all.begin(), all.end(), [&](const Backend* b) { return names_row(*b, lowercase_name(item)); });
+    if (it == all.end()) {
+      std::vector<std::string> names;
+      for (const Backend* b : all) names.push_back(allreduce_name(*b));
+      throw UsageError("--backends: unknown backend '" + item + "' (choose from " + joined_list(names, ", ") + ")");
+    }
+    if (std::find(picked.begin(), picked.end(), *it) == picked.end()) picked.push_back(*it);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  std::sort(picked.begin(), picked.end(), [&](const Backend* a, const Backend* b) {
+    return std::find(all.begin(), all.end(), a) < std::find(all.begin(), all.end(), b);
+  });
+  return picked;
 }
 
 }  // namespace dpcheck

@@ -173,4 +173,19 @@ const Backend& register_backend(Backend row);
 std::string engine_option_help();
 std::string comm_option_help();
 
+// bench allreduce's view of the table (src/bench/allreduce_run.hpp runs it).
+// The table's rows that bench allreduce runs (Backend::bench.runs), in table order.
+std::vector<const Backend*> allreduce_backends();
+// The name of a row's rows in bench allreduce's table: Backend::bench.name, else the row's name.
+std::string allreduce_name(const Backend& row);
+// What bench allreduce's --help says of a row: Backend::bench.help, else the row's help.
+std::string allreduce_help(const Backend& row);
+// The names (allreduce_name) of the rows of allreduce_backends whose ranks are processes under mpirun.
+std::vector<std::string> allreduce_process_names();
+
+// --backends "local,mpi,MPI_Allreduce": rows of allreduce_backends, in table order, without repeats.
+// An item names a row by its name, its rows' name or one of its aliases (Backend::bench), in either
+// case. UsageError naming an unknown item and the choices.
+std::vector<const Backend*> parse_allreduce_backends(std::string_view list);
+
 }  // namespace dpcheck
