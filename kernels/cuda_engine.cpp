@@ -10,11 +10,12 @@
 
 namespace dpcheck::cuda {
 
-CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
+CudaEngine::CudaEngine(const ModelConfig& model, const EngineSpec& spec, std::shared_ptr<const Kernels> kernels)
     : model_(model),
       layout_(model),
-      options_(options),
-      blas_(stream_.get(), options.tf32),
+      spec_(spec),
+      kernels_(std::move(kernels)),
+      blas_(stream_.get(), spec.tf32),
       memory_(stream_.get()),
       params_(layout_.size()),
       grads_(layout_.size()),
@@ -23,14 +24,14 @@ CudaEngine::CudaEngine(const ModelConfig& model, const EngineOptions& options)
   DPCHECK_CUDA_CHECK(cudaGetDevice(&device_));  // the device its stream and buffers were made on
   widest_ = *std::max_element(model.dims.begin(), model.dims.end());
   if (low_precision()) {
-    if (options.kernels)
-      throw UsageError("--precision " + std::string(precision_name(options.precision)) +
+    if (kernels_)
+      throw UsageError("--precision " + std::string(precision_name(spec_.precision)) +
                        " and a device kernel plugin on the cuda engine do not go together yet");
     low_in_.resize(static_cast<std::size_t>(model.layers()));
     low_w_.resize(static_cast<std::size_t>(model.layers()));
     for (int l = 0; l < model.layers(); ++l) low_w_[static_cast<std::size_t>(l)].resize(layout_.weight(l).size());
   }
-  if (options.kernels) {
+  if (kernels_) {
     // The zero bias that dpcheck's activation kernel adds after a plugin's linear_forward added the real one.
     zeros_.resize(static_cast<std::size_t>(widest_));
     DPCHECK_CUDA_CHECK(cudaMemsetAsync(zeros_.get(), 0, zeros_.size() * sizeof(float), stream_.get()));
@@ -119,7 +120,7 @@ double CudaEngine::forward_backward(const Batch& batch, float scale, bool accumu
     return 0.0;
   }
   enqueue(rows, scale, accumulate, true);
-  if (options_.kernels && options_.kernels->provides(KernelOp::loss_forward_backward)) {
+  if (kernels_ && kernels_->provides(KernelOp::loss_forward_backward)) {
     stream_.synchronize();
     return plugin_loss_;
   }
@@ -145,7 +146,7 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
   const auto input_of = [&](int l) { return l == 0 ? x_.get() : a_[static_cast<std::size_t>(l) - 1].get(); };
 
   // A device kernel plugin's ops replace these where it provides them (identity has no plugin op).
-  const Kernels* k = options_.kernels.get();
+  const Kernels* k = kernels_.get();
   const bool plugin_linear = k && k->provides(KernelOp::linear_forward);
   const bool plugin_activation =
       k && model_.activation != Activation::identity && k->provides(KernelOp::activation_forward);
@@ -159,10 +160,10 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
     } else if (low_precision()) {
       // The weights and the input rounded once per pass; the backward pass takes the same ones.
       const auto li = static_cast<std::size_t>(l);
-      round_to_low(w, low_w_[li].get(), layout_.weight(l).size(), options_.precision, s);
+      round_to_low(w, low_w_[li].get(), layout_.weight(l).size(), spec_.precision, s);
       round_to_low(input_of(l), low_in_[li].get(), static_cast<std::size_t>(rows) * static_cast<std::size_t>(dim(l)),
-                   options_.precision, s);
-      linear_forward_low(h, low_in_[li].get(), low_w_[li].get(), z, rows, dim(l), dim(l + 1), options_.precision);
+                   spec_.precision, s);
+      linear_forward_low(h, low_in_[li].get(), low_w_[li].get(), z, rows, dim(l), dim(l + 1), spec_.precision);
     } else {
       linear_forward(h, input_of(l), w, z, rows, dim(l), dim(l + 1));
     }
@@ -204,17 +205,17 @@ void CudaEngine::enqueue(int rows, float scale, bool accumulate, bool want_loss)
       // The products take delta rounded; the bias gradient sums it in float32.
       const auto li = static_cast<std::size_t>(l);
       round_to_low(delta, low_delta_.get(), static_cast<std::size_t>(rows) * static_cast<std::size_t>(dim(l + 1)),
-                   options_.precision, s);
+                   spec_.precision, s);
       linear_weight_grad_low(h, low_delta_.get(), low_in_[li].get(), gw, rows, dim(l), dim(l + 1), accumulate,
-                             options_.precision);
-      bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
+                             spec_.precision);
+      bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, spec_.bias_grad);
       layer_ready(l);
       if (l > 0)
         linear_input_grad_low(h, low_delta_.get(), low_w_[li].get(), h_.get(), rows, dim(l), dim(l + 1),
-                              options_.precision);
+                              spec_.precision);
     } else {
       linear_weight_grad(h, delta, input_of(l), gw, rows, dim(l), dim(l + 1), accumulate);
-      bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, options_.bias_grad);
+      bias_grad(delta, gb, rows, dim(l + 1), accumulate, bias_workspace_.get(), s, spec_.bias_grad);
       layer_ready(l);  // queued, not run: the staging's event orders the bucket's copy after these kernels
       if (l > 0) linear_input_grad(h, delta, w, h_.get(), rows, dim(l), dim(l + 1));
     }
@@ -300,10 +301,11 @@ std::unique_ptr<BucketStaging> CudaEngine::make_bucket_staging(std::size_t bucke
   return std::make_unique<CudaBucketStaging>(device_, stream_.get(), layout_.size(), buckets);
 }
 
-std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineOptions& options) {
+std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineSpec& spec,
+                                    std::shared_ptr<const Kernels> kernels) {
   require_device();
   model.validate();
-  return std::make_unique<CudaEngine>(model, options);
+  return std::make_unique<CudaEngine>(model, spec, std::move(kernels));
 }
 
 }  // namespace dpcheck::cuda

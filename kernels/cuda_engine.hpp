@@ -18,7 +18,7 @@ namespace dpcheck::cuda {
 
 class CudaEngine final : public Engine {
  public:
-  CudaEngine(const ModelConfig& model, const EngineOptions& options);
+  CudaEngine(const ModelConfig& model, const EngineSpec& spec, std::shared_ptr<const Kernels> kernels = nullptr);
   ~CudaEngine() override;
 
   std::string_view name() const override { return builtin::cuda; }
@@ -45,12 +45,13 @@ class CudaEngine final : public Engine {
 
  private:
   void ensure_rows(int rows);
-  bool low_precision() const { return options_.precision != Precision::fp32; }
+  bool low_precision() const { return spec_.precision != Precision::fp32; }
   void enqueue(int rows, float scale, bool accumulate, bool want_loss);
 
   ModelConfig model_;
   ParamLayout layout_;
-  EngineOptions options_;
+  EngineSpec spec_;
+  std::shared_ptr<const Kernels> kernels_;  // a device kernel plugin's ops; nullptr: dpcheck's own
   Stream stream_;
   Blas blas_;
   CudaMemory memory_;
@@ -72,6 +73,7 @@ class CudaEngine final : public Engine {
   int device_ = 0;
 };
 
-std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineOptions& options);
+std::unique_ptr<Engine> make_engine(const ModelConfig& model, const EngineSpec& spec,
+                                    std::shared_ptr<const Kernels> kernels = nullptr);
 
 }  // namespace dpcheck::cuda

@@ -114,7 +114,7 @@ std::vector<StepBenchRow> bench_step(const StepBenchOptions& o) {
     row.model = m;
     ModelConfig model{m.dims, Activation::relu, Loss::mse};
     model.validate();
-    CudaEngine engine(model, EngineOptions{});
+    CudaEngine engine(model, EngineSpec{});
     const std::vector<float> initial = init_params(model, 1);
     engine.load_params(initial);
     const SyntheticDataset data(m.batch, model, 1);

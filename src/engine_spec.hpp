@@ -15,7 +15,7 @@ namespace dpcheck {
 struct EngineSpec {
   Precision precision = Precision::fp32;  // --precision: the matrix products' input format
   bool tf32 = false;                      // --tf32: TF32 tensor cores (an engine whose row has tf32)
-  std::string kernels;                    // --kernels: a kernel plugin's path; empty: the engine's own
+  std::string kernels = {};               // --kernels: a kernel plugin's path; empty: the engine's own
   std::chrono::milliseconds timeout = Communicator::default_timeout;  // what a plugin's call may take
   bool accumulate_in_low_precision = false;  // the mutant bf16-accumulate (a host engine's products)
   cuda::BiasGradKernel bias_grad = cuda::BiasGradKernel::ordered;  // the GPU mutants' bias-gradient kernel

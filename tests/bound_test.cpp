@@ -533,7 +533,7 @@ TEST(GradientBound, CarriedTermCoversAndMeetsItsWorstCaseAtARoundingMidpoint) {
     const std::size_t w2 = layout.weight(1).offset;
     // The reference's dW2 = sum of R(delta) R(v) = 4 * 32 * (1 + ulp); the flipped path's 4 * 32 * 1.
     EXPECT_EQ(bound.reference.grad[w2], kBatch * 32 * reference_activation);
-    auto engine = make_cpu_engine(m, nullptr, CpuEngineOptions{format, false});
+    auto engine = make_cpu_engine(m, nullptr, EngineSpec{.precision = format});
     engine->load_params(params);
     engine->forward_backward(b, 1.0f, false);
     std::vector<float> g(engine->param_count());

@@ -57,7 +57,7 @@ TEST(CudaEngine, WithoutADeviceMakingOneIsAUsageErrorWithTheRuntimesReason) {
   if (cuda::device_available(&why)) GTEST_SKIP() << "a CUDA device is present";
   const ModelConfig m{{3, 2}, Activation::relu, Loss::mse};
   try {
-    cuda::make_engine(m, cuda::EngineOptions{});
+    cuda::make_engine(m, EngineSpec{});
     FAIL() << "made an engine without a device";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA device: " + why), std::string::npos) << e.what();
@@ -83,7 +83,7 @@ template <class Testable> void check_cases(int cases, Testable&& testable) {
   std::cout << message.str() << std::endl;
 }
 
-void check_gradient(const cuda::EngineOptions& options, std::int64_t max_batch, int cases) {
+void check_gradient(const EngineSpec& options, std::int64_t max_batch, int cases) {
   reference::BoundOptions bound_options;
   if (options.tf32) {  // as bound_options() in verdict/bounds.cpp gives for a TF32 target
     bound_options.unit_roundoff = 0x1p-11;
@@ -116,18 +116,18 @@ void check_gradient(const cuda::EngineOptions& options, std::int64_t max_batch, 
 
 TEST(CudaEngineGpu, GradientWithinDerivedBoundOfFloat64Reference) {
   DPCHECK_REQUIRE_GPU();
-  check_gradient(cuda::EngineOptions{}, 512, 60);
+  check_gradient(EngineSpec{}, 512, 60);
 }
 
 // Batches past one chunk of the bias gradient (512 rows), where its second pass runs.
 TEST(CudaEngineGpu, LargeBatchGradientWithinDerivedBound) {
   DPCHECK_REQUIRE_GPU();
-  check_gradient(cuda::EngineOptions{}, 3000, 20);
+  check_gradient(EngineSpec{}, 3000, 20);
 }
 
 TEST(CudaEngineGpu, Tf32GradientWithinTheTf32Bound) {
   DPCHECK_REQUIRE_GPU();
-  cuda::EngineOptions options;
+  EngineSpec options;
   options.tf32 = true;
   check_gradient(options, 512, 40);
 }

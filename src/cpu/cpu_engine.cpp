@@ -26,10 +26,10 @@ using Map = Eigen::Map<RowMatrix>;
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels, const CpuEngineOptions& options)
+  CpuEngine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels, const EngineSpec& spec)
       : model_(model),
         kernels_(std::move(kernels)),
-        options_(options),
+        spec_(spec),
         layout_(model),
         params_(layout_.size(), 0.0f),
         grads_(layout_.size(), 0.0f),
@@ -91,7 +91,7 @@ class CpuEngine final : public Engine {
         kernels_->linear_forward(in, w_in, bias(l).data(), z_[li].data(), n, w.cols(), w.rows());
       } else {
         const ConstMap in_m(in, n, w.cols()), w_m(w_in, w.rows(), w.cols());
-        if (options_.accumulate_in_low_precision) low_precision_product(in_m, w_m.transpose(), z_[li], false);
+        if (spec_.accumulate_in_low_precision) low_precision_product(in_m, w_m.transpose(), z_[li], false);
         else cpu::gemm(isa_, threads, false, true, n, w.rows(), w.cols(), in, w_in, z_[li].data(), false);
         z_[li].rowwise() += bias(l);
       }
@@ -143,14 +143,14 @@ class CpuEngine final : public Engine {
         if (l > 0) backward_through_activation(h, li - 1);
         continue;
       }
-      if (options_.accumulate_in_low_precision) low_precision_product(d_m.transpose(), in_m, gw, true);
+      if (spec_.accumulate_in_low_precision) low_precision_product(d_m.transpose(), in_m, gw, true);
       else cpu::gemm(isa_, threads, true, false, ws.shape[0], ws.shape[1], n, d_in, in, gw.data(), true);
       Eigen::Map<Eigen::RowVectorXf> gb(grads_.data() + layout_.bias(l).offset, ws.shape[0]);
       gb += delta.colwise().sum();
       layer_ready(l);
       if (l > 0) {
         RowMatrix& h = h_[li];
-        if (options_.accumulate_in_low_precision) {
+        if (spec_.accumulate_in_low_precision) {
           low_precision_product(d_m, w_m, h, false);
         } else {
           h.resize(n, ws.shape[1]);
@@ -163,19 +163,19 @@ class CpuEngine final : public Engine {
   }
 
  private:
-  bool low_precision() const { return options_.precision != Precision::fp32; }
+  bool low_precision() const { return spec_.precision != Precision::fp32; }
 
   // dst = the rows x cols floats at src, each rounded to the engine's precision.
   void round_into(RowMatrix& dst, const float* src, Eigen::Index rows, Eigen::Index cols) const {
     dst.resize(rows, cols);
-    const Precision p = options_.precision;
+    const Precision p = spec_.precision;
     for (Eigen::Index i = 0; i < dst.size(); ++i) dst.data()[i] = round_to_precision(src[i], p);
   }
 
   // The mutant bf16-accumulate: dst (+)= a * b with every partial sum rounded to the low precision,
   // as a kernel whose accumulator is a 16-bit register would.
   template <class A, class B, class D> void low_precision_product(const A& a, const B& b, D& dst, bool add) const {
-    const Precision p = options_.precision == Precision::fp32 ? Precision::bf16 : options_.precision;
+    const Precision p = spec_.precision == Precision::fp32 ? Precision::bf16 : spec_.precision;
     const RowMatrix ea = a, eb = b;
     if (!add) dst.resize(ea.rows(), eb.cols());
     for (Eigen::Index i = 0; i < ea.rows(); ++i)
@@ -274,7 +274,7 @@ class CpuEngine final : public Engine {
 
   ModelConfig model_;
   std::shared_ptr<const Kernels> kernels_;  // null: the engine's own kernels throughout
-  CpuEngineOptions options_;
+  EngineSpec spec_;
   ParamLayout layout_;
   std::vector<float> params_, grads_;
   cpu::Isa isa_;  // the products' code path, fixed for the engine's life
@@ -288,8 +288,8 @@ class CpuEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels,
-                                        const CpuEngineOptions& options) {
-  return std::make_unique<CpuEngine>(model, std::move(kernels), options);
+                                        const EngineSpec& spec) {
+  return std::make_unique<CpuEngine>(model, std::move(kernels), spec);
 }
 
 }  // namespace dpcheck

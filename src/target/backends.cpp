@@ -26,10 +26,7 @@ namespace {
 void require_cuda_device() { (void)require_cuda(); }
 
 std::unique_ptr<Engine> make_host_engine(const ModelConfig& model, const EngineSpec& spec, int rank) {
-  CpuEngineOptions options;
-  options.precision = spec.precision;
-  options.accumulate_in_low_precision = spec.accumulate_in_low_precision;
-  return make_cpu_engine(model, make_kernels(spec.kernels, rank, spec.timeout), options);
+  return make_cpu_engine(model, make_kernels(spec.kernels, rank, spec.timeout), spec);
 }
 
 std::unique_ptr<Optimizer> make_host_optimizer(const OptimizerConfig& config, std::size_t size, void*,
@@ -69,12 +66,7 @@ const EngineRow kEngines[] = {
 std::unique_ptr<Engine> make_cuda_engine(const ModelConfig& model, const EngineSpec& spec, int rank) {
   if (!spec.kernels.empty())
     require_kernels_for_engine(load_kernel_plugin(spec.kernels), engine_for_memory(MemorySpace::device));
-  cuda::EngineOptions options;
-  options.tf32 = spec.tf32;
-  options.precision = spec.precision;
-  options.bias_grad = spec.bias_grad;
-  options.kernels = make_kernels(spec.kernels, rank, spec.timeout);
-  return require_cuda().make_engine(model, options);
+  return require_cuda().make_engine(model, spec, make_kernels(spec.kernels, rank, spec.timeout));
 }
 
 std::deque<Backend> built_in_rows() {

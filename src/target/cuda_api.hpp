@@ -16,22 +16,12 @@
 
 #include "src/bias_grad_kernel.hpp"
 #include "src/comm.hpp"
+#include "src/engine_spec.hpp"
 #include "src/plugin/kernel_plugin.hpp"
 #include "src/train/engine.hpp"
 #include "src/train/optimizer.hpp"
 
 namespace dpcheck::cuda {
-
-struct EngineOptions {
-  bool tf32 = false;  // TF32 tensor cores for the matrix products (u = 2^-11 in the bound)
-  // --precision: the products' inputs rounded to bf16 or fp16, through cublasGemmEx with float32
-  // accumulation (kernels/linear.hpp).
-  Precision precision = Precision::fp32;
-  BiasGradKernel bias_grad = BiasGradKernel::ordered;  // the mutants swap in a broken kernel
-  // A device kernel plugin's ops (--kernels), which replace the engine's own where it provides them;
-  // nullptr: dpcheck's kernels throughout.
-  std::shared_ptr<const Kernels> kernels;
-};
 
 struct StepModel {
   std::vector<int> dims;
@@ -76,7 +66,10 @@ struct Plugin {
   int (*device_count)();
   // An engine whose memory() is the device's MemoryService on the engine's stream, whose hash is the
   // GPU's own replica hash, not the host's XXH3.
-  std::unique_ptr<Engine> (*make_engine)(const ModelConfig& model, const EngineOptions& options);
+  // Reads the spec's tf32, precision and bias_grad (the mutants swap in a broken kernel); `kernels`: a
+  // device kernel plugin's ops, which replace the engine's own where it provides them (nullptr: none).
+  std::unique_ptr<Engine> (*make_engine)(const ModelConfig& model, const EngineSpec& spec,
+                                         std::shared_ptr<const Kernels> kernels);
   // An optimizer whose state lives on the device, its work queued on `stream` (the engine's).
   // A device kernel plugin's optimizer steps replace the optimizer's own where it provides them.
   std::unique_ptr<Optimizer> (*make_optimizer)(const OptimizerConfig& config, std::size_t size, void* stream,
@@ -99,7 +92,8 @@ struct Plugin {
 // and make_optimizer. 6: DType's bf16 and f16, which the plugin's communicators must reduce (an older
 // plugin would take them for another type). 8: Engine::make_bucket_staging, a new virtual function
 // (src/train/engine.hpp), which an older plugin's engines lack: the trainer would call past their tables.
-inline constexpr int kPluginAbi = 8;
+// 9: make_engine takes the EngineSpec itself (src/engine_spec.hpp) and the kernels, in place of EngineOptions.
+inline constexpr int kPluginAbi = 9;
 
 }  // namespace dpcheck::cuda
 

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "src/dtype.hpp"
+#include "src/engine_spec.hpp"
 #include "src/io/memory_service.hpp"
 #include "src/low_precision.hpp"
 #include "src/train/data.hpp"
@@ -100,20 +101,17 @@ class Engine {
   std::function<void(int layer)> layer_ready_;
 };
 
-struct CpuEngineOptions {
-  // --precision: each matrix product's inputs are rounded to this format (round to nearest even) and
-  // the products accumulate in float32, as autocast with cuBLAS's GemmEx and CUBLAS_COMPUTE_32F does.
-  // Products of two bf16 or two fp16 numbers are exact in float32, so rounding the inputs and
-  // multiplying in float32 gives the bits of a low-precision product accumulated in float32. The
-  // bias gradients, the activations, the loss and everything after the gradient stay float32.
-  Precision precision = Precision::fp32;
-  // The mutant bf16-accumulate: the products also round every partial sum to the low format.
-  bool accumulate_in_low_precision = false;
-};
-
 // With `kernels`, the ops its plugin provides run in place of the engine's own (--kernels); with a low
-// precision, the plugin's linear ops receive inputs already rounded to it.
+// precision, the plugin's linear ops receive inputs already rounded to it. Of the spec it reads the
+// precision and the mutant bf16-accumulate (accumulate_in_low_precision):
+//
+// --precision: each matrix product's inputs are rounded to this format (round to nearest even) and the
+// products accumulate in float32, as autocast with cuBLAS's GemmEx and CUBLAS_COMPUTE_32F does.
+// Products of two bf16 or two fp16 numbers are exact in float32, so rounding the inputs and multiplying
+// in float32 gives the bits of a low-precision product accumulated in float32. The bias gradients, the
+// activations, the loss and everything after the gradient stay float32. The mutant also rounds every
+// partial sum to the low format.
 std::unique_ptr<Engine> make_cpu_engine(const ModelConfig& model, std::shared_ptr<const Kernels> kernels = nullptr,
-                                        const CpuEngineOptions& options = {});
+                                        const EngineSpec& spec = {});
 
 }  // namespace dpcheck
