@@ -451,7 +451,7 @@ AnyOrderOutcome check_any_order(const AnyOrderCase& c, const reference::BoundOpt
   return o;
 }
 
-void any_order_body(const Target& target, CaseRecord& record) {
+void any_order_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   const AnyOrderCase c = *gen_any_order_case();
   // The evaluations are plain float32 whatever the target's engine: the float32 model, with the
   // target's mutant (which may drop a term of the bound).

@@ -237,7 +237,7 @@ WriteAuditOutcome check_audit_sees(const PlantCase& c, const Target& target) {
 
 }  // namespace
 
-void audit_writes_body(const Target& target, CaseRecord& record) {
+void audit_writes_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   const PlantCase c = *gen_plant_case();
   record.size = {static_cast<std::int64_t>(c.plants.size()), c.world_size, 0, 0};
   // One process launches and audits the planted calls; with processes of our own, rank 0 does it and

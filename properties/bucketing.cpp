@@ -159,8 +159,8 @@ BucketingOutcome check_bucketing(const Scenario& s, const Target& target, std::s
   return o;
 }
 
-void bucketing_body(const Target& target, CaseRecord& record) {
-  ScenarioSpace space = space_for(target);
+void bucketing_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  ScenarioSpace space = space_for(target, draw);
   // Two to four ranks (with two, a bucket reduced twice averages x and x back to x exactly: three and
   // four show it).
   space.min_world_size = 2;

@@ -21,13 +21,13 @@ std::vector<int> ranks_played(Communicator& comm) {
   return all;
 }
 
-ScenarioSpace space_for(const Target& target) {
+ScenarioSpace space_for(const Target& target, const CaseDraw& draw) {
   ScenarioSpace s;
   s.world_size = target.world_size;
   s.thresholds = [target](int world) { return comm_thresholds(target, world); };
   s.allreduce_dtype = target.allreduce_dtype;
-  s.dims = target.model_dims;
-  if (target.thorough) {
+  s.dims = draw.model_dims;
+  if (draw.thorough) {
     s.max_world_size = 16;
     s.max_layers = 5;
     s.max_steps = 12;
@@ -63,10 +63,10 @@ Target target_for_case(const Target& target, bool simulated) {
   return t;
 }
 
-void step_check_body(const Target& target, CaseRecord& record,
+void step_check_body(const Target& target, const CaseDraw& draw, CaseRecord& record,
                      StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
                      void (*classify)(const Scenario& scenario), bool scale) {
-  ScenarioSpace space = space_for(target);
+  ScenarioSpace space = space_for(target, draw);
   if (scale) add_scale_class(space, target);
   const Scenario s = *gen_scenario(space);
   record.size = size_of(s);

@@ -22,7 +22,7 @@ std::vector<int> ranks_played(Communicator& comm);
 
 // The scenarios a target's cases draw from: its fixed world size, if any, and its communicator's
 // algorithm thresholds.
-ScenarioSpace space_for(const Target& target);
+ScenarioSpace space_for(const Target& target, const CaseDraw& draw);
 
 CaseRecord::Size size_of(const Scenario& s);
 
@@ -42,7 +42,7 @@ void remove_scratch(const Target& target, const std::filesystem::path& dir);
 // The body of a property whose check gives a StepOutcome: draws a scenario, runs the check, records its
 // ratio and note, classifies the case, and fails it (agreed across processes) with the check's message,
 // or `elsewhere` when only another rank saw the failure. With `scale`, its scenarios draw the scale class.
-void step_check_body(const Target& target, CaseRecord& record,
+void step_check_body(const Target& target, const CaseDraw& draw, CaseRecord& record,
                      StepOutcome (*check)(const Scenario& scenario, const Target& target), const char* elsewhere,
                      void (*classify)(const Scenario& scenario) = nullptr, bool scale = false);
 

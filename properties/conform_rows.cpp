@@ -71,7 +71,8 @@ std::vector<ConformRow> run_properties(const Target& target, const ConformOption
       row.minimal = r.counterexample.empty()
                         ? "none: the verdict is over all " + std::to_string(r.cases) + " cases, not one"
                         : r.counterexample;
-      row.replay = r.reproduce.empty() ? o.replay_prefix + " --check '" + check + "'" : failure_replay(target, r);
+      row.replay =
+          r.reproduce.empty() ? o.replay_prefix + " --check '" + check + "'" : failure_replay(target, ro.draw, r);
     }
     if (o.on_row) o.on_row(row);
     rows.push_back(std::move(row));

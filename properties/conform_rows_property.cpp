@@ -515,7 +515,7 @@ constexpr std::size_t kPerCase = 3;
 
 }  // namespace
 
-void conform_rows_body(const Target& target, CaseRecord& record) {
+void conform_rows_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   const std::vector<ConformCase> cases = *rc::gen::container<std::vector<ConformCase>>(kPerCase, gen_conform_case());
   int largest = 0;
   std::string note;

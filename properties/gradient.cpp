@@ -71,21 +71,21 @@ void gradient_body(const Target& target, CaseRecord& record, const ScenarioSpace
 
 }  // namespace
 
-void gradient_average_body(const Target& target, CaseRecord& record) {
-  ScenarioSpace space = space_for(target);
+void gradient_average_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  ScenarioSpace space = space_for(target, draw);
   add_scale_class(space, target);
   gradient_body(target, record, space);
 }
 
-void accumulation_body(const Target& target, CaseRecord& record) {
-  ScenarioSpace space = space_for(target);
+void accumulation_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  ScenarioSpace space = space_for(target, draw);
   add_scale_class(space, target);
   space.accumulate = true;
   gradient_body(target, record, space);
 }
 
-void uneven_body(const Target& target, CaseRecord& record) {
-  ScenarioSpace space = space_for(target);
+void uneven_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  ScenarioSpace space = space_for(target, draw);
   add_scale_class(space, target);
   space.uneven_only = true;
   gradient_body(target, record, space);

@@ -12,8 +12,8 @@
 
 namespace dpcheck {
 
-void loss_body(const Target& target, CaseRecord& record) {
-  step_check_body(target, record, check_reported_loss, "another rank's reported loss left the bound", nullptr,
+void loss_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  step_check_body(target, draw, record, check_reported_loss, "another rank's reported loss left the bound", nullptr,
                   /*scale=*/true);
 }
 

@@ -16,8 +16,8 @@
 
 namespace dpcheck {
 
-void optimizer_update_body(const Target& target, CaseRecord& record) {
-  step_check_body(target, record, check_optimizer_update, "another rank's update left the formula's bound",
+void optimizer_update_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  step_check_body(target, draw, record, check_optimizer_update, "another rank's update left the formula's bound",
                   [](const Scenario& s) {
                     RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::adam, "adam");
                     RC_CLASSIFY(s.train.optimizer.kind == OptimizerKind::momentum, "momentum");

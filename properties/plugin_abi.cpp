@@ -194,7 +194,7 @@ void abi_finalize(void* comm) {
 
 }  // namespace
 
-void plugin_abi_body(const Target& target, CaseRecord& record) {
+void plugin_abi_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   const AbiCase c = *gen_abi_case();
   record.size = {0, c.world, 0, 0};
   record.note = c.describe();

@@ -84,9 +84,10 @@ struct CaseRecord {
 struct PropertyDef {
   std::string_view name;
   std::string_view promise;
-  // One case: draws a scenario with *gen, checks it on the target, records into the record, and fails
-  // through fail_case with a message that locates the problem.
-  void (*body)(const Target& target, CaseRecord& record);
+  // One case: draws a scenario with *gen from the space that `draw` fixes or widens (verify's --model
+  // and --thorough), checks it on the target, records into the record, and fails through fail_case
+  // with a message that locates the problem.
+  void (*body)(const Target& target, const CaseDraw& draw, CaseRecord& record);
   // Properties whose cases launch processes are slower: they run cases / case_divisor cases.
   int case_divisor = 1;
   // Why the property cannot run against this target or on this machine; nullptr or "" when it can.
@@ -102,7 +103,7 @@ struct PropertyDef {
   // conform leaves out one that does not: it would check dpcheck, not the plugin.
   bool calls_plugins = true;
   // Whether its cases train drawn scenarios, so that each case draws the target's formats
-  // (Target::drawn_precisions, drawn_allreduce_dtypes) where the user fixed none.
+  // (CaseDraw::precisions, allreduce_dtypes) where the user fixed none.
   bool draws_formats = false;
   // Whether its promise can be checked on simulated ranks (--comm simulated, src/comm/simulated_comm.hpp),
   // which play every rank's part on one replica: what it checks holds of the world's sums, shares and

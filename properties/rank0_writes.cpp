@@ -80,8 +80,8 @@ rc::Gen<AuditCase> gen_audit_case(const ScenarioSpace& base) {
 
 }  // namespace
 
-void rank0_writes_body(const Target& target, CaseRecord& record) {
-  ScenarioSpace space = space_for(target);
+void rank0_writes_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  ScenarioSpace space = space_for(target, draw);
   space.min_world_size = 2;  // processes: a few, each costs a start-up
   space.max_world_size = 4;
   space.max_batch = 64;

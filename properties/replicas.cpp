@@ -40,8 +40,8 @@ class PoisonedDataset final : public Dataset {
 
 }  // namespace
 
-void overflow_body(const Target& target, CaseRecord& record) {
-  ScenarioSpace space = space_for(target);
+void overflow_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  ScenarioSpace space = space_for(target, draw);
   space.loss_scaling.kind = LossScaling::dynamic;
   space.loss_scaling.growth_interval = 2;
   space.min_steps = 2;
@@ -58,8 +58,8 @@ void overflow_body(const Target& target, CaseRecord& record) {
     fail_case(o.message.empty() ? "another rank found the replicas out of sync" : o.message);
 }
 
-void replicas_body(const Target& target, CaseRecord& record) {
-  const Scenario s = *gen_scenario(space_for(target));
+void replicas_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  const Scenario s = *gen_scenario(space_for(target, draw));
   record.size = size_of(s);
   const ReplicaOutcome o = check_replica_sync(s, target);
   RC_CLASSIFY(!o.parameters_moved, "parameters never moved");

@@ -11,8 +11,8 @@
 
 namespace dpcheck {
 
-void resume_body(const Target& target, CaseRecord& record) {
-  ScenarioSpace space = space_for(target);
+void resume_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  ScenarioSpace space = space_for(target, draw);
   space.min_steps = 2;
   space.min_at_step = 1;
   const Scenario s = *gen_scenario(space);

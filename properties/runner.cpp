@@ -72,7 +72,7 @@ void absorb(PropertyResult& out, const CaseRecord& r) {
   }
 }
 
-// A case's formats where verify draws them (Target::drawn_precisions, drawn_allreduce_dtypes).
+// A case's formats where verify draws them (CaseDraw::precisions, allreduce_dtypes).
 struct CaseFormats {
   Precision precision = Precision::fp32;
   DType allreduce_dtype = DType::f32;
@@ -85,11 +85,11 @@ void showValue(const CaseFormats& f, std::ostream& os) {
 
 // Each list drawn uniformly (whatever the case's size), shrinking towards its first entry; a target's
 // own format where its list is empty.
-rc::Gen<CaseFormats> gen_formats(const Target& target) {
+rc::Gen<CaseFormats> gen_formats(const Target& target, const CaseDraw& draw) {
   const std::vector<Precision> precisions =
-      target.drawn_precisions.empty() ? std::vector<Precision>{target.precision} : target.drawn_precisions;
-  const std::vector<DType> dtypes = target.drawn_allreduce_dtypes.empty() ? std::vector<DType>{target.allreduce_dtype}
-                                                                          : target.drawn_allreduce_dtypes;
+      draw.precisions.empty() ? std::vector<Precision>{target.precision} : draw.precisions;
+  const std::vector<DType> dtypes =
+      draw.allreduce_dtypes.empty() ? std::vector<DType>{target.allreduce_dtype} : draw.allreduce_dtypes;
   return rc::gen::map(uniform(rc::gen::pair(rc::gen::inRange<std::size_t>(0, precisions.size()),
                                             rc::gen::inRange<std::size_t>(0, dtypes.size()))),
                       [precisions, dtypes](const std::pair<std::size_t, std::size_t>& i) {
@@ -101,22 +101,22 @@ class Search {
  public:
   Search(const PropertyDef& property, const Target& target, const RunOptions& options, PropertyResult& out)
       : property_(rc::detail::toProperty([&property, &target, this] {
+          const CaseDraw& draw = options_.draw;
           if (fault_) std::rethrow_exception(fault_);  // no more cases, nor shrinking, once a plugin faulted
           try {
-            if (property.draws_formats &&
-                (!target.drawn_precisions.empty() || !target.drawn_allreduce_dtypes.empty())) {
+            if (property.draws_formats && (!draw.precisions.empty() || !draw.allreduce_dtypes.empty())) {
               // The formats drawn per case, as the first draw of the case: a failure shrinks towards
               // float32, and the case token holds the case's formats.
-              const CaseFormats f = *gen_formats(target);
+              const CaseFormats f = *gen_formats(target, draw);
               Target drawn = target;
               drawn.precision = f.precision;
               drawn.allreduce_dtype = f.allreduce_dtype;
               RC_CLASSIFY(f.precision != Precision::fp32, std::string(precision_name(f.precision)) + " products");
               RC_CLASSIFY(f.allreduce_dtype != DType::f32,
                           std::string(allreduce_dtype_name(f.allreduce_dtype)) + " all-reduce");
-              property.body(drawn, current_);
+              property.body(drawn, draw, current_);
             } else {
-              property.body(target, current_);
+              property.body(target, draw, current_);
             }
           } catch (const PluginFault&) {
             if (options_.plugin_fault_ends_run) fault_ = std::current_exception();
@@ -389,30 +389,29 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
   return out;
 }
 
-std::string reproduce_command(const Target& target, const std::string& token) {
+std::string reproduce_command(const Target& target, const CaseDraw& draw, const std::string& token) {
   const Backend& backend = target.backend();
   std::string cmd = launch_prefix(target) + dpcheck_program() + " verify";
   if (target.engine != default_engine()) cmd += " --engine " + target.engine;
   if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
   if (target.tf32) cmd += " --tf32";
   // A format the run fixed is named even at its default, where verify would otherwise draw it per case.
-  if (target.precision != Precision::fp32 || (target.drawn_precisions.empty() && precision_drawable(target)))
+  if (target.precision != Precision::fp32 || (draw.precisions.empty() && precision_drawable(target)))
     cmd += " --precision " + std::string(precision_name(target.precision));
-  if (target.allreduce_dtype != DType::f32 ||
-      (target.drawn_allreduce_dtypes.empty() && allreduce_dtype_drawable(target)))
+  if (target.allreduce_dtype != DType::f32 || (draw.allreduce_dtypes.empty() && allreduce_dtype_drawable(target)))
     cmd += " --allreduce-dtype " + std::string(allreduce_dtype_name(target.allreduce_dtype));
   if (!target.kernels.empty()) cmd += " --kernels " + shell_word(target.kernels);
   if (!target.mutant.empty()) cmd += " --mutant " + target.mutant;
   // A process backend's world is the launcher's; a thread backend's is a flag (or drawn per case, and
   // then recorded in the token).
   if (target.world_size > 0 && !target.process_world) cmd += " --world-size " + std::to_string(target.world_size);
-  if (!target.model_dims.empty()) cmd += " --model " + dims_string(target.model_dims);
-  if (target.thorough) cmd += " --thorough";  // the token replays a case of the wider space
+  if (!draw.model_dims.empty()) cmd += " --model " + dims_string(draw.model_dims);
+  if (draw.thorough) cmd += " --thorough";  // the token replays a case of the wider space
   return cmd + " --reproduce " + shell_quoted(token);
 }
 
-std::string failure_replay(const Target& target, const PropertyResult& result) {
-  return reproduce_command(target, result.reproduce) +
+std::string failure_replay(const Target& target, const CaseDraw& draw, const PropertyResult& result) {
+  return reproduce_command(target, draw, result.reproduce) +
          (result.flaky() ? " --reruns " + std::to_string(comes_and_goes_reruns) : std::string());
 }
 

@@ -31,6 +31,8 @@ struct RunOptions {
   // A PluginFault (a plugin's call that returned an error) ends the run instead of failing the case:
   // the plugin could not be checked, which is not a broken property (verify: exit 3).
   bool plugin_fault_ends_run = false;
+  // What verify fixes or widens of the cases (--model, --thorough, the formats drawn per case).
+  CaseDraw draw;
 };
 
 // The passing case whose error came nearest the bound.
@@ -91,9 +93,10 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
 const PropertyDef& case_token_property(const std::string& token);
 
 // The command that reproduces one case of a property on this target: `dpcheck verify` with the engine,
-// communicator, kernels, mutant and world size the target was run with (the defaults left out), prefixed by its
-// row's launcher when the ranks are a launcher's processes, and --reproduce with the token (shell-quoted).
-std::string reproduce_command(const Target& target, const std::string& token);
+// communicator, kernels, mutant and world size the target was run with (the defaults left out), the --model and
+// --thorough of `draw`, prefixed by its row's launcher when the ranks are a launcher's processes, and
+// --reproduce with the token (shell-quoted).
+std::string reproduce_command(const Target& target, const CaseDraw& draw, const std::string& token);
 
 // A failure that comes and goes is replayed as many times as verify allows (--reruns): the shrinker keeps a
 // smaller case that failed in any one of its runs, so a minimal case may fail one run in twenty or fewer,
@@ -102,6 +105,6 @@ inline constexpr int comes_and_goes_reruns = 1000;
 
 // The command that replays a failure's minimal case (reproduce_command), ending in --reruns
 // comes_and_goes_reruns when the failure comes and goes, so that as printed it fails again.
-std::string failure_replay(const Target& target, const PropertyResult& result);
+std::string failure_replay(const Target& target, const CaseDraw& draw, const PropertyResult& result);
 
 }  // namespace dpcheck

@@ -10,7 +10,7 @@
 
 namespace dpcheck {
 
-void sampler_body(const Target& target, CaseRecord& record) {
+void sampler_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   const SamplerScenario s = *gen_sampler_scenario(fixed_world(target), 64, scale_one_in(target));
   record.size = {s.sampler.dataset_size, s.sampler.world_size, 0, 0};
   const SamplerOutcome o = check_sampler(s, target_for_case(target, s.simulated));

@@ -38,6 +38,18 @@ struct Scenario {
 void showValue(const Scenario& s, std::ostream& os);  // how RapidCheck prints a counterexample
 
 // What a generator may draw.
+// What verify's options fix or widen of the cases that every property draws: verify --model (every
+// training scenario's layer widths), --thorough (scenarios from a wider space: worlds of 1-16 ranks on
+// thread backends, 1-5 layers, up to 12 steps), and the formats each case of a training property draws
+// where neither --precision nor --allreduce-dtype was given (a failing case shrinks towards the first;
+// empty: the target's own in every case). The property runner holds it beside the Target (RunOptions).
+struct CaseDraw {
+  std::vector<int> model_dims;
+  bool thorough = false;
+  std::vector<Precision> precisions;
+  std::vector<DType> allreduce_dtypes;
+};
+
 struct ScenarioSpace {
   int world_size = 0;      // > 0: every scenario uses it (a process launcher fixed it)
   int min_world_size = 1;  // otherwise drawn in [min_world_size, max_world_size]

@@ -170,7 +170,7 @@ rc::Gen<ScheduleCase> gen_schedule_case(int one_in) {
 
 }  // namespace
 
-void schedule_bound_body(const Target& target, CaseRecord& record) {
+void schedule_bound_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   // The scale class in one case of 4 (of 2 against a mutant of scale): no simulated ranks are needed,
   // the emulation is the schedule itself.
   const MutantInfo* mutant = find_mutant(target.mutant);

@@ -105,7 +105,7 @@ bool rounded_once(float got, double want) {
 
 }  // namespace
 
-void share_weights_body(const Target& target, CaseRecord& record) {
+void share_weights_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   const int fixed = fixed_world(target);
   const WeightCase c = *gen_weight_case(fixed);
   record.size = {c.dataset, c.world, 0, 0};

@@ -89,15 +89,15 @@ rc::Gen<std::size_t> gen_element(const ParamLayout& layout, std::size_t n) {
   });
 }
 
-rc::Gen<ToolsCase> gen_tools_case(const Target& target) {
-  ScenarioSpace space = space_for(target);
+rc::Gen<ToolsCase> gen_tools_case(const Target& target, const CaseDraw& draw) {
+  ScenarioSpace space = space_for(target, draw);
   space.thresholds = nullptr;
   space.max_world_size = 4;
   space.max_layers = 2;
   space.max_width = 8;
   space.max_batch = 24;
   space.max_steps = 3;
-  ScenarioSpace sim_space = space_for(target);
+  ScenarioSpace sim_space = space_for(target, draw);
   sim_space.thresholds = nullptr;
   sim_space.scale_worlds = scale_class_worlds();
   sim_space.scale_one_in = 1;
@@ -412,16 +412,14 @@ std::string read_back_difference(const Target& recorded, const TrainConfig& conf
 
 }  // namespace
 
-void tools_body(const Target& given, CaseRecord& record) {
+void tools_body(const Target& given, const CaseDraw& draw, CaseRecord& record) {
   // The case's formats (drawn per case where verify draws them): the live checks of a correct run, and
   // the bundle, run in them (a dynamic loss scaler with fp16 products, as space_for gives).
-  const ToolsCase k = *gen_tools_case(given);
+  const ToolsCase k = *gen_tools_case(given, draw);
   // diff in float32 with no scaler, which keeps the planted bits where they were planted.
   Target target = given;
   target.precision = Precision::fp32;
   target.allreduce_dtype = DType::f32;
-  target.drawn_precisions.clear();
-  target.drawn_allreduce_dtypes.clear();
   Scenario exact = k.s;
   exact.train.loss_scaling = LossScalerConfig{};
   exact.train.allreduce_dtype = DType::f32;

@@ -30,8 +30,8 @@ namespace dpcheck {
 namespace {
 
 // The rules do not depend on the model's size: small models keep a case to milliseconds.
-ScenarioSpace small_space(const Target& target, int min_steps, int max_steps) {
-  ScenarioSpace space = space_for(target);
+ScenarioSpace small_space(const Target& target, const CaseDraw& draw, int min_steps, int max_steps) {
+  ScenarioSpace space = space_for(target, draw);
   space.thresholds = nullptr;
   space.max_layers = 2;
   space.max_width = 8;
@@ -91,11 +91,11 @@ void showValue(const ScalerCase& k, std::ostream& os) {
   if (k.resume_at > 0) os << " | resumed at step " << k.resume_at;
 }
 
-rc::Gen<ScalerCase> gen_scaler_case(const Target& target) {
+rc::Gen<ScalerCase> gen_scaler_case(const Target& target, const CaseDraw& draw) {
   // By value: RapidCheck runs the generator again to print a counterexample, after the case's target
   // (a per-case copy when formats are drawn) is gone.
-  return rc::gen::exec([target] {
-    ScenarioSpace space = small_space(target, 3, kMaxScalerSteps);
+  return rc::gen::exec([target, draw] {
+    ScenarioSpace space = small_space(target, draw, 3, kMaxScalerSteps);
     space.loss_scaling.kind = LossScaling::dynamic;
     ScalerCase k;
     k.s = *gen_scenario(space);
@@ -117,8 +117,8 @@ rc::Gen<ScalerCase> gen_scaler_case(const Target& target) {
 
 }  // namespace
 
-void loss_scaler_body(const Target& target, CaseRecord& record) {
-  const ScalerCase k = *gen_scaler_case(target);
+void loss_scaler_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  const ScalerCase k = *gen_scaler_case(target, draw);
   const Scenario& s = k.s;
   const LossScalerConfig& ls = s.train.loss_scaling;
   const std::vector<bool>& planted = k.planted;
@@ -213,9 +213,9 @@ void loss_scaler_body(const Target& target, CaseRecord& record) {
     fail_case(failure.empty() ? "another rank's scaler broke GradScaler's rule" : failure);
 }
 
-void lr_schedule_body(const Target& target, CaseRecord& record) {
-  const Scenario s = *rc::gen::exec([target] {  // by value, as gen_scaler_case
-    Scenario d = *gen_scenario(small_space(target, 2, 8));
+void lr_schedule_body(const Target& target, const CaseDraw& draw, CaseRecord& record) {
+  const Scenario s = *rc::gen::exec([target, draw] {  // by value, as gen_scaler_case
+    Scenario d = *gen_scenario(small_space(target, draw, 2, 8));
     d.train.linear_scaling = *rc::gen::element(true, false);
     const std::int64_t warmup = *uniform(rc::gen::inRange<std::int64_t>(0, 7));
     d.train.warmup_steps = d.train.linear_scaling ? warmup : 0;  // a warm-up ramps towards the linearly scaled rate
@@ -283,7 +283,7 @@ void showValue(const ShuffleCase& k, std::ostream& os) { os << k.s.describe() <<
 
 }  // namespace
 
-void shuffle_body(const Target& target, CaseRecord& record) {
+void shuffle_body(const Target& target, const CaseDraw& /*draw*/, CaseRecord& record) {
   const int world = fixed_world(target);
   const ShuffleCase k = *rc::gen::exec([world] {
     ShuffleCase c;

@@ -304,7 +304,7 @@ TEST(BackendsRegistered, ARowAddedAtRunTimeIsUsedEverywhere) {
   t.world_size = 3;
   EXPECT_NO_THROW(validate_target(t));
   EXPECT_TRUE(contains(comm_option_help(), "test-relay (the local backend relayed, as a plugin's row)"));
-  EXPECT_EQ(reproduce_command(t, "p:c:0"),
+  EXPECT_EQ(reproduce_command(t, {}, "p:c:0"),
             "dpcheck verify --comm test-relay --precision fp32 --allreduce-dtype fp32 --world-size 3 "
             "--reproduce 'p:c:0'");
   EXPECT_TRUE(contains(usage_error([] { backend_for("cuda", "test-relay"); }), "--engine cpu"));

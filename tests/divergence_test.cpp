@@ -74,7 +74,7 @@ TEST_P(LiveGradientCheck, CatchesAtTheFirstStepThePropertyFails) {
   // fresh cases, up to eight times before the test says the bug was never caught.
   for (int run = 0; run < 8 && ok && caught == 0; ++run)
     ok = rc::check(std::string("live_gradient_check_catches ") + std::string(m.name), [&] {
-      ScenarioSpace space = space_for(target);  // the precision's loss scaler
+      ScenarioSpace space = space_for(target, {});  // the precision's loss scaler
       space.max_world_size = 4;
       space.max_layers = 2;
       space.max_width = 12;

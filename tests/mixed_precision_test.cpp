@@ -54,7 +54,7 @@ void expect_tight(Precision p, DType allreduce, double floor) {
     metadata.id = metadata.description = name + " (block " + std::to_string(blocks) + ")";
     const rc::detail::TestResult result = rc::detail::checkTestable(
         [&] {
-          const Scenario s = *gen_scenario(space_for(target));
+          const Scenario s = *gen_scenario(space_for(target, {}));
           const GradientOutcome o = check_sharded_gradient(s, target);
           RC_ASSERT(o.passed);
           worst = std::max({worst, o.sharded_ratio, o.whole_ratio});

@@ -24,7 +24,7 @@ void check_property(std::string_view name) {
   const Target target;
   rc::detail::checkGTest([&] {
     CaseRecord record;
-    p.body(target, record);
+    p.body(target, {}, record);
     ++cases;
   });
   EXPECT_GT(cases, 0);

@@ -25,7 +25,7 @@ struct Behaviour {
 };
 Behaviour g;
 
-void body(const Target&, CaseRecord& record) {
+void body(const Target&, const CaseDraw&, CaseRecord& record) {
   const int x = *rc::gen::inRange(0, 1000);
   record.ratio = x / 1000.0;
   record.note = "x = " + std::to_string(x);
@@ -75,7 +75,7 @@ TEST_F(Runner, ShrinkingReachesTheSmallestFailingCaseAndItsTokenReplaysIt) {
   EXPECT_EQ(r.runs, 5);
   EXPECT_FALSE(r.flaky());
   // A steady failure's replay command runs the case as verify's default does.
-  EXPECT_EQ(failure_replay(Target{}, r), reproduce_command(Target{}, r.reproduce));
+  EXPECT_EQ(failure_replay(Target{}, {}, r), reproduce_command(Target{}, {}, r.reproduce));
   RunOptions replay = options();
   replay.reproduce = r.reproduce;
   const PropertyResult again = run_property(test_property(), Target{}, replay);
@@ -100,7 +100,7 @@ TEST_F(Runner, AFailureThatComesAndGoesIsReportedAsSuch) {
   // Shrinking still reached the smallest failing x: a candidate counts if any of its runs fails.
   EXPECT_EQ(r.failure, "x = 500 is too large");
   // Its replay command runs the case often enough to fail again as printed.
-  EXPECT_EQ(failure_replay(Target{}, r), reproduce_command(Target{}, r.reproduce) + " --reruns 1000");
+  EXPECT_EQ(failure_replay(Target{}, {}, r), reproduce_command(Target{}, {}, r.reproduce) + " --reruns 1000");
 }
 
 TEST_F(Runner, DamagedTokensAndTokensOfAnotherPropertyAreRefused) {
@@ -165,19 +165,26 @@ TEST(ReplayCommand, EveryBackend) {
   const std::string t = "p:c:0";
   Target local;
   // Formats fixed at their defaults are named: verify would otherwise draw them per case.
-  EXPECT_EQ(reproduce_command(local, t), "dpcheck verify --precision fp32 --allreduce-dtype fp32 --reproduce 'p:c:0'");
-  Target drawn;
-  drawn.drawn_precisions = {Precision::fp32, Precision::bf16};
-  drawn.drawn_allreduce_dtypes = {DType::f32, DType::bf16};
-  EXPECT_EQ(reproduce_command(drawn, t), "dpcheck verify --reproduce 'p:c:0'");
+  EXPECT_EQ(reproduce_command(local, {}, t),
+            "dpcheck verify --precision fp32 --allreduce-dtype fp32 --reproduce 'p:c:0'");
+  CaseDraw drawn;
+  drawn.precisions = {Precision::fp32, Precision::bf16};
+  drawn.allreduce_dtypes = {DType::f32, DType::bf16};
+  EXPECT_EQ(reproduce_command(local, drawn, t), "dpcheck verify --reproduce 'p:c:0'");
+  // verify's --model and --thorough, which the case token alone does not hold, come from the draw.
+  CaseDraw wider;
+  wider.model_dims = {8, 4, 2};
+  wider.thorough = true;
+  EXPECT_EQ(reproduce_command(local, wider, t),
+            "dpcheck verify --precision fp32 --allreduce-dtype fp32 --model 8,4,2 --thorough --reproduce 'p:c:0'");
   Target fp16_mutant;
   fp16_mutant.mutant = "fp16-no-scaling";
   fp16_mutant.precision = Precision::fp16;
-  EXPECT_EQ(reproduce_command(fp16_mutant, t),
+  EXPECT_EQ(reproduce_command(fp16_mutant, {}, t),
             "dpcheck verify --precision fp16 --mutant fp16-no-scaling --reproduce 'p:c:0'");
   local.world_size = 4;
   local.mutant = "allreduce-rank-order";
-  EXPECT_EQ(reproduce_command(local, t),
+  EXPECT_EQ(reproduce_command(local, {}, t),
             "dpcheck verify --precision fp32 --allreduce-dtype fp32 --mutant allreduce-rank-order --world-size 4 "
             "--reproduce 'p:c:0'");
   LocalWorld world(3);
@@ -185,23 +192,23 @@ TEST(ReplayCommand, EveryBackend) {
   mpi.comm = "mpi";
   mpi.process_world = &world.comm(0);
   mpi.world_size = 3;
-  EXPECT_EQ(reproduce_command(mpi, t),
+  EXPECT_EQ(reproduce_command(mpi, {}, t),
             "mpirun -np 3 dpcheck verify --comm mpi --precision fp32 --allreduce-dtype fp32 --reproduce 'p:c:0'");
   Target cuda_local;
   cuda_local.engine = "cuda";
   cuda_local.comm = "cuda-local";
   cuda_local.world_size = 2;
-  EXPECT_EQ(reproduce_command(cuda_local, t), "dpcheck verify --engine cuda --world-size 2 --reproduce 'p:c:0'");
+  EXPECT_EQ(reproduce_command(cuda_local, {}, t), "dpcheck verify --engine cuda --world-size 2 --reproduce 'p:c:0'");
   Target nccl_threads = cuda_local;
   nccl_threads.comm = "nccl";
   nccl_threads.tf32 = true;
-  EXPECT_EQ(reproduce_command(nccl_threads, t),
+  EXPECT_EQ(reproduce_command(nccl_threads, {}, t),
             "dpcheck verify --engine cuda --comm nccl --tf32 --world-size 2 --reproduce 'p:c:0'");
   Target nccl_processes = nccl_threads;
   nccl_processes.process_world = &world.comm(0);
-  EXPECT_EQ(reproduce_command(nccl_processes, t),
+  EXPECT_EQ(reproduce_command(nccl_processes, {}, t),
             "mpirun -np 3 dpcheck verify --engine cuda --comm nccl --tf32 --reproduce 'p:c:0'");
-  EXPECT_EQ(reproduce_command(local, "it's"),
+  EXPECT_EQ(reproduce_command(local, {}, "it's"),
             "dpcheck verify --precision fp32 --allreduce-dtype fp32 --mutant allreduce-rank-order --world-size 4 "
             "--reproduce 'it'\\''s'");
 }
@@ -231,7 +238,7 @@ TEST(ReplayCommand, EveryRowOfTheBackendTable) {
       target.mutant = "allreduce-rank-order";
       target.world_size = processes ? 3 : 2;
       if (processes) target.process_world = &launcher.comm(0);
-      const std::string line = reproduce_command(target, t);
+      const std::string line = reproduce_command(target, {}, t);
       SCOPED_TRACE(b.name + (processes ? " under a launcher" : " as threads") + ": " + line);
       ++lines;
       const std::string rest = processes ? line.substr(b.launch_prefix(3).size()) : line;

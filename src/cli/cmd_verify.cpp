@@ -25,7 +25,8 @@ namespace {
 
 struct VerifyOptions {
   TargetOptions target_options{0};
-  Target target;  // from target_options, with --thorough and the formats the cases draw
+  Target target;  // from target_options
+  CaseDraw draw;  // --model, --thorough and the formats the cases draw
   int cases = 100;
   bool cases_given = false;  // --cases
   SeedOption seed_option{1};
@@ -50,9 +51,9 @@ void choose_formats(VerifyOptions& o) {
   const MutantInfo* m = t.mutant.empty() ? nullptr : find_mutant(t.mutant);
   if (!precision_given && m && !m->precision.empty()) t.precision = parse_precision(m->precision);
   if (!precision_given && precision_drawable(t))
-    t.drawn_precisions = {Precision::fp32, Precision::bf16, Precision::fp16};
+    o.draw.precisions = {Precision::fp32, Precision::bf16, Precision::fp16};
   if (!o.target_options.given("--allreduce-dtype") && allreduce_dtype_drawable(t))
-    t.drawn_allreduce_dtypes = {DType::f32, DType::bf16};
+    o.draw.allreduce_dtypes = {DType::f32, DType::bf16};
 }
 
 std::string number(double v, const char* fmt = "%.3g") {
@@ -86,24 +87,24 @@ nlohmann::json rounded(const std::vector<double>& ratios) {
 nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>& results, bool passed) {
   nlohmann::json props = nlohmann::json::array();
   for (const PropertyResult& r : results) {
-    nlohmann::json p{
-        {"name", r.name},
-        {"passed", r.passed},
-        {"skipped", r.skipped.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
-        {"cases", r.cases},
-        {"max_error_ratio", optional_number(r.has_error_ratio, r.max_error_ratio)},
-        {"max_probabilistic_ratio", optional_number(r.has_probabilistic_ratio, r.max_probabilistic_ratio)},
-        {"seconds", r.seconds},
-        {"counterexample", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.counterexample)},
-        {"failure", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.failure)},
-        {"not_judged", !r.passed && r.not_judged},
-        {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr) : nlohmann::json(failure_replay(o.target, r))},
-        {"runs",
-         r.runs > 0 ? nlohmann::json({{"failing", r.failing_runs}, {"total", r.runs}}) : nlohmann::json(nullptr)},
-        {"flaky", r.flaky()},
-        {"replayed", r.replayed},
-        {"distribution", r.distribution},
-        {"error_ratios", rounded(r.error_ratios)}};
+    nlohmann::json p{{"name", r.name},
+                     {"passed", r.passed},
+                     {"skipped", r.skipped.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
+                     {"cases", r.cases},
+                     {"max_error_ratio", optional_number(r.has_error_ratio, r.max_error_ratio)},
+                     {"max_probabilistic_ratio", optional_number(r.has_probabilistic_ratio, r.max_probabilistic_ratio)},
+                     {"seconds", r.seconds},
+                     {"counterexample", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.counterexample)},
+                     {"failure", r.passed ? nlohmann::json(nullptr) : nlohmann::json(r.failure)},
+                     {"not_judged", !r.passed && r.not_judged},
+                     {"reproduce", r.reproduce.empty() ? nlohmann::json(nullptr)
+                                                       : nlohmann::json(failure_replay(o.target, o.draw, r))},
+                     {"runs", r.runs > 0 ? nlohmann::json({{"failing", r.failing_runs}, {"total", r.runs}})
+                                         : nlohmann::json(nullptr)},
+                     {"flaky", r.flaky()},
+                     {"replayed", r.replayed},
+                     {"distribution", r.distribution},
+                     {"error_ratios", rounded(r.error_ratios)}};
     p["power"] = r.probed > 0 ? nlohmann::json({{"probed", r.probed},
                                                 {"caught", r.probe_caught},
                                                 {"share", r.power()},
@@ -122,7 +123,7 @@ nlohmann::json to_json(const VerifyOptions& o, const std::vector<PropertyResult>
                             ? nlohmann::json({{"error_ratio", r.closest.ratio},
                                               {"where", r.closest.note},
                                               {"case", r.closest.example},
-                                              {"replay", reproduce_command(o.target, r.closest.reproduce)}})
+                                              {"replay", reproduce_command(o.target, o.draw, r.closest.reproduce)}})
                             : nlohmann::json(nullptr);
     props.push_back(std::move(p));
   }
@@ -146,7 +147,8 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
   }
   std::ostringstream x;
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-    << "<testsuites>\n<testsuite name=\"dpcheck verify (" << xml_escape(o.target.describe() + plugins_text(o.target))
+    << "<testsuites>\n<testsuite name=\"dpcheck verify ("
+    << xml_escape(o.target.describe(o.draw.precisions, o.draw.allreduce_dtypes) + plugins_text(o.target))
     << ")\" tests=\"" << results.size() << "\" failures=\"" << failures << "\" time=\"" << seconds << "\">\n"
     << plugins_junit(o.target);
   const auto property = [&](const std::string& name, const std::string& value) {
@@ -167,14 +169,14 @@ std::string to_junit(const VerifyOptions& o, const std::vector<PropertyResult>& 
       property("closest_call_ratio", number(r.closest.ratio, "%.4g"));
       property("closest_call_where", r.closest.note);
       property("closest_call_case", r.closest.example);
-      property("closest_call_replay", reproduce_command(o.target, r.closest.reproduce));
+      property("closest_call_replay", reproduce_command(o.target, o.draw, r.closest.reproduce));
     }
     if (r.runs > 0 && !r.passed) property("runs", runs_text(r));
     x << "    </properties>\n";
     if (!r.skipped.empty()) x << "    <skipped message=\"" << xml_escape(r.skipped) << "\"/>\n";
     if (!r.passed)
       x << "    <failure message=\"" << xml_escape(r.failure) << "\">" << xml_escape(r.counterexample) << "\n"
-        << xml_escape(r.reproduce.empty() ? std::string() : failure_replay(o.target, r)) << "</failure>\n";
+        << xml_escape(r.reproduce.empty() ? std::string() : failure_replay(o.target, o.draw, r)) << "</failure>\n";
     x << "    <system-out>cases " << r.cases << ", max error ratio " << ratio_text(r) << "</system-out>\n";
     x << "  </testcase>\n";
   }
@@ -197,10 +199,8 @@ std::string indented(const std::string& head, const std::string& text) {
 
 // Target, world and formats from the options; each rank loads its own plugin.
 void prepare_target(VerifyOptions& o) {
-  const bool thorough = o.target.thorough;
   o.target = o.target_options.resolved();
-  o.target.thorough = thorough;
-  if (!o.model.empty()) o.target.model_dims = parse_dims(o.model, "--model");
+  if (!o.model.empty()) o.draw.model_dims = parse_dims(o.model, "--model");
   // Each rank loads its own plugin: one that fails on one rank stops every rank at once.
   agree_on_rank_inputs([&] {
     choose_formats(o);
@@ -210,12 +210,12 @@ void prepare_target(VerifyOptions& o) {
   if (std::string why = allreduce_bound_refusal(o.target, o.target.allreduce_dtype, fixed_world(o.target));
       !why.empty())
     throw UsageError(why);
-  if (o.target_options.given("--world-size") || !o.target.model_dims.empty()) {
+  if (o.target_options.given("--world-size") || !o.draw.model_dims.empty()) {
     // The cases draw small models unless --model fixes one; the ranks themselves must fit (threads, and
     // their replicas), and the model with a batch of 512 (the most a case draws) in three.
     RunSize run;
-    run.world_size = o.target.world_size > 0 ? o.target.world_size : o.target.thorough ? 16 : 8;
-    run.model.dims = o.target.model_dims;
+    run.world_size = o.target.world_size > 0 ? o.target.world_size : o.draw.thorough ? 16 : 8;
+    run.model.dims = o.draw.model_dims;
     if (!run.model.dims.empty()) {
       run.batch = 512;
       run.dataset = 3 * 512;
@@ -266,6 +266,7 @@ std::vector<PropertyResult> run_properties(const VerifyOptions& o, const std::ve
     ro.reproduce = o.reproduce;
     ro.reruns = o.reruns;
     ro.plugin_fault_ends_run = true;
+    ro.draw = o.draw;
     if (progress.enabled())
       ro.progress = [&](std::int64_t cases, std::int64_t shrinks) {
         progress.update(at + std::to_string(std::min<std::int64_t>(cases, ro.cases)) + " of " +
@@ -321,7 +322,7 @@ void describe_closest_calls(std::ostream& details, const VerifyOptions& o, const
                            : "")
             << "\n"
             << indented("    where: ", r.closest.note) << indented("    case:  ", r.closest.example)
-            << "    replay: " << reproduce_command(o.target, r.closest.reproduce) << "\n";
+            << "    replay: " << reproduce_command(o.target, o.draw, r.closest.reproduce) << "\n";
   }
 }
 
@@ -360,7 +361,7 @@ void describe_failures(std::ostream& details, const VerifyOptions& o, const std:
               << (r.flaky() ? " (it " + runs_text(r) + ": the command runs it " +
                                   std::to_string(comes_and_goes_reruns) + " times)"
                             : "")
-              << ": " << failure_replay(o.target, r) << "\n";
+              << ": " << failure_replay(o.target, o.draw, r) << "\n";
   }
 }
 
@@ -406,9 +407,10 @@ int run_verify(VerifyOptions& o) {
     std::fflush(stdout);
   };
   Progress progress(printing && Progress::wanted(o.quiet));
-  say("dpcheck verify: " + o.target.describe() + plugins_text(o.target) + ", world size " +
+  say("dpcheck verify: " + o.target.describe(o.draw.precisions, o.draw.allreduce_dtypes) + plugins_text(o.target) +
+      ", world size " +
       (o.target.world_size > 0 ? std::to_string(o.target.world_size)
-                               : std::string(o.target.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) +
+                               : std::string(o.draw.thorough ? "drawn from 1-16 (thorough)" : "drawn from 1-8")) +
       (o.target.world_size == 0 && scale_one_in(o.target) > 0 ? " and the scale class" : "") + ", " +
       (o.reproduce_given ? std::string("one replayed case") : std::to_string(o.cases) + " cases per property") +
       ", seed " + std::to_string(o.seed) + "\n\n");
@@ -478,7 +480,7 @@ Runner add_verify(CLI::App& app) {
   sub->add_option("--cases", o->cases,
                   "Cases per property (default 100; 500 with --thorough; on more than 64 simulated ranks 6400 / N, "
                   "at least 10)");
-  sub->add_flag("--thorough", o->target.thorough,
+  sub->add_flag("--thorough", o->draw.thorough,
                 "Draw harder: 500 cases per property unless --cases says otherwise, from a wider space (world sizes "
                 "1-16, 1-5 layers, up to 12 steps); minutes where the default takes seconds");
   o->seed_option.add_to(*sub, "RapidCheck seed; the same seed runs the same cases");
@@ -505,7 +507,7 @@ Runner add_verify(CLI::App& app) {
   return [o, sub] {
     o->reproduce_given = sub->count("--reproduce") > 0;
     o->cases_given = sub->count("--cases") > 0;
-    if (o->target.thorough && !o->cases_given) o->cases = 500;
+    if (o->draw.thorough && !o->cases_given) o->cases = 500;
     return run_verify(*o);
   };
 }

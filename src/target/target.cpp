@@ -15,7 +15,8 @@
 
 namespace dpcheck {
 
-std::string Target::describe() const {
+std::string Target::describe(const std::vector<Precision>& drawn_precisions,
+                             const std::vector<DType>& drawn_allreduce_dtypes) const {
   std::string format = tf32                           ? " (tf32)"
                        : precision != Precision::fp32 ? " (" + std::string(precision_name(precision)) + ")"
                                                       : "";

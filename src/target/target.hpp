@@ -30,19 +30,10 @@ struct Target {
   std::string mutant;                     // empty: the correct implementation
   std::string kernels;                    // --kernels: a kernel plugin's path; empty: the engine's own kernels
   int world_size = 0;                     // > 0: every case uses it; 0: each case draws one (thread backends)
-  std::vector<int> model_dims;            // verify --model: every training scenario's layer widths; empty: drawn
   bool tf32 = false;                      // cuda engine: TF32 matrix products
   Precision precision = Precision::fp32;  // --precision: the matrix products' input format
   DType allreduce_dtype = DType::f32;     // --allreduce-dtype: the gradient all-reduce's (verify's scenarios)
-  // verify without --precision or --allreduce-dtype on the cpu engine: the formats each case of a
-  // training property draws in their place (a failing case shrinks towards the first). Empty: the field
-  // above in every case.
-  std::vector<Precision> drawn_precisions;
-  std::vector<DType> drawn_allreduce_dtypes;
   std::chrono::milliseconds timeout = Communicator::default_timeout;
-  // verify --thorough: scenarios drawn from a wider space (space_for): worlds of 1-16 ranks (thread
-  // backends), 1-5 layers, up to 12 steps.
-  bool thorough = false;
   // A fault planted by a property that holds the divergence tools to locating it (properties/tools.cpp):
   // run_world's communicator takes an all-reduce fault, make_rank_trainer's trainer any other. An
   // all-reduce fault counts the calls of each run_world from 0.
@@ -50,7 +41,11 @@ struct Target {
   // Process backends: this process's communicator over all ranks; each case runs on every process.
   Communicator* process_world = nullptr;
 
-  std::string describe() const;  // "engine cpu, comm local, mutant none" ("engine cpu (bf16), ...")
+  // "engine cpu, comm local, mutant none" ("engine cpu (bf16), ..."); with the formats that verify draws
+  // per case in place of the fixed ones, "engine cpu (fp32, bf16 drawn per case), comm local, all-reduce
+  // in fp32 or bf16 drawn per case, ...".
+  std::string describe(const std::vector<Precision>& drawn_precisions = {},
+                       const std::vector<DType>& drawn_allreduce_dtypes = {}) const;
 
   // The rows of the backend table (src/target/backends.hpp) that `engine` and `comm` name, so that the
   // Target's users ask the Target, not the table. UsageError when the names are unknown or do not go
