@@ -101,8 +101,8 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
 // The names of conform_kernels' checks, in the order they run.
 std::vector<std::string> conform_kernel_checks();
 
-// The communicator `target.comm` (a plugin path) on a world of `world_size` ranks (the launcher's
-// world when target.process_world is set).
+// The communicator of `target.backend` (a plugin, or a built-in backend such as mpi-native) on a world of `world_size`
+// ranks (the launcher's world when target.process_world is set).
 std::vector<ConformRow> conform_comm(const Target& target, int world_size, const ConformOptions& options);
 
 // The names of conform_comm's checks for a world of `world_size` ranks, in the order they run.

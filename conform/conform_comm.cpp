@@ -307,7 +307,8 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     if (o.allreduce_only && !name.starts_with("property ") && !is_allreduce_check(name)) return false;
     return o.check.empty() || o.check == name;
   };
-  const dpcheck_comm_plugin_t* plugin = looks_like_plugin_path(target.comm) ? &load_comm_plugin(target.comm) : nullptr;
+  const dpcheck_comm_plugin_t* plugin =
+      looks_like_plugin_path(target.backend->name) ? &load_comm_plugin(target.backend->name) : nullptr;
   // Once the ranks cannot start (the plugin's init fails) or the launcher's world is broken (a plugin
   // left messages behind), the later rows would fail for that same reason: they are not run, and say
   // which row to read.
@@ -338,7 +339,7 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     std::optional<CommCheck> check = make_check(name, n, kAll, o);
     if (!check) continue;
     Slot slot{name, std::nullopt, std::nullopt, 0, {}, {}};
-    if (const std::string why = plugin ? unsupported_reason(*plugin, target.comm, *check) : ""; !why.empty())
+    if (const std::string why = plugin ? unsupported_reason(*plugin, target.backend->name, *check) : ""; !why.empty())
       slot.row = unsupported_row(check->section, name, why);
     else slot.check = std::move(check);
     slots.push_back(std::move(slot));
@@ -413,13 +414,13 @@ std::vector<ConformRow> conform_comm(const Target& target, int n, const ConformO
     if (!slot.row) slot.row = not_run_row(slot.check->section, slot.name);
   emit_ready();
   if (wanted("a rank that never arrives")) {
-    const std::string why = plugin ? unsupported_reason(*plugin, target.comm, fingerprint_needs()) : "";
+    const std::string why = plugin ? unsupported_reason(*plugin, target.backend->name, fingerprint_needs()) : "";
     if (!why.empty()) emit(unsupported_row("robustness", "a rank that never arrives", why));
     else if (!stopped.empty()) not_run("robustness", "a rank that never arrives");
     else emit(absent_rank_row(n, o));
   }
   if (wanted("summation order and width")) {
-    const std::string why = plugin ? unsupported_reason(*plugin, target.comm, fingerprint_needs()) : "";
+    const std::string why = plugin ? unsupported_reason(*plugin, target.backend->name, fingerprint_needs()) : "";
     if (!why.empty()) emit(unsupported_row("fingerprint", "summation order and width", why));
     else if (!stopped.empty()) not_run("fingerprint", "summation order and width");
     else emit(fingerprint_row(target, n, plugin, o));

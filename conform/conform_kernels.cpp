@@ -233,7 +233,7 @@ std::vector<ConformRow> conform_kernels(const Target& target, const ConformOptio
   using conform_kernels_detail::OpCheck;
   if (target.kernels.empty()) throw UsageError("conform_kernels needs a kernel plugin (--kernels PATH)");
   const KernelPlugin& plugin = load_kernel_plugin(target.kernels);
-  require_kernels_for_engine(plugin, target.engine_row());
+  require_kernels_for_engine(plugin, *target.engine);
   if (options.cases < 1) throw UsageError("--cases must be at least 1");
   if (options.max_kernel_size < 1 || options.max_kernel_size > kMaxSizeLimit)
     throw UsageError("--max-size must be in [1, " + std::to_string(kMaxSizeLimit) +

@@ -28,10 +28,10 @@ std::string algorithm_env(const Target& target) {
 std::string replay_prefix(const Target& target, int world, const ConformRequest& r, std::uint64_t seed) {
   const bool kernels = !target.kernels.empty();
   std::string prefix = algorithm_env(target);
-  prefix += target.process_world ? target.backend().launch_prefix(world) : std::string();
+  prefix += target.process_world ? target.backend->launch_prefix(world) : std::string();
   prefix += dpcheck_program() + " conform";
-  if (target.engine != default_engine()) prefix += " --engine " + target.engine;
-  prefix += kernels ? " --kernels " + shell_word(target.kernels) : " --comm " + shell_word(target.comm);
+  if (target.engine != &default_engine_row()) prefix += " --engine " + std::string(target.engine->name);
+  prefix += kernels ? " --kernels " + shell_word(target.kernels) : " --comm " + shell_word(target.backend->name);
   // Communicator checks add the world size they failed on; kernels' properties add none.
   if (kernels && r.world_size_given) prefix += " --world-size " + std::to_string(world);
   if (!r.schedule.empty()) prefix += " --schedule " + r.schedule;
@@ -74,9 +74,9 @@ ConformOptions conform_options(const Target& target, int world, const ConformReq
     co.absent_rank_command = {self_executable().string(),
                               "conform",
                               "--engine",
-                              target.engine,
+                              std::string(target.engine->name),
                               "--comm",
-                              target.comm,
+                              target.backend->name,
                               "--world-size",
                               std::to_string(world),
                               "--timeout",

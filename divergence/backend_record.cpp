@@ -214,7 +214,7 @@ BackendRecord record_backend(const Target& target) {
     for (const std::string& name : plugin_env_names(p.path, p.option)) pr.env[name] = env_now(name);
     r.plugins.push_back(std::move(pr));
   }
-  if (target.backend().mpi != MpiUse::none) {
+  if (target.backend->mpi != MpiUse::none) {
     r.env_prefixes = mpi_env_prefixes();
     r.library_env = env_with_prefixes(r.env_prefixes);
   }

@@ -122,7 +122,7 @@ inline constexpr int kBundleVersion = 1;
 struct BundleManifest {
   TrainConfig config;
   int world_size = 1;
-  Target target;  // engine, comm, kernels, mutant, tf32, timeout
+  TargetRecord target;  // engine, comm, kernels, mutant, tf32, precision, timeout, by name
   LiveCheckOptions checks;
   std::vector<std::string> command_line;
   std::string x, y;            // --x / --y as absolute paths, or empty for synthetic data

@@ -136,7 +136,7 @@ void RankRun::fail(const StepFailure& f, bool collective) {
     BundleManifest m;
     m.config = t_;
     m.world_size = world_;
-    m.target = target_;
+    m.target = target_record(target_);
     m.checks = o_.checks;
     m.command_line = o_.command_line;
     if (!o_.x.empty()) {

@@ -24,8 +24,8 @@ std::string bucketing_unavailable(const Target& target) {
   if (target.world_size == 1)
     return "one rank: an element left out of the average, or reduced twice, keeps its value, so buckets can hide "
            "nothing there";
-  if (target.backend().rank_order) return "";
-  return "the " + target.comm +
+  if (target.backend->rank_order) return "";
+  return "the " + target.backend->name +
          " backend does not promise to reduce an element in rank order wherever it falls in a call (a ring's "
          "chunks change the order), so buckets may change bits by design";
 }

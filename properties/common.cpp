@@ -8,7 +8,6 @@
 #include <system_error>
 
 #include "mutants/mutants.hpp"
-#include "src/builtin_names.hpp"
 #include "src/comm/local_comm.hpp"
 #include "src/error.hpp"
 
@@ -46,7 +45,8 @@ CaseRecord::Size size_of(const Scenario& s) {
 
 int scale_one_in(const Target& target) {
   if (target.world_size > 0 || target.process_world) return 0;
-  if (target.comm != builtin::local && target.comm != builtin::simulated) return 0;
+  // The engine's own communicator, or its simulated ranks, which sum as it does.
+  if (!simulated_backend(*target.engine) || !(target.backend->engine_default || target.backend->simulated)) return 0;
   const MutantInfo* m = find_mutant(target.mutant);
   return m && m->scale ? 2 : 16;
 }
@@ -57,9 +57,10 @@ void add_scale_class(ScenarioSpace& space, const Target& target) {
 }
 
 Target target_for_case(const Target& target, bool simulated) {
-  if (!simulated || target.comm == builtin::simulated) return target;
+  if (!simulated || target.backend->simulated) return target;
   Target t = target;
-  t.comm = builtin::simulated;
+  t.backend = simulated_backend(*target.engine);
+  if (!t.backend) throw Error("the " + std::string(target.engine->name) + " engine has no simulated ranks");
   return t;
 }
 

@@ -188,11 +188,11 @@ WriteAuditOutcome check_rank0_writes(const Scenario& s, const Target& target, in
     for (std::string f; flags >> f;) argv.push_back(f);
     // The target's own communicator where it runs under the launcher (a plugin that writes a file on
     // every rank breaks the promise too), dpcheck's process backend (mpi) otherwise.
-    const Backend& row = target.backend();
     // The audited argv names no --engine: it trains on the default engine, whose communicators these are.
-    const bool own_comm = target.engine == default_engine() && row.may_run_under_launcher();
-    argv.insert(argv.end(), {"--comm", own_comm ? target.comm : process_comm(default_engine()), "--checkpoint-dir",
-                             checkpoints.string(), "--checkpoint-every", "1", "--log", log.string(), "--timeout", "60",
+    const bool own_comm = target.engine == &default_engine_row() && target.backend->may_run_under_launcher();
+    const Backend* row = own_comm ? target.backend : process_backend(default_engine_row());
+    argv.insert(argv.end(), {"--comm", row ? row->name : std::string(), "--checkpoint-dir", checkpoints.string(),
+                             "--checkpoint-every", "1", "--log", log.string(), "--timeout", "60",
                              // A run that fails a check leaves its bundle in the scratch folder, not in the
                              // user's working directory.
                              "--bundle-dir", (dir / "bundles").string()});

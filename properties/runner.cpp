@@ -339,7 +339,7 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
     if (token->property != out.name)
       throw UsageError("the --reproduce string replays a case of " + token->property + ", not of " + out.name);
   }
-  if (!property.simulates && target.backend().simulated) {
+  if (!property.simulates && target.backend->simulated) {
     out.skipped =
         "it needs real ranks: simulated ones play every rank on one replica, which no other replica can "
         "differ from, and write no files of their own";
@@ -390,10 +390,9 @@ PropertyResult run_property(const PropertyDef& property, const Target& target, c
 }
 
 std::string reproduce_command(const Target& target, const CaseDraw& draw, const std::string& token) {
-  const Backend& backend = target.backend();
   std::string cmd = launch_prefix(target) + dpcheck_program() + " verify";
-  if (target.engine != default_engine()) cmd += " --engine " + target.engine;
-  if (!backend.engine_default) cmd += " --comm " + shell_word(target.comm);
+  if (target.engine != &default_engine_row()) cmd += " --engine " + std::string(target.engine->name);
+  if (!target.backend->engine_default) cmd += " --comm " + shell_word(target.backend->name);
   if (target.tf32) cmd += " --tf32";
   // A format the run fixed is named even at its default, where verify would otherwise draw it per case.
   if (target.precision != Precision::fp32 || (draw.precisions.empty() && precision_drawable(target)))

@@ -255,7 +255,8 @@ std::vector<float> traced_run(const Target& target, const Scenario& s, const Fau
   });
   if (target.process_world && target.process_world->rank() != 0) return buffer;
   std::ofstream out(file);
-  out << trace_header(s.train.to_json(s.world_size), {{"engine", t.engine}}, s.world_size, s.train.model, state_names)
+  out << trace_header(s.train.to_json(s.world_size), {{"engine", t.engine->name}}, s.world_size, s.train.model,
+                      state_names)
              .dump()
       << "\n";
   for (const std::string& l : lines) out << l << "\n";
@@ -354,7 +355,7 @@ std::optional<StepFailure> failing_run(const Target& target, const TrainConfig& 
           BundleManifest m;
           m.config = c;
           m.world_size = world;
-          m.target = target;
+          m.target = target_record(target);
           m.checks = checks;
           m.version = DPCHECK_VERSION;
           m.failure = e.failure;
@@ -503,10 +504,10 @@ void tools_body(const Target& given, const CaseDraw& draw, CaseRecord& record) {
         if (const std::string d = read_back_difference(bundled, bundled_config, s.world_size, bundle);
             here && !d.empty())
           failure = "a bundle of " + formats_text(bundled, bundled_config) + " does not read back whole: " + d;
+        // The engine and communicator as read back are the bundled ones' rows (read_back_difference
+        // compared their names); the rest as read.
         Target t = bundled;
-        const Target& read = bundle.manifest.target;
-        t.engine = read.engine;
-        t.comm = read.comm;
+        const TargetRecord& read = bundle.manifest.target;
         t.kernels = read.kernels;
         t.mutant = read.mutant;
         t.tf32 = read.tf32;

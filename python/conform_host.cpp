@@ -127,18 +127,16 @@ class ProcessGroupComm final : public Communicator {
 
 // The backend row whose ranks are the launcher's processes and whose communicator is the world itself,
 // as mpi-native's is MPI's: conform's checks reach the process group through run_world.
-std::string process_group_backend(const std::string& name) {
-  if (!find_registered_backend(name)) {
-    Backend row;
-    row.name = name;
-    row.engine = std::string(default_engine());
-    row.memory = MemorySpace::host;
-    row.help = "a torch.distributed process group, one process per rank (python3 -m dpcheck.conform)";
-    row.run_processes = [](Communicator& world, const RankFunction& fn) { fn(world); };
-    row.launcher = "python3 -m dpcheck.launch -n";
-    register_backend(std::move(row));
-  }
-  return name;
+const Backend& process_group_backend(const std::string& name) {
+  if (const Backend* row = find_registered_backend(name)) return *row;
+  Backend row;
+  row.name = name;
+  row.engine = std::string(default_engine());
+  row.memory = MemorySpace::host;
+  row.help = "a torch.distributed process group, one process per rank (python3 -m dpcheck.conform)";
+  row.run_processes = [](Communicator& world, const RankFunction& fn) { fn(world); };
+  row.launcher = "python3 -m dpcheck.launch -n";
+  return register_backend(std::move(row));
 }
 
 constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16};
@@ -275,7 +273,7 @@ py::dict conform_process_group(py::object group, int rank, int size, const py::d
   };
   ProcessGroupComm comm(std::move(group), rank, size, "torch-" + r.backend);
   Target target;
-  target.comm = process_group_backend("torch-" + r.backend);
+  target.backend = &process_group_backend("torch-" + r.backend);
   target.process_world = &comm;
   target.world_size = size;
   target.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.timeout_s * 1000));

@@ -1,7 +1,7 @@
 // The names of dpcheck's built-in engines and communicator backends, written once. The engine and
 // backend tables (src/target/backends.cpp) give them to their rows, each implementation names itself by them
 // (Engine::name, Communicator::backend), and the mutant table says with them which engine a mutant
-// breaks. Everything else takes a name from the tables (find_engine, backend_for, default_comm, ...).
+// breaks. Everything else takes a name from the tables (find_engine, backend_for, default_backend, ...).
 #pragma once
 
 #include <string_view>

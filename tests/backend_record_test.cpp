@@ -192,13 +192,13 @@ TEST(BackendRecord, MpiVariablesSetOrChangedAreNamed) {
   // Recorded on a built-in MPI backend, and only those that are set.
   if (!find_backend("mpi")) GTEST_SKIP() << "this build has no MPI backend";
   Target mpi;
-  mpi.comm = "mpi";
+  mpi.backend = find_backend("mpi");
   const BackendRecord rec = record_backend(mpi);
   EXPECT_EQ(rec.env_prefixes, mpi_env_prefixes());
   EXPECT_EQ(rec.library_env.at("OMPI_MCA_coll_tuned_allreduce_algorithm"), std::optional<std::string>("2"));
   EXPECT_FALSE(rec.library_env.contains("MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"));
   Target local;
-  local.comm = "local";
+  local.backend = find_backend("local");
   EXPECT_TRUE(record_backend(local).to_json() == nlohmann::json({{"plugins", nlohmann::json::array()}}))
       << record_backend(local).to_json().dump();
 }
@@ -207,7 +207,7 @@ TEST(BackendRecord, TheReplayLineSetsTheRecordedVariables) {
   BackendRecord r;
   EXPECT_EQ(recorded_env_prefix(r), "");
   Target local;
-  local.comm = "local";
+  local.backend = find_backend("local");
   EXPECT_EQ(bundle_replay_command(local, "b", &r), "dpcheck replay b");
   r.plugins.push_back(gloo_like());
   EXPECT_EQ(bundle_replay_command(local, "b", &r), "DPCHECK_GLOO_ALGORITHM=ring dpcheck replay b");
@@ -220,7 +220,7 @@ TEST(BackendRecord, TheReplayLineSetsTheRecordedVariables) {
 TEST(BackendRecord, APluginsVariablesAreRecorded) {
   set_env(kOrder, "own");
   Target t;
-  t.comm = kOrderPlugin;
+  t.backend = &backend_for("cpu", kOrderPlugin);
   const BackendRecord r = record_backend(t);
   ASSERT_EQ(r.plugins.size(), 1u);
   const PluginRecord& p = r.plugins[0];
@@ -304,6 +304,30 @@ TEST(BackendRecord, AChangedVariableIsNamedOnReplayAndAnUnchangedOneIsNot) {
   const CommandResult local = run_command("env -u DPCHECK_TEST_COMM_ORDER " + replay + " --comm local", 120);
   EXPECT_EQ(local.status, 0) << local.output;
   EXPECT_EQ(warnings_in(local.output), 0u) << local.output;
+}
+
+// A bundle names its target by name, and replay finds the rows once it knows the target it runs: a
+// bundle whose plugin is gone from this machine is refused on its own target in one line naming the
+// plugin, and replays re-targeted to another communicator.
+TEST(BackendRecord, ABundleWhosePluginIsGoneReplaysOnAnotherCommunicator) {
+  const ScratchDir dir;
+  const fs::path bundle = failing_bundle(dir.path(), kOrderPlugin, "DPCHECK_TEST_COMM_ORDER=own");
+  ASSERT_FALSE(bundle.empty());
+  const std::string gone = (dir.path() / "moved" / "libdpcheck_test_comm_order.so").string();
+  nlohmann::json m = nlohmann::json::parse(read_file(bundle / "manifest.json"));
+  m["target"]["comm"] = gone;
+  std::ofstream(bundle / "manifest.json", std::ios::trunc) << m.dump(2) << "\n";
+  EXPECT_EQ(read_bundle(bundle).manifest.target.comm, gone);  // read, not loaded
+
+  const std::string replay =
+      "env -u DPCHECK_TEST_COMM_ORDER " + std::string(DPCHECK_BINARY) + " replay " + bundle.string();
+  const CommandResult own = run_command(replay, 120);
+  EXPECT_EQ(own.status, 2) << own.output;
+  EXPECT_NE(own.output.find(gone), std::string::npos) << own.output;
+  EXPECT_EQ(own.output.find('\n'), own.output.size() - 1) << own.output;
+  const CommandResult local = run_command(replay + " --comm local", 120);
+  EXPECT_EQ(local.status, 0) << local.output;
+  EXPECT_NE(local.output.find("(re-targeted)"), std::string::npos) << local.output;
 }
 
 // A bundle written before bundles named their backend replays as it did, saying that nothing is compared.

@@ -51,8 +51,8 @@ std::string why_not_here(const EngineRow& engine) {
 // A target of this row, with a launcher's world where the row needs one.
 Target target_of(const Backend& b, LocalWorld& launcher) {
   Target t;
-  t.engine = b.engine;
-  t.comm = b.name;
+  t.engine = &find_engine(b.engine);
+  t.backend = &b;
   if (b.needs_launcher()) t.process_world = &launcher.comm(0);
   return t;
 }
@@ -70,7 +70,7 @@ TEST(Backends, EveryRowValidatesWithItsEngineAndIsRefusedWithAnyOther) {
     for (const EngineRow& other : engines()) {
       if (other.name == b.engine) continue;
       Target t = target_of(b, launcher);
-      t.engine = other.name;
+      t.engine = &other;
       const std::string message = usage_error([&] { validate_target(t); });
       EXPECT_EQ(message.find('\n'), std::string::npos) << message;
       EXPECT_TRUE(contains(message, "engine " + std::string(other.name))) << message;
@@ -92,7 +92,6 @@ TEST(Backends, UnknownNamesAreRefusedListingTheRows) {
   for (const Backend& b : backends()) EXPECT_TRUE(contains(comm, b.name)) << comm;
   for (const EngineRow& e : engines()) EXPECT_TRUE(contains(comm, "the " + std::string(e.name) + " engine")) << comm;
   EXPECT_EQ(find_backend("carrier-pigeon"), nullptr);
-  EXPECT_EQ(default_comm("quantum"), "");
 }
 
 TEST(Backends, EveryEngineHasOneDefaultRowAndTheTargetStartsThere) {
@@ -100,16 +99,40 @@ TEST(Backends, EveryEngineHasOneDefaultRowAndTheTargetStartsThere) {
     const auto defaults = std::count_if(backends().begin(), backends().end(),
                                         [&](const Backend& b) { return b.engine == e.name && b.engine_default; });
     EXPECT_EQ(defaults, 1) << e.name;
-    const Backend* b = find_backend(default_comm(e.name));
-    ASSERT_NE(b, nullptr) << e.name;
-    EXPECT_EQ(b->engine, e.name);
-    EXPECT_TRUE(b->engine_default);
+    const Backend& b = default_backend(e);
+    EXPECT_EQ(b.engine, e.name);
+    EXPECT_TRUE(b.engine_default);
   }
   EXPECT_EQ(default_engine(), engines()[0].name);
   const Target t;
-  EXPECT_EQ(t.engine, "cpu");
-  EXPECT_EQ(t.comm, "local");
-  EXPECT_EQ(default_comm("cuda"), "cuda-local");
+  EXPECT_EQ(t.engine->name, "cpu");
+  EXPECT_EQ(t.backend->name, "local");
+  EXPECT_EQ(&default_backend(find_engine("cuda")), find_backend("cuda-local"));
+}
+
+// A target by name resolves to the rows once, and back to the same names; an empty --comm is the
+// engine's default; a name that no row has, or two that do not go together, is refused as the options'
+// validation refuses it.
+TEST(Backends, ARecordResolvesToItsRowsAndBack) {
+  const Target plain = resolve_target({});
+  EXPECT_EQ(plain.engine, &default_engine_row());
+  EXPECT_EQ(plain.backend, &default_backend(default_engine_row()));
+  EXPECT_EQ(resolve_target({.engine = "cuda"}).backend, find_backend("cuda-local"));
+  const TargetRecord simulated{.engine = "cpu",
+                               .comm = "simulated",
+                               .kernels = "",
+                               .mutant = "allreduce-rank-order",
+                               .tf32 = false,
+                               .precision = Precision::bf16,
+                               .timeout = std::chrono::milliseconds(1234)};
+  const Target t = resolve_target(simulated);
+  EXPECT_EQ(t.backend, find_backend("simulated"));
+  EXPECT_EQ(target_record(t), simulated);
+  EXPECT_EQ(target_from_json(target_to_json(t)).comm, "simulated");
+  EXPECT_EQ(usage_error([] { resolve_target({.engine = "quantum"}); }),
+            "unknown engine 'quantum' (choose cpu or cuda)");
+  EXPECT_TRUE(contains(usage_error([] { resolve_target({.comm = "carrier-pigeon"}); }), "unknown --comm"));
+  EXPECT_TRUE(contains(usage_error([] { resolve_target({.engine = "cuda", .comm = "local"}); }), "--engine cpu"));
 }
 
 // Every engine row builds its engine and optimizer, says what it can do consistently, and is what the
@@ -126,8 +149,10 @@ TEST(Backends, EngineRowsBuildTheirPartsAndAreWhatEveryoneElseNames) {
   EXPECT_EQ(engine_for_memory(MemorySpace::device).name, "cuda");
   EXPECT_EQ(engines_with(&EngineRow::low_precision), "the cpu and cuda engines");
   EXPECT_EQ(engines_with(&EngineRow::tf32), "the cuda engine");
-  EXPECT_EQ(process_comm("cpu"), "mpi");
-  EXPECT_EQ(process_comm("cuda"), "nccl");
+  EXPECT_EQ(process_backend(find_engine("cpu")), find_backend("mpi"));
+  EXPECT_EQ(process_backend(find_engine("cuda")), find_backend("nccl"));
+  EXPECT_EQ(simulated_backend(find_engine("cpu")), find_backend("simulated"));
+  EXPECT_EQ(simulated_backend(find_engine("cuda")), nullptr);
   for (const MutantInfo& m : mutants()) {
     if (!m.engine.empty()) {
       EXPECT_NO_THROW((void)find_engine(m.engine)) << m.name;
@@ -137,7 +162,7 @@ TEST(Backends, EngineRowsBuildTheirPartsAndAreWhatEveryoneElseNames) {
   const Target t;
   const ModelConfig model{{4, 3, 2}, Activation::relu, Loss::mse};
   const std::unique_ptr<Engine> engine = make_engine(t, model);
-  EXPECT_EQ(engine->name(), t.engine);
+  EXPECT_EQ(engine->name(), t.engine->name);
   EXPECT_EQ(engine->param_count(), ParamLayout(model).size());
   OptimizerConfig sgd;
   EXPECT_NE(make_optimizer(t, sgd, engine->param_count(), 0, 1), nullptr);
@@ -213,7 +238,7 @@ TEST(Backends, ThresholdsComeFromTheRow) {
   EXPECT_FALSE(comm_thresholds(local, 4).empty());
   LocalWorld launcher(3);
   Target mpi;
-  mpi.comm = "mpi";
+  mpi.backend = find_backend("mpi");
   mpi.process_world = &launcher.comm(0);
   EXPECT_EQ(comm_thresholds(mpi, 3), launcher.comm(0).algorithm_thresholds(DType::f32));
 }
@@ -297,10 +322,10 @@ TEST(BackendsRegistered, ARowAddedAtRunTimeIsUsedEverywhere) {
   EXPECT_EQ(backends().size(), before + 1);
   EXPECT_EQ(&backends().back(), &row);
   EXPECT_EQ(find_backend("local"), local);  // earlier rows stay where they are
-  EXPECT_EQ(default_comm("cpu"), "local");
+  EXPECT_EQ(&default_backend(find_engine("cpu")), local);
 
   Target t;
-  t.comm = "test-relay";
+  t.backend = find_backend("test-relay");
   t.world_size = 3;
   EXPECT_NO_THROW(validate_target(t));
   EXPECT_TRUE(contains(comm_option_help(), "test-relay (the local backend relayed, as a plugin's row)"));

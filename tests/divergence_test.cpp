@@ -93,7 +93,7 @@ TEST_P(LiveGradientCheck, CatchesAtTheFirstStepThePropertyFails) {
       }
       Scenario s = *gen_scenario(space);
       Target on = target;
-      if (s.simulated) on.comm = "simulated";
+      if (s.simulated) on.backend = find_backend("simulated");
       std::int64_t offline = -1;
       for (int k = 0; k < s.train.steps && offline < 0; ++k) {
         s.at_step = k;

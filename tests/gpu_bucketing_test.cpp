@@ -25,9 +25,7 @@ namespace dpcheck {
 namespace {
 
 Target cuda_local(int world) {
-  Target t;
-  t.engine = "cuda";
-  t.comm = "cuda-local";
+  Target t = resolve_target({.engine = "cuda", .comm = "cuda-local"});
   t.world_size = world;
   return t;
 }

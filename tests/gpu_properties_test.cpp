@@ -33,9 +33,7 @@ constexpr int kCases = 50;
 constexpr std::uint64_t kSeed = 20261130;
 
 Target gpu_target(bool tf32 = false, std::string mutant = {}) {
-  Target t;
-  t.engine = "cuda";
-  t.comm = "cuda-local";
+  Target t = resolve_target({.engine = "cuda", .comm = "cuda-local"});
   t.tf32 = tf32;
   t.mutant = std::move(mutant);
   return t;

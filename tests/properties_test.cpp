@@ -144,7 +144,7 @@ float rank0_scale(const Target& target, std::int64_t examples, int world) {
 // scales are the trainer's bits there, and past 2^24 they are not.
 TEST(Properties, Float32CountsAreRightBelow2To24AndWrongPastIt) {
   Target broken;
-  broken.comm = "simulated";
+  broken.backend = find_backend("simulated");
   broken.mutant = "share-weight-float32";
   Target right = broken;
   right.mutant.clear();

@@ -189,18 +189,17 @@ TEST(ReplayCommand, EveryBackend) {
             "--reproduce 'p:c:0'");
   LocalWorld world(3);
   Target mpi;
-  mpi.comm = "mpi";
+  mpi.backend = find_backend("mpi");
   mpi.process_world = &world.comm(0);
   mpi.world_size = 3;
   EXPECT_EQ(reproduce_command(mpi, {}, t),
             "mpirun -np 3 dpcheck verify --comm mpi --precision fp32 --allreduce-dtype fp32 --reproduce 'p:c:0'");
   Target cuda_local;
-  cuda_local.engine = "cuda";
-  cuda_local.comm = "cuda-local";
+  cuda_local = resolve_target({.engine = "cuda", .comm = "cuda-local"});
   cuda_local.world_size = 2;
   EXPECT_EQ(reproduce_command(cuda_local, {}, t), "dpcheck verify --engine cuda --world-size 2 --reproduce 'p:c:0'");
   Target nccl_threads = cuda_local;
-  nccl_threads.comm = "nccl";
+  nccl_threads.backend = find_backend("nccl");
   nccl_threads.tf32 = true;
   EXPECT_EQ(reproduce_command(nccl_threads, {}, t),
             "dpcheck verify --engine cuda --comm nccl --tf32 --world-size 2 --reproduce 'p:c:0'");
@@ -233,8 +232,8 @@ TEST(ReplayCommand, EveryRowOfTheBackendTable) {
     for (const bool processes : {false, true}) {
       if (processes ? !b.may_run_under_launcher() : !b.ranks_as_threads()) continue;
       Target target;
-      target.engine = b.engine;
-      target.comm = b.name;
+      target.engine = &find_engine(b.engine);
+      target.backend = &b;
       target.mutant = "allreduce-rank-order";
       target.world_size = processes ? 3 : 2;
       if (processes) target.process_world = &launcher.comm(0);
@@ -253,9 +252,7 @@ TEST(ReplayCommand, EveryRowOfTheBackendTable) {
       // Read back as verify reads it: the defaults where a flag is absent.
       std::string engine = flag_value(line, "--engine");
       if (engine.empty()) engine = default_engine();
-      std::string comm = flag_value(line, "--comm");
-      if (comm.empty()) comm = default_comm(engine);
-      EXPECT_EQ(&backend_for(engine, comm), &b);
+      EXPECT_EQ(resolve_target({.engine = engine, .comm = flag_value(line, "--comm")}).backend, &b);
       EXPECT_EQ(flag_value(line, "--engine").empty(), b.engine == default_engine());
       EXPECT_EQ(flag_value(line, "--comm").empty(), b.engine_default);
     }

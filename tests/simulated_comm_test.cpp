@@ -138,7 +138,7 @@ TEST(SimulatedComm, RanksThatDisagreeOnTheirCallsAreNamed) {
 // Every rank's parameters after each step, for `config` trained on `world` ranks of backend `comm`.
 std::vector<std::vector<float>> train_params(const std::string& comm, const TrainConfig& config, int world) {
   Target target;
-  target.comm = comm;
+  target.backend = find_backend(comm);
   const SyntheticDataset data(config.data_size(), config.model, config.seed);
   std::vector<std::vector<float>> out;
   run_world(target, world, [&](Communicator& c) {
@@ -203,7 +203,7 @@ TEST(SimulatedComm, AWorldOf4096RanksHoldsOneCallsPartialResult) {
   c.optimizer.kind = OptimizerKind::adam;
   c.optimizer.lr = 0.01;
   Target target;
-  target.comm = "simulated";
+  target.backend = find_backend("simulated");
   const SyntheticDataset data(c.data_size(), c.model, c.seed);
   std::size_t most = 0;
   std::int64_t global = 0;

@@ -18,9 +18,9 @@ reference::BoundOptions bound_options(const Target& target) {
   // Tensor cores may accumulate with truncation rather than rounding to nearest (Fasi, Higham, Mikaitis
   // and Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ Comput. Sci. 7, 2021), which doubles
   // float32's unit roundoff in the accumulation: the bound allows it on the cuda engine's products.
-  if (target.precision != Precision::fp32 && target.engine_row().products_may_truncate) o.unit_roundoff = 0x1p-23;
+  if (target.precision != Precision::fp32 && target.engine->products_may_truncate) o.unit_roundoff = 0x1p-23;
   o.allreduce_format = target.allreduce_dtype == DType::bf16 ? Precision::bf16 : Precision::fp32;
-  if (target.backend().rank_order) o.allreduce_schedule = reference::AllreduceSchedule::rank_order;
+  if (target.backend->rank_order) o.allreduce_schedule = reference::AllreduceSchedule::rank_order;
   return o;
 }
 

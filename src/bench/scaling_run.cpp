@@ -247,11 +247,11 @@ nlohmann::json measure_world(const Setup& s, Communicator& comm) {
 
 std::vector<nlohmann::json> measure_worlds(const Setup& s, int world_size, const std::vector<std::string>& worker_args,
                                            const std::function<void(int n)>& on_world) {
-  const Backend& row = s.target.backend();
+  const Backend& row = *s.target.backend;
   bench::MpiWorkerLaunch launch;
   if (row.needs_launcher()) {
     launch.mpirun = find_in_path("mpirun");
-    if (launch.mpirun.empty()) throw UsageError("--comm " + s.target.comm + " runs under mpirun, which is not on PATH");
+    if (launch.mpirun.empty()) throw UsageError("--comm " + row.name + " runs under mpirun, which is not on PATH");
     launch.dpcheck = self_executable().string();
   }
   std::vector<nlohmann::json> worlds;
@@ -326,8 +326,8 @@ nlohmann::json make_report(const Setup& s, const std::vector<nlohmann::json>& wo
   return {{"command", "bench scaling"},
           {"model", dims_string(t.model.dims)},
           {"batch", t.batch},
-          {"engine", s.target.engine},
-          {"comm", s.target.comm},
+          {"engine", s.target.engine->name},
+          {"comm", s.target.backend->name},
           {"gradient_bytes", static_cast<std::int64_t>(gradient_bytes)},
           {"bucket_mb", s.bucket_mb},
           {"fit", fit ? nlohmann::json{{"alpha_us", fit->model.alpha * 1e6},

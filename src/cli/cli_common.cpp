@@ -102,7 +102,7 @@ std::vector<float> load_params_dir(const std::string& dir, const ModelConfig& mo
 }
 
 int resolve_world(Target& target, int requested, bool given) {
-  const Backend& backend = target.backend();
+  const Backend& backend = *target.backend;
   if (Communicator* world = world_of_processes(backend, process_world())) {
     if (given && requested != world->size())
       throw UsageError("--world-size " + std::to_string(requested) + " disagrees with the launcher's " +
@@ -349,16 +349,15 @@ bool TargetOptions::given(const std::string& option) const {
 Target TargetOptions::target() const {
   // --world-size is checked here alone, for every command that takes it.
   if (given("--world-size") && world_size < 1) throw UsageError("--world-size must be at least 1");
-  Target t;
-  t.engine = engine;
-  t.comm = given("--comm") ? comm : default_comm(engine);
-  t.kernels = kernels;
-  t.mutant = mutant;
+  Target t = resolve_target({.engine = engine,
+                             .comm = given("--comm") ? comm : "",
+                             .kernels = kernels,
+                             .mutant = mutant,
+                             .tf32 = tf32,
+                             .precision = precision.value(),
+                             .timeout = timeout.value()});
   t.world_size = world_size;
-  t.tf32 = tf32;
-  t.precision = precision.value();
   t.allreduce_dtype = allreduce_dtype.value();
-  t.timeout = timeout.value();
   return t;
 }
 
@@ -370,8 +369,8 @@ Target TargetOptions::resolved() const {
 
 std::string TargetOptions::flags(const Target& t) {
   std::string out;
-  if (t.engine != default_engine()) out += " --engine " + t.engine;
-  if (t.comm != default_comm(t.engine)) out += " --comm " + shell_word(t.comm);
+  if (t.engine != &default_engine_row()) out += " --engine " + std::string(t.engine->name);
+  if (!t.backend->engine_default) out += " --comm " + shell_word(t.backend->name);
   if (!t.kernels.empty()) out += " --kernels " + shell_word(t.kernels);
   if (!t.mutant.empty()) out += " --mutant " + t.mutant;
   if (t.tf32) out += " --tf32";

@@ -191,8 +191,9 @@ class TargetOptions {
   // Whether the option was on the command line (after parsing).
   bool given(const std::string& option) const;
 
-  // The Target the options give: the engine's default communicator unless --comm was given, and the
-  // --world-size asked for (unresolved). UsageError on a bad --precision, --allreduce-dtype or --timeout.
+  // The Target the options give, its rows found (resolve_target): the engine's default communicator
+  // unless --comm was given, and the --world-size asked for (unresolved). UsageError on an unknown
+  // --engine or --comm, or a bad --precision, --allreduce-dtype or --timeout.
   Target target() const;
   // target() with its world resolved against the launcher (resolve_world) and recorded in world_size.
   Target resolved() const;

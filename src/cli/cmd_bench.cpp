@@ -391,8 +391,8 @@ int run_trace_bench(TraceArgs& a) {
   const double p = bench::median(plain), q = bench::median(traced);
   const double overhead = q / p - 1;
   std::printf("dpcheck bench trace: model %s, batch %lld, %d ranks, engine %s; median of %d steps after %d untimed\n",
-              dims_string(t.model.dims).c_str(), static_cast<long long>(t.batch), world, target.engine.c_str(), a.steps,
-              a.warmup);
+              dims_string(t.model.dims).c_str(), static_cast<long long>(t.batch), world,
+              std::string(target.engine->name).c_str(), a.steps, a.warmup);
   std::printf("%-22s %12s\n", "", "ms a step");
   std::printf("%-22s %12.3f\n", "step", p * 1e3);
   std::printf("%-22s %12.3f\n", "step with --trace", q * 1e3);
@@ -400,7 +400,7 @@ int run_trace_bench(TraceArgs& a) {
   const nlohmann::json figures{{"model", dims_string(t.model.dims)},
                                {"batch", t.batch},
                                {"world_size", world},
-                               {"engine", target.engine},
+                               {"engine", target.engine->name},
                                {"step_s", p},
                                {"traced_step_s", q},
                                {"overhead", overhead},

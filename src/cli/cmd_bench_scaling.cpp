@@ -78,7 +78,7 @@ std::vector<std::string> worker_args(const ScalingArgs& a) {
           "--activation", a.model.activation,       "--loss",      a.model.loss,
           "--batch",      std::to_string(a.batch),  "--steps",     std::to_string(a.steps),
           "--warmup",     std::to_string(a.warmup), "--bucket-mb", exact_text(a.bucket_mb),
-          "--engine",     a.target.engine,          "--comm",      target_of(a).comm};
+          "--engine",     a.target.engine,          "--comm",      target_of(a).backend->name};
 }
 
 void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
@@ -97,10 +97,10 @@ void validate(const ScalingArgs& a, Communicator* worker_world = nullptr) {
   if (worker) target.world_size = worker_world->size();
   // A backend whose ranks are a launcher's processes is checked by the workers, under the mpirun that
   // bench scaling starts for each N.
-  const Backend& row = target.backend();
+  const Backend& row = *target.backend;
   if (worker || !row.needs_launcher()) validate_target(target);
   else if (!mpi_available())
-    throw UsageError("--comm " + target.comm + ": this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");
+    throw UsageError("--comm " + row.name + ": this build has no MPI backend (configure with -DDPCHECK_MPI=ON)");
   const TrainConfig t = scaling::train_config(a.model.config(), a.batch);
   t.validate(a.world_size);
   if (!worker) check_train_size(t, a.world_size, target);

@@ -56,13 +56,13 @@ std::string capabilities_line(const ConformCliOptions& o) {
 }
 
 std::string plugin_title(const ConformCliOptions& o) {
-  const std::string path = o.target.kernels.empty() ? o.target.comm : o.target.kernels;
+  const std::string path = o.target.kernels.empty() ? o.target.backend->name : o.target.kernels;
   for (const PluginIdentity& p : target_plugins(o.target))
     if (p.path == path && (p.option == "--kernels") == !o.target.kernels.empty())
       return path + ", '" + p.name + "'" + (p.version.empty() ? std::string() : " " + p.version) + ", plugin ABI " +
              std::to_string(p.abi);
   // A built-in backend: MPI's own collectives name the library, and the algorithm when one is forced.
-  if (const Backend& row = o.target.backend(); row.mpi != MpiUse::none) {
+  if (const Backend& row = *o.target.backend; row.mpi != MpiUse::none) {
     std::string title = path;
     if (const std::string v = mpi_library_version(); !v.empty()) title += ", " + v;
     const char* dynamic = std::getenv("OMPI_MCA_coll_tuned_use_dynamic_rules");
@@ -77,8 +77,8 @@ std::string plugin_title(const ConformCliOptions& o) {
 nlohmann::json to_json(const ConformCliOptions& o, std::uint64_t seed, int world, const std::vector<ConformRow>& rows,
                        bool passed) {
   nlohmann::json plugin{{"kind", o.target.kernels.empty() ? "comm" : "kernels"},
-                        {"path", o.target.kernels.empty() ? o.target.comm : o.target.kernels},
-                        {"engine", o.target.engine},
+                        {"path", o.target.kernels.empty() ? o.target.backend->name : o.target.kernels},
+                        {"engine", o.target.engine->name},
                         {"name", nullptr},
                         {"version", nullptr},
                         {"abi", nullptr}};
@@ -122,17 +122,17 @@ std::string to_junit(const ConformCliOptions& o, const std::vector<ConformRow>& 
 // Refuses what cannot run (UsageError), before any output; sets the target's timeout, precision and
 // world, and returns the world size.
 int check_conform_request(ConformCliOptions& o) {
-  o.target = o.target_options.target();
-  const bool kernels = !o.target.kernels.empty();
+  const bool kernels = !o.target_options.kernels.empty();
   const bool comm_given = o.target_options.given("--comm");
   if (kernels && comm_given)
     throw UsageError("conform checks one plugin at a time: give --comm PATH or --kernels PATH, not both");
   if (!kernels && !comm_given)
     throw UsageError("conform needs a plugin: --comm PATH (a communicator) or --kernels PATH (kernels)");
+  o.target = o.target_options.target();
   // A built-in backend is checked as a plugin is: mpi-native under mpirun is MPI's own collectives, whose
   // algorithm Open MPI's MCA parameters choose (docs: "MPI's own all-reduce").
-  if (!kernels && !looks_like_plugin_path(o.target.comm) && o.target.comm == default_comm(o.target.engine))
-    throw UsageError("--comm " + o.target.comm +
+  if (!kernels && o.target.backend->engine_default)
+    throw UsageError("--comm " + o.target.backend->name +
                      ": conform checks a communicator other than dpcheck's default; give "
                      "the path to a plugin's shared object (e.g. ./libmy_comm.so) or another backend (mpi-native)");
   if (o.cases < 1) throw UsageError("--cases must be at least 1");
@@ -204,7 +204,7 @@ ConformRequest conform_request(const ConformCliOptions& o) {
 std::string conform_header(const ConformCliOptions& o, int world, std::uint64_t seed) {
   const bool kernels = !o.target.kernels.empty();
   return "dpcheck conform: " + std::string(kernels ? "kernels " : "communicator ") + plugin_title(o) + " (engine " +
-         o.target.engine + "), " +
+         std::string(o.target.engine->name) + "), " +
          (kernels
               ? std::string("properties with ") + (o.target.world_size > 0 ? std::to_string(world) : "1-8") + " ranks"
               : "world size " + std::to_string(world) + (o.target.process_world ? " (processes)" : " (threads)")) +

@@ -52,9 +52,9 @@ Target trace_target(const std::string& path, const char* option, const Target& o
       !header["target"].is_object())
     throw UsageError(where + ": not a trace of train --trace (no \"target\" in its header)");
   try {
-    Target t = target_from_json(header["target"]);
+    TargetRecord t = target_from_json(header["target"]);
     t.timeout = options.timeout;
-    return t;
+    return resolve_target(t);
   } catch (const UsageError& e) {
     throw UsageError(where + ": " + e.what());
   }

@@ -41,7 +41,8 @@ struct ReplayOptions {
 // What a replay runs: the step and its state, the target, and what the run recorded.
 struct ReplaySetup {
   ReplayInput in;
-  Target target, recorded_target;
+  Target target;
+  TargetRecord recorded_target;  // the bundle's, by name (the default target for a checkpoint directory)
   std::optional<StepFailure> recorded;
   std::optional<Checkpoint> start;
   std::string data_x, data_y;
@@ -70,7 +71,7 @@ void read_bundle_input(const ReplayOptions& o, ReplaySetup& s) {
   s.start = std::move(b.start);
   s.in.step = b.manifest.failure.step;
   s.in.indices = b.manifest.indices;
-  s.target = b.manifest.target;
+  s.recorded_target = b.manifest.target;
   s.recorded = b.manifest.failure;
   s.recorded_backend = b.manifest.backend;
   s.data_x = b.manifest.x;
@@ -101,26 +102,26 @@ void read_checkpoint_input(const ReplayOptions& o, ReplaySetup& s) {
   s.in.step = o.step;
   s.in.checks.finite = true;
   s.in.checks.gradient_every = 1;
-  s.target.engine = default_engine();
-  s.target.comm = default_comm(s.target.engine);
+  s.recorded_target = target_record(Target{});
 }
 
 // The command line re-targets: another engine (and its communicator), communicator, kernels, mutant.
 void retarget(const ReplayOptions& o, ReplaySetup& s) {
-  s.recorded_target = s.target;
+  TargetRecord want = s.recorded_target;
   const TargetOptions& to = o.target;
   if (to.given("--engine")) {
-    s.target.engine = to.engine;
-    if (!to.given("--comm")) s.target.comm = default_comm(to.engine);
-    if (!to.given("--tf32")) s.target.tf32 = false;
-    if (!to.given("--kernels")) s.target.kernels.clear();
+    want.engine = to.engine;
+    if (!to.given("--comm")) want.comm.clear();  // the engine's default
+    if (!to.given("--tf32")) want.tf32 = false;
+    if (!to.given("--kernels")) want.kernels.clear();
   }
-  if (to.given("--comm")) s.target.comm = to.comm;
-  if (to.given("--kernels")) s.target.kernels = to.kernels;
-  if (to.given("--mutant")) s.target.mutant = to.mutant == "none" ? "" : to.mutant;
-  if (to.given("--tf32")) s.target.tf32 = to.tf32;
-  if (to.given("--precision")) s.target.precision = to.precision.value();
-  if (to.given("--timeout")) s.target.timeout = to.timeout.value();
+  if (to.given("--comm")) want.comm = to.comm;
+  if (to.given("--kernels")) want.kernels = to.kernels;
+  if (to.given("--mutant")) want.mutant = to.mutant == "none" ? "" : to.mutant;
+  if (to.given("--tf32")) want.tf32 = to.tf32;
+  if (to.given("--precision")) want.precision = to.precision.value();
+  if (to.given("--timeout")) want.timeout = to.timeout.value();
+  s.target = resolve_target(want);
   if (o.given("--check-finite")) s.in.checks.finite = true;
   if (o.given("--check-gradient-every")) {
     if (o.checks.gradient_every < 0) throw UsageError("--check-gradient-every must be at least 0");
@@ -132,9 +133,9 @@ void retarget(const ReplayOptions& o, ReplaySetup& s) {
   s.world = resolve_world(s.target, s.in.world_size, true);
   s.target.world_size = s.world;
   validate_target(s.target);
-  s.retargeted = s.target.engine != s.recorded_target.engine || s.target.comm != s.recorded_target.comm ||
-                 s.target.kernels != s.recorded_target.kernels || s.target.mutant != s.recorded_target.mutant ||
-                 s.target.tf32 != s.recorded_target.tf32 || s.target.precision != s.recorded_target.precision;
+  TargetRecord now = target_record(s.target);
+  now.timeout = s.recorded_target.timeout;  // a longer wait runs the same step
+  s.retargeted = now != s.recorded_target;
 }
 
 // The backend about to run against the one the bundle recorded. Replay sets nothing itself: a variable
@@ -153,7 +154,12 @@ void print_backend_warnings(const ReplayOptions& o, const ReplaySetup& s) {
         "compared\n");
   for (const std::string& w : s.backend_warnings) std::printf("warning: %s\n", w.c_str());
   if (!s.backend_warnings.empty() && !recorded_env_prefix(*s.recorded_backend).empty()) {
-    Target recorded = s.recorded_target;
+    // The launcher of the recorded communicator (this replay's, where that one no longer loads here).
+    Target recorded = s.target;
+    try {
+      recorded = resolve_target(s.recorded_target);
+    } catch (const UsageError&) {
+    }
     recorded.process_world = s.target.process_world;  // the launcher in front, as this replay was started
     std::printf("to replay with the bundle's environment: %s\n",
                 bundle_replay_command(recorded, o.path, &*s.recorded_backend).c_str());
@@ -269,11 +275,11 @@ int replay_torch(ReplayOptions& o) {
   }
   const torchjob::RecordedStep st = torchjob::read_recorded_step(rec, step);
   // dpcheck's trainer on the same step, on the options' target (by default the cpu engine).
-  Target t;
-  if (o.target.given("--engine")) t.engine = o.target.engine, t.comm = default_comm(t.engine);
-  else t.engine = "cpu", t.comm = default_comm("cpu");
-  if (o.target.given("--comm")) t.comm = o.target.comm;
-  if (o.target.given("--timeout")) t.timeout = o.target.timeout.value();
+  TargetRecord want;
+  if (o.target.given("--engine")) want.engine = o.target.engine;
+  if (o.target.given("--comm")) want.comm = o.target.comm;
+  if (o.target.given("--timeout")) want.timeout = o.target.timeout.value();
+  Target t = resolve_target(want);
   t.world_size = h.world_size;
   validate_target(t);
 

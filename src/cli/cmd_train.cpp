@@ -204,9 +204,8 @@ int run_train(TrainOptions& o) {
   const TrainingOutcome out = run_training(target, o.train, target.world_size, *data, params, resume, o.run, listener);
   listener.done();
   if (printing && (!o.report.empty() || !o.html.empty())) write_reports(o, target, out);
-  const char* passed = target.backend().simulated
-                           ? "all steps ran (simulated ranks share one replica: no replica check)"
-                           : "all steps passed the replica check";
+  const char* passed = target.backend->simulated ? "all steps ran (simulated ranks share one replica: no replica check)"
+                                                 : "all steps passed the replica check";
   if (printing) std::printf("%s\n", out.passed ? passed : ("FAILED: " + out.failure).c_str());
   return out.passed ? exit_ok : exit_check_failed;
 }

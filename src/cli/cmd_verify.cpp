@@ -220,12 +220,12 @@ void prepare_target(VerifyOptions& o) {
       run.batch = 512;
       run.dataset = 3 * 512;
     }
-    run.ranks_are_threads = !o.target.process_world && !o.target.backend().simulated;
+    run.ranks_are_threads = !o.target.process_world && !o.target.backend->simulated;
     check_run_size(run);
   }
   // A simulated world's case trains every rank's share, N examples a step at least: past 64 ranks the
   // default is 6400 / N cases per property, at least 10 (10 at 4096 ranks, about half a minute).
-  if (!o.cases_given && o.target.backend().simulated && o.target.world_size > 64)
+  if (!o.cases_given && o.target.backend->simulated && o.target.world_size > 64)
     o.cases = std::max(10, 6400 / o.target.world_size);
 }
 

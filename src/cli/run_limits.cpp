@@ -104,8 +104,8 @@ void check_train_size(const TrainConfig& t, int world, const Target& target, boo
   needs.batch = t.batch;
   needs.dataset = t.data_size();
   needs.world_size = world;
-  needs.ranks_are_threads = target.process_world == nullptr && !target.backend().simulated;
-  needs.replicas_on_host = target.engine_row().memory == MemorySpace::host;
+  needs.ranks_are_threads = target.process_world == nullptr && !target.backend->simulated;
+  needs.replicas_on_host = target.engine->memory == MemorySpace::host;
   needs.optimizer_blocks = t.optimizer.kind == OptimizerKind::adam       ? 2
                            : t.optimizer.kind == OptimizerKind::momentum ? 1
                                                                          : 0;

@@ -207,6 +207,7 @@ template <class Item> std::string by_engine(const Item& item, std::string_view s
 std::span<const EngineRow> engines() { return kEngines; }
 
 std::string_view default_engine() { return kEngines[0].name; }
+const EngineRow& default_engine_row() { return kEngines[0]; }
 
 const EngineRow& find_engine(std::string_view name) {
   for (const EngineRow& e : kEngines)
@@ -276,22 +277,32 @@ const Backend& backend_for(std::string_view engine, std::string_view comm) {
   if (!b)
     throw UsageError("unknown --comm '" + std::string(comm) + "' (choose " +
                      by_engine([](const Backend& row) { return row.name; }, ", ") + ")");
-  if (b->engine != e.name)
-    throw UsageError("engine " + std::string(e.name) + " runs with --comm " + or_list(comms_of(e.name)) + ", not '" +
-                     b->name + "' (" + b->name + " is for --engine " + b->engine + ")");
+  require_same_engine(e, *b);
   return *b;
 }
 
-std::string default_comm(std::string_view engine) {
-  for (const Backend& b : table())
-    if (b.engine == engine && b.engine_default) return b.name;
-  return {};
+void require_same_engine(const EngineRow& e, const Backend& b) {
+  if (b.engine != e.name)
+    throw UsageError("engine " + std::string(e.name) + " runs with --comm " + or_list(comms_of(e.name)) + ", not '" +
+                     b.name + "' (" + b.name + " is for --engine " + b.engine + ")");
 }
 
-std::string process_comm(std::string_view engine) {
+const Backend& default_backend(const EngineRow& engine) {
   for (const Backend& b : table())
-    if (b.engine == engine && b.may_run_under_launcher()) return b.name;
-  return {};
+    if (b.engine == engine.name && b.engine_default) return b;
+  throw Error("the " + std::string(engine.name) + " engine has no default communicator");
+}
+
+const Backend* process_backend(const EngineRow& engine) {
+  for (const Backend& b : table())
+    if (b.engine == engine.name && b.may_run_under_launcher()) return &b;
+  return nullptr;
+}
+
+const Backend* simulated_backend(const EngineRow& engine) {
+  for (const Backend& b : table())
+    if (b.engine == engine.name && b.simulated) return &b;
+  return nullptr;
 }
 
 Communicator* world_of_processes(const Backend& b, Communicator* launcher_world) {
@@ -318,9 +329,9 @@ const Backend& register_backend(Backend row) {
                      (e.memory == MemorySpace::host ? "host" : "device") + " memory)");
   if (!row.run_threads && !row.run_processes) throw UsageError(what + ": it has no way to run its ranks");
   if (row.run_processes && row.launcher.empty()) throw UsageError(what + ": it runs under a launcher but names none");
-  if (row.engine_default && !default_comm(row.engine).empty())
+  if (row.engine_default)
     throw UsageError(what + ": the " + row.engine + " engine has a default communicator already, " +
-                     default_comm(row.engine));
+                     default_backend(e).name);
   table().push_back(std::move(row));
   return table().back();
 }

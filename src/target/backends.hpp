@@ -58,6 +58,7 @@ struct EngineRow {
 // The engines, the default first.
 std::span<const EngineRow> engines();
 std::string_view default_engine();
+const EngineRow& default_engine_row();
 // UsageError "unknown engine 'x' (choose cpu or cuda)".
 const EngineRow& find_engine(std::string_view name);
 // The first engine whose buffers live in `memory` (a plugin of host or device memory joins it).
@@ -149,13 +150,17 @@ const Backend* find_registered_backend(std::string_view name);
 // communicator, or one that carries another engine's buffers ("engine cpu runs with --comm local or
 // mpi, not 'nccl' (nccl is for --engine cuda)").
 const Backend& backend_for(std::string_view engine, std::string_view comm);
+// The same refusal for two rows: UsageError when `b` carries another engine's buffers than `e`'s.
+void require_same_engine(const EngineRow& e, const Backend& b);
 
-// The engine's communicator when --comm is not given ("local" for cpu, "cuda-local" for cuda); "" for
-// an unknown engine, which backend_for then names.
-std::string default_comm(std::string_view engine);
+// The engine's communicator when --comm is not given ("local" for cpu, "cuda-local" for cuda): every
+// engine has one among the built-in rows (Error otherwise), and a registered row cannot take its place.
+const Backend& default_backend(const EngineRow& engine);
 // The engine's first communicator whose ranks may be a launcher's processes ("mpi" for cpu, "nccl"
-// for cuda); "" when it has none.
-std::string process_comm(std::string_view engine);
+// for cuda); nullptr when it has none.
+const Backend* process_backend(const EngineRow& engine);
+// The engine's simulated communicator (Backend::simulated: "simulated" for cpu); nullptr when it has none.
+const Backend* simulated_backend(const EngineRow& engine);
 
 // How backend b's ranks run in this process: the launcher's world (launcher_world, nullptr when no
 // launcher started this process) when they are its processes, nullptr when they are threads here.

@@ -27,8 +27,8 @@ std::string Target::describe(const std::vector<Precision>& drawn_precisions,
   for (const DType d : drawn_allreduce_dtypes)
     allreduce += (allreduce.empty() ? ", all-reduce in " : " or ") + std::string(allreduce_dtype_name(d));
   if (!allreduce.empty()) allreduce += " drawn per case";
-  return "engine " + engine + format + ", comm " + comm + allreduce + (kernels.empty() ? "" : ", kernels " + kernels) +
-         ", mutant " + (mutant.empty() ? "none" : mutant);
+  return "engine " + std::string(engine->name) + format + ", comm " + backend->name + allreduce +
+         (kernels.empty() ? "" : ", kernels " + kernels) + ", mutant " + (mutant.empty() ? "none" : mutant);
 }
 
 std::string PluginIdentity::text() const {
@@ -51,11 +51,10 @@ nlohmann::json PluginIdentity::to_json() const {
 
 std::vector<PluginIdentity> target_plugins(const Target& target) {
   std::vector<PluginIdentity> out;
-  if (looks_like_plugin_path(target.comm)) {
-    const dpcheck_comm_plugin_t& t = load_comm_plugin(target.comm);
-    PluginIdentity p{
-        "--comm", target.comm, t.name, t.abi >= 3 && t.version ? t.version : "", t.abi, comm_plugin_capabilities(t),
-        {},       {}};
+  if (looks_like_plugin_path(target.backend->name)) {
+    const dpcheck_comm_plugin_t& t = load_comm_plugin(target.backend->name);
+    PluginIdentity p{"--comm", target.backend->name,        t.name, t.abi >= 3 && t.version ? t.version : "",
+                     t.abi,    comm_plugin_capabilities(t), {},     {}};
     for (DType d : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16})
       if (comm_plugin_has_dtype(t, d)) p.dtypes.emplace_back(dtype_name(d));
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max})
@@ -72,8 +71,27 @@ std::vector<PluginIdentity> target_plugins(const Target& target) {
   return out;
 }
 
-const EngineRow& Target::engine_row() const { return find_engine(engine); }
-const Backend& Target::backend() const { return backend_for(engine, comm); }
+TargetRecord target_record(const Target& target) {
+  return {.engine = std::string(target.engine->name),
+          .comm = target.backend->name,
+          .kernels = target.kernels,
+          .mutant = target.mutant,
+          .tf32 = target.tf32,
+          .precision = target.precision,
+          .timeout = target.timeout};
+}
+
+Target resolve_target(const TargetRecord& record) {
+  Target t;
+  t.engine = &find_engine(record.engine);
+  t.backend = record.comm.empty() ? &default_backend(*t.engine) : &backend_for(record.engine, record.comm);
+  t.kernels = record.kernels;
+  t.mutant = record.mutant;
+  t.tf32 = record.tf32;
+  t.precision = record.precision;
+  t.timeout = record.timeout;
+  return t;
+}
 
 std::string shell_word(const std::string& text) {
   if (!text.empty() &&
@@ -90,10 +108,11 @@ std::string shell_quoted(const std::string& text) {
 }
 
 std::string gradient_allreduce_unsupported(const Target& target) {
-  if (!looks_like_plugin_path(target.comm)) return "";
-  const dpcheck_comm_plugin_t& plugin = load_comm_plugin(target.comm);
+  const std::string& path = target.backend->name;
+  if (!looks_like_plugin_path(path)) return "";
+  const dpcheck_comm_plugin_t& plugin = load_comm_plugin(path);
   if (comm_plugin_supports(plugin, target.allreduce_dtype, ReduceOp::avg)) return "";
-  return comm_plugin_lacks(plugin, target.comm, target.allreduce_dtype, ReduceOp::avg);
+  return comm_plugin_lacks(plugin, path, target.allreduce_dtype, ReduceOp::avg);
 }
 
 namespace {
@@ -104,7 +123,7 @@ const MutantParts* broken_parts(const Target& target) {
 }
 
 bool formats_drawable(const Target& target) {
-  return target.engine_row().draws_formats && !target.tf32 &&
+  return target.engine->draws_formats && !target.tf32 &&
          (target.mutant.empty() || mutant_table().require(target.mutant).precision.empty());
 }
 
@@ -123,9 +142,9 @@ bool allreduce_dtype_drawable(const Target& target) {
 }
 
 void validate_target(const Target& target, GradientAllreduce gradient) {
-  const Backend& backend = target.backend();
-  (void)world_of_processes(backend, target.process_world);
-  const EngineRow& engine = target.engine_row();
+  const EngineRow& engine = *target.engine;
+  require_same_engine(engine, *target.backend);
+  (void)world_of_processes(*target.backend, target.process_world);
   if (target.tf32 && !engine.tf32)
     throw UsageError("--tf32 is for " + engines_with(&EngineRow::tf32) + "'s matrix products");
   if (target.tf32 && target.precision != Precision::fp32)
@@ -133,16 +152,16 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
                      " both set the matrix products' input format: choose one");
   if (target.allreduce_dtype != DType::f32 && !engine.bf16_allreduce)
     throw UsageError("--allreduce-dtype bf16 runs on " + engines_with(&EngineRow::bf16_allreduce) + "; the " +
-                     target.engine + " engine's bf16 gradient all-reduce is not built yet");
+                     std::string(engine.name) + " engine's bf16 gradient all-reduce is not built yet");
   if (target.precision != Precision::fp32 && !engine.low_precision)
     throw UsageError("--precision " + std::string(precision_name(target.precision)) + " runs on " +
                      engines_with(&EngineRow::low_precision));
   if (target.precision != Precision::fp32 && !engine.low_precision_with_kernels && !target.kernels.empty())
     throw UsageError("--precision " + std::string(precision_name(target.precision)) + " and --kernels on the " +
-                     target.engine + " engine do not go together yet");
+                     std::string(engine.name) + " engine do not go together yet");
   if (!target.mutant.empty()) {
     const MutantTraits m = mutant_table().require(target.mutant);
-    if (!m.engine.empty() && m.engine != target.engine)
+    if (!m.engine.empty() && m.engine != engine.name)
       throw UsageError("mutant " + target.mutant + " breaks the " + std::string(m.engine) + " engine: add --engine " +
                        std::string(m.engine));
     if (!m.precision.empty() && m.precision != precision_name(target.precision))
@@ -150,7 +169,7 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
                        " path: add --precision " + std::string(m.precision));
   }
   if (target.world_size < 0) throw UsageError("world size must be at least 1");
-  if (target.backend().simulated && target.world_size > SimulatedComm::max_world)
+  if (target.backend->simulated && target.world_size > SimulatedComm::max_world)
     throw UsageError("--world-size " + std::to_string(target.world_size) + ": a simulated world has at most " +
                      std::to_string(SimulatedComm::max_world) + " ranks (2^20)");
   if (engine.require) engine.require();
@@ -160,12 +179,12 @@ void validate_target(const Target& target, GradientAllreduce gradient) {
 }
 
 std::vector<std::size_t> comm_thresholds(const Target& target, int world_size) {
-  const Backend& backend = target.backend();
+  const Backend& backend = *target.backend;
   return backend.thresholds ? backend.thresholds(world_size, target.process_world) : std::vector<std::size_t>{};
 }
 
 std::string launch_prefix(const Target& target) {
-  return target.process_world ? target.backend().launch_prefix(target.process_world->size()) : std::string();
+  return target.process_world ? target.backend->launch_prefix(target.process_world->size()) : std::string();
 }
 
 void run_world(const Target& target, int world_size, const std::function<void(Communicator&)>& fn) {
@@ -178,7 +197,7 @@ void run_world(const Target& target, int world_size, const std::function<void(Co
       faulty = fault_communicator(inner, *target.fault);
     fn(faulty ? *faulty : inner);
   };
-  const Backend& backend = target.backend();
+  const Backend& backend = *target.backend;
   if (Communicator* world = world_of_processes(backend, target.process_world)) {
     if (world->size() != world_size)
       throw Error("a scenario asked for " + std::to_string(world_size) + " ranks but the launcher started " +
@@ -205,12 +224,12 @@ EngineSpec engine_spec(const Target& target) {
 }  // namespace
 
 std::unique_ptr<Engine> make_engine(const Target& target, const ModelConfig& model, int rank) {
-  return target.engine_row().make_engine(model, engine_spec(target), rank);
+  return target.engine->make_engine(model, engine_spec(target), rank);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const Target& target, const OptimizerConfig& config, std::size_t size,
                                           int rank, int world_size, void* stream) {
-  const EngineRow& engine = target.engine_row();
+  const EngineRow& engine = *target.engine;
   const MutantParts* broken = broken_parts(target);
   OptimizerConfig c = config;
   if (broken && broken->optimizer_config) broken->optimizer_config(c, rank, world_size);
@@ -239,8 +258,8 @@ std::unique_ptr<RankZeroWriter> make_writer(const Target& target, Communicator& 
 // (dpcheck's own host backends) keeps the bound small at any N (reference/allreduce_schedule.hpp).
 std::string allreduce_bound_refusal(const Target& target, DType dtype, int world) {
   if (dtype != DType::bf16 || world <= 64) return "";
-  if (target.backend().rank_order) return "";
-  return "--allreduce-dtype bf16 on " + std::to_string(world) + " ranks of --comm " + target.comm +
+  if (target.backend->rank_order) return "";
+  return "--allreduce-dtype bf16 on " + std::to_string(world) + " ranks of --comm " + target.backend->name +
          ", which names no reduction schedule: its N + 1 roundings of 2^-8 would leave the bound above a quarter "
          "of every gradient; at most 64 ranks (dpcheck's own host backends round once, at any N)";
 }
@@ -276,12 +295,12 @@ bool trace_digest_prefix(const Target& target) {
   return broken && broken->trace_digest_prefix;
 }
 
-nlohmann::json target_to_json(const Target& target) {
+nlohmann::json target_to_json(const TargetRecord& target) {
   return {{"engine", target.engine}, {"comm", target.comm}, {"kernels", target.kernels},
           {"mutant", target.mutant}, {"tf32", target.tf32}, {"precision", precision_name(target.precision)}};
 }
 
-Target target_from_json(const nlohmann::json& j, const std::string& where) {
+TargetRecord target_from_json(const nlohmann::json& j, const std::string& where) {
   const auto get = [&](const char* key) -> const nlohmann::json& {
     if (!j.is_object() || !j.contains(key)) throw UsageError("\"" + where + key + "\" is missing");
     return j.at(key);
@@ -291,7 +310,7 @@ Target target_from_json(const nlohmann::json& j, const std::string& where) {
     if (!v.is_string()) throw UsageError("\"" + where + key + "\" is " + v.dump() + ", not a string");
     return v.get<std::string>();
   };
-  Target t;
+  TargetRecord t;
   t.engine = text("engine");
   t.comm = text("comm");
   t.kernels = text("kernels");

@@ -24,9 +24,11 @@
 namespace dpcheck {
 
 struct Target {
-  // --engine and --comm: rows of the backend table (src/target/backends.hpp) that go together.
-  std::string engine{default_engine()};
-  std::string comm = default_comm(engine);
+  // --engine and --comm, as the rows of the backend table (src/target/backends.hpp) that they name, and
+  // that go together: resolve_target looks the names up once, where a command reads its options or a
+  // file's record, and everything past it reads the rows.
+  const EngineRow* engine = &default_engine_row();
+  const Backend* backend = &default_backend(*engine);
   std::string mutant;                     // empty: the correct implementation
   std::string kernels;                    // --kernels: a kernel plugin's path; empty: the engine's own kernels
   int world_size = 0;                     // > 0: every case uses it; 0: each case draws one (thread backends)
@@ -46,22 +48,36 @@ struct Target {
   // in fp32 or bf16 drawn per case, ...".
   std::string describe(const std::vector<Precision>& drawn_precisions = {},
                        const std::vector<DType>& drawn_allreduce_dtypes = {}) const;
-
-  // The rows of the backend table (src/target/backends.hpp) that `engine` and `comm` name, so that the
-  // Target's users ask the Target, not the table. UsageError when the names are unknown or do not go
-  // together (validate_target says so first, in the options' words).
-  const EngineRow& engine_row() const;
-  const Backend& backend() const;
 };
+
+// A target by name, as a command's options give it or a file records it: what a repro bundle or a
+// trace says it ran, which replay and drift may run on another target, or on this one once
+// resolve_target has found its rows again (a bundle's plugin may be gone from this machine, and replay
+// --comm take its place).
+struct TargetRecord {
+  std::string engine{default_engine()};
+  std::string comm{};  // "" where no --comm was given: the engine's default
+  std::string kernels{}, mutant{};
+  bool tf32 = false;
+  Precision precision = Precision::fp32;
+  std::chrono::milliseconds timeout = Communicator::default_timeout;
+  bool operator==(const TargetRecord&) const = default;
+};
+TargetRecord target_record(const Target& target);
+// The rows that `record` names, with its other fields: the one lookup by name of a target's engine and
+// communicator outside the backend table. UsageError for an unknown engine or --comm, or two that do not
+// go together (backend_for); a communicator plugin's path loads it.
+Target resolve_target(const TargetRecord& record);
 
 // A target as every file that records one writes it (train's trace and report, a repro bundle, verify's
 // report): {"engine", "comm", "kernels", "mutant" ("" for none), "tf32", "precision"}. A bundle adds
 // "timeout_ms", and verify's report "world_size" and "plugins", beside these.
-nlohmann::json target_to_json(const Target& target);
-// The same fields back into a Target (the others keep their defaults). A file written before
+nlohmann::json target_to_json(const TargetRecord& target);
+inline nlohmann::json target_to_json(const Target& target) { return target_to_json(target_record(target)); }
+// The same fields back into a record (the timeout keeps its default). A file written before
 // --precision has none: fp32. UsageError naming the field, with `where` in front of its name
 // ("\"target.tf32\" is missing", "\"target.engine\" is 3, not a string").
-Target target_from_json(const nlohmann::json& j, const std::string& where = "target.");
+TargetRecord target_from_json(const nlohmann::json& j, const std::string& where = "target.");
 
 // A plugin the target runs, as reports name it: the option and path it was given with, and what its
 // table says of itself.
@@ -84,11 +100,12 @@ struct PluginIdentity {
 // given), loading them if need be.
 std::vector<PluginIdentity> target_plugins(const Target& target);
 
-// Checks that the engine, backend and mutant names are known and go together (backend_for), that a
-// backend that needs a launcher has one, that a GPU engine has a device, and that a kernel plugin loads
-// and suits the engine, and that a communicator plugin declares the gradient all-reduce (avg of
-// target.allreduce_dtype) that training needs; UsageError otherwise ("no CUDA device: <the runtime's
-// reason>"). conform, which reports what a plugin lacks row by row, leaves the last check out.
+// Checks that the engine's and backend's rows go together (require_same_engine), that the mutant is
+// known and suits them, that a backend that needs a launcher has one, that a GPU engine has a device,
+// that a kernel plugin loads and suits the engine, and that a communicator plugin declares the gradient
+// all-reduce (avg of target.allreduce_dtype) that training needs; UsageError otherwise ("no CUDA device:
+// <the runtime's reason>"). conform, which reports what a plugin lacks row by row, leaves the last check
+// out.
 enum class GradientAllreduce { required, not_required };
 void validate_target(const Target& target, GradientAllreduce gradient = GradientAllreduce::required);
 
