@@ -88,7 +88,7 @@ BundleManifest BundleManifest::from_json(const nlohmann::json& j) {
     m.y_xxh3 = text_field(d, "y_xxh3", "data.");
     if (m.x.empty() || m.y.empty()) bad_field("data", "names an empty path: give \"synthetic\": true, or both files");
   }
-  m.failure = StepFailure::from_json(field(j, "failure", ""));
+  m.failure = step_failure_from_json(field(j, "failure", ""));
   if (m.failure.rank >= m.world_size)
     bad_field("failure.rank", "is " + std::to_string(m.failure.rank) + ", but the run had " +
                                   std::to_string(m.world_size) + (m.world_size == 1 ? " rank" : " ranks"));

@@ -28,54 +28,16 @@
 #include "divergence/backend_record.hpp"
 #include "src/error.hpp"
 #include "src/target/target.hpp"
+#include "src/train/step_checks.hpp"
 #include "src/train/trainer.hpp"
 
 namespace dpcheck {
 
-// What a failed check found, and where.
-struct StepFailure {
-  std::string kind;  // "non-finite" | "gradient-bound" | "replicas" | "loss" | "timeout"
-  std::int64_t step = 0;
-  int rank = -1;        // the rank it names; -1: every rank (a bound, a loss) or none
-  std::string element;  // "layers.0.weight[3, 1]", "loss", or "" (a timeout)
-  std::string message;  // the full text
-
-  nlohmann::json to_json() const;
-  static StepFailure from_json(const nlohmann::json& j);  // UsageError naming the field
-  // The same verdict at the same place: kind, step, rank and element (the mutant
-  // "replay-same-place-ignores-element" leaves the element out; any other name keeps it).
-  bool same_place(const StepFailure& other, std::string_view mutant = {}) const;
-  std::string where() const;  // "step 3, rank 1, layers.0.weight[3, 1]"
-};
-
-// The failures the trainer's own checks find after a step, as train and replay both report them.
-StepFailure replica_failure(const ReplicaReport& replicas);
-StepFailure loss_failure(std::int64_t step, double loss);
-// A parameter or optimizer state element that is not finite after the step (the first one; state is
-// params.size() per block, may be empty); kind "non-finite", every rank. `suffix` ends the message.
-StepFailure non_finite_state_failure(std::int64_t step, std::span<const float> params, std::span<const float> state,
-                                     const ParamLayout& layout, const std::string& suffix);
-// Whether any of them is not finite.
-bool has_non_finite(std::span<const float> values);
-
-// Thrown on every rank at once by a live check that failed.
-class StepCheckFailed : public Error {
- public:
-  explicit StepCheckFailed(StepFailure f) : Error(f.message), failure(std::move(f)) {}
-  StepFailure failure;
-};
-
-// One step and the trainer's own checks after it. `completed` is false when a live check stopped the
-// step (StepCheckFailed, on every rank at once); otherwise `result` holds the step, and `failure` the
-// replicas that differ or a loss that is not finite (unless the loss scaler passed the step over, which
-// leaves the parameters as they were). A timeout propagates as TimeoutError.
-// train (training_run.hpp), replay and drift judge a step by it.
-struct CheckedStep {
-  bool completed = false;
-  StepResult result;
-  std::optional<StepFailure> failure;
-};
-CheckedStep checked_step(Trainer& trainer);
+// A StepFailure as StepFailure::to_json writes it (a bundle's "failure"); UsageError naming the field.
+StepFailure step_failure_from_json(const nlohmann::json& j);
+// The same verdict at the same place: kind, step, rank and element (the mutant
+// "replay-same-place-ignores-element" leaves the element out; any other name keeps it).
+bool same_place(const StepFailure& a, const StepFailure& b, std::string_view mutant = {});
 
 struct LiveCheckOptions {
   bool finite = false;     // --check-finite
@@ -207,7 +169,7 @@ ReplayResult replay_step(const Target& target, const ReplayInput& input);
 
 // What replay says of a recorded failure from the replayed step's: the same verdict at the same place
 // with the same message, at the same place with other values, or not reproduced (no failure, or one
-// elsewhere). `mutant` is the replay target's (StepFailure::same_place).
+// elsewhere). `mutant` is the replay target's (same_place).
 enum class ReplayVerdict { bit_for_bit, same_place, not_reproduced };
 ReplayVerdict replay_verdict(const StepFailure& recorded, const std::optional<StepFailure>& replayed,
                              std::string_view mutant = {});

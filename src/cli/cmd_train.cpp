@@ -10,13 +10,14 @@
 #include <optional>
 
 #include "divergence/divergence.hpp"
-#include "divergence/training_run.hpp"
+#include "divergence/run_checks.hpp"
 #include "src/cli/cli_common.hpp"
 #include "src/cli/commands.hpp"
 #include "src/error.hpp"
 #include "src/io/files.hpp"
 #include "src/report/html.hpp"
 #include "src/target/target.hpp"
+#include "src/train/training_run.hpp"
 
 namespace dpcheck::cli {
 
@@ -34,13 +35,15 @@ struct TrainOptions {
   SeedOption seed;
   TargetOptions target;
   LossScaleOptions loss_scale;
-  TrainingRunOptions run;  // --checkpoint-dir, --log, --trace, the live checks, --bundle-dir, --x, --y, faults
+  TrainingRunOptions run;         // --checkpoint-dir, --checkpoint-every, --keep, --log, faults
+  TrainingCheckOptions checking;  // --trace, the live checks, --bundle-dir, --x, --y
 };
 
 // The configuration from the options, each checked (UsageError naming the option).
 void configure(TrainOptions& o) {
   TrainConfig& t = o.train;
   const TrainingRunOptions& run = o.run;
+  const TrainingCheckOptions& checking = o.checking;
   t.model = o.model.config();
   t.optimizer.kind = parse_optimizer(o.optimizer);
   t.split = parse_split(o.split);
@@ -48,7 +51,7 @@ void configure(TrainOptions& o) {
   t.shuffle = !o.no_shuffle;
   t.seed = o.seed.value();
   t.optimizer.validate();
-  if (run.x.empty() != run.y.empty()) throw UsageError("give both --x and --y, or neither");
+  if (checking.x.empty() != checking.y.empty()) throw UsageError("give both --x and --y, or neither");
   if (run.checkpoint_every < 0) throw UsageError("--checkpoint-every must be at least 0");
   if (run.checkpoint_every > 0 && run.checkpoint_dir.empty())
     throw UsageError("--checkpoint-every needs --checkpoint-dir");
@@ -58,7 +61,7 @@ void configure(TrainOptions& o) {
         "--init and --resume both give the starting parameters (--resume those of its checkpoint): give one");
   if (!run.fault.empty() && run.fault != "kill" && run.fault != "stall")
     throw UsageError("--inject-fault takes kill or stall");
-  if (run.checks.gradient_every < 0) throw UsageError("--check-gradient-every must be at least 0");
+  if (checking.live.gradient_every < 0) throw UsageError("--check-gradient-every must be at least 0");
   t.allreduce_dtype = o.target.allreduce_dtype.value();
   t.loss_scaling = o.loss_scale.config(o.target.precision.value());
 }
@@ -71,10 +74,10 @@ void check_outputs(const TrainOptions& o) {
     if (!o.report.empty()) check_output_path(o.report, "--report");
     if (!o.html.empty()) check_output_path(o.html, "--html");
     if (!run.checkpoint_dir.empty()) check_output_dir(run.checkpoint_dir, "--checkpoint-dir");
-    if (!run.trace.empty()) check_output_path(run.trace, "--trace");
+    if (!o.checking.trace.empty()) check_output_path(o.checking.trace, "--trace");
     // The default (the current directory) is not held against a run that may never fail: a read-only one
     // costs only the bundle, said when a check fails.
-    if (!o.no_bundle && o.bundle_dir_given) check_output_dir(run.bundle_dir, "--bundle-dir");
+    if (!o.no_bundle && o.bundle_dir_given) check_output_dir(o.checking.bundle_dir, "--bundle-dir");
   });
 }
 
@@ -83,7 +86,8 @@ std::unique_ptr<Dataset> load_data(TrainOptions& o, int world, const Target& tar
   TrainConfig& t = o.train;
   std::unique_ptr<Dataset> data;
   agree_on_rank_inputs([&] {
-    if (!o.run.x.empty()) data = std::make_unique<ArrayDataset>(ArrayDataset::load(o.run.x, o.run.y, t.model));
+    if (!o.checking.x.empty())
+      data = std::make_unique<ArrayDataset>(ArrayDataset::load(o.checking.x, o.checking.y, t.model));
   });
   if (data) {
     if (t.dataset_size != 0 && t.dataset_size != data->size())
@@ -94,7 +98,7 @@ std::unique_ptr<Dataset> load_data(TrainOptions& o, int world, const Target& tar
   t.validate(world);
   require_allreduce_bound(target, t, world);
   check_accumulate(t.accumulate, t.batch, world);
-  check_train_size(t, world, target, o.run.checks.gradient_every > 0);
+  check_train_size(t, world, target, o.checking.live.gradient_every > 0);
   if (!data) data = std::make_unique<SyntheticDataset>(t.data_size(), t.model, t.seed);
   return data;
 }
@@ -177,6 +181,28 @@ void write_reports(const TrainOptions& o, const Target& target, const TrainingOu
   if (!o.html.empty()) write_file_atomic(o.html, html::train_page(report));
 }
 
+// Every rank of the target's world trains (src/train/training_run.hpp) with dpcheck's checks
+// (divergence/run_checks.hpp), its trainer talking through the checks' communicator.
+TrainingOutcome train_world(const TrainOptions& o, const Target& target, const Dataset& data,
+                            const std::vector<float>& params, const std::optional<Checkpoint>& resume,
+                            TrainingRunListener& listener) {
+  TrainingShared shared;
+  run_world(target, target.world_size, [&](Communicator& world_comm) {
+    TrainingChecks checks(target, o.train, target.world_size, o.checking, world_comm);
+    const RankTrainer rt = make_rank_trainer(target, o.train, checks.comm(), data);
+    const std::unique_ptr<RankZeroWriter> writer =
+        make_writer(target, checks.comm(), o.run.checkpoint_dir, o.run.log, o.run.keep);
+    const RankRunParts parts{.comm = checks.comm(),
+                             .trainer = *rt.trainer,
+                             .engine = *rt.engine,
+                             .writer = *writer,
+                             .ranks_are_processes = target.process_world != nullptr,
+                             .timeout = target.timeout};
+    run_rank(o.train, o.run, parts, checks, listener, shared, params, resume);
+  });
+  return shared.outcome();
+}
+
 int run_train(TrainOptions& o) {
   configure(o);
   Target target = o.target.resolved();
@@ -198,10 +224,10 @@ int run_train(TrainOptions& o) {
   }
   const bool printing = is_printing_rank();
   if (printing) print_header(o, target, skipped, resume);
-  o.run.bundle = !o.no_bundle;
-  o.run.command_line = command_line();
+  o.checking.bundle = !o.no_bundle;
+  o.checking.command_line = command_line();
   PrintingListener listener(o.train, printing && Progress::wanted(o.quiet));
-  const TrainingOutcome out = run_training(target, o.train, target.world_size, *data, params, resume, o.run, listener);
+  const TrainingOutcome out = train_world(o, target, *data, params, resume, listener);
   listener.done();
   if (printing && (!o.report.empty() || !o.html.empty())) write_reports(o, target, out);
   const char* passed = target.backend->simulated ? "all steps ran (simulated ranks share one replica: no replica check)"
@@ -236,8 +262,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--policy", o->policy, "pad (default), drop-last or uneven");
   sub->add_flag("--no-shuffle", o->no_shuffle, "Visit examples in order instead of shuffling each epoch");
   o->seed.add_to(*sub, "Seed of the parameters, the synthetic data and the shuffle");
-  sub->add_option("--x", o->run.x, "Inputs, .npy of shape (D, in)");
-  sub->add_option("--y", o->run.y, "Targets, .npy: (D, out) floats for mse, (D,) int64 classes for cross-entropy");
+  sub->add_option("--x", o->checking.x, "Inputs, .npy of shape (D, in)");
+  sub->add_option("--y", o->checking.y, "Targets, .npy: (D, out) floats for mse, (D,) int64 classes for cross-entropy");
   sub->add_option("--init", o->init, "Directory of initial parameter .npy files (not with --resume)");
   sub->add_option("--checkpoint-dir", o->run.checkpoint_dir, "Write checkpoints here (rank 0 only)");
   sub->add_option("--checkpoint-every", o->run.checkpoint_every, "Checkpoint every K steps (default: only at the end)");
@@ -251,16 +277,16 @@ Runner add_train(CLI::App& app) {
                   "Write the report as one self-contained HTML page: the loss curve, the live gradient error ratio "
                   "per step and the replica check (rank 0 only)");
   sub->add_flag("--quiet", o->quiet, "No progress line on a terminal");
-  sub->add_option("--trace", o->run.trace,
+  sub->add_option("--trace", o->checking.trace,
                   "Write a value-level trace here (rank 0): one JSON line a step with every rank's digests of its "
                   "examples, gradients, parameters, optimizer state and collectives (compare two with dpcheck diff)");
-  sub->add_flag("--check-finite", o->run.checks.finite,
+  sub->add_flag("--check-finite", o->checking.live.finite,
                 "Every rank checks its loss and local gradient before the all-reduce; a NaN or infinity fails the "
                 "run naming the step, rank and element");
-  sub->add_option("--check-gradient-every", o->run.checks.gradient_every,
+  sub->add_option("--check-gradient-every", o->checking.live.gradient_every,
                   "Every K steps, hold the all-reduced gradient against the float64 reference of the whole batch "
                   "within the derived bound (0: never, the default)");
-  sub->add_option("--bundle-dir", o->run.bundle_dir,
+  sub->add_option("--bundle-dir", o->checking.bundle_dir,
                   "Where a failing check leaves its repro bundle for dpcheck replay (default: the current directory)");
   sub->add_flag("--no-bundle", o->no_bundle, "Leave no repro bundle when a check fails");
   o->target.add_to(*sub, target_option::training);
