@@ -506,12 +506,7 @@ void tools_body(const Target& given, const CaseDraw& draw, CaseRecord& record) {
           failure = "a bundle of " + formats_text(bundled, bundled_config) + " does not read back whole: " + d;
         // The engine and communicator as read back are the bundled ones' rows (read_back_difference
         // compared their names); the rest as read.
-        Target t = bundled;
-        const TargetRecord& read = bundle.manifest.target;
-        t.kernels = read.kernels;
-        t.mutant = read.mutant;
-        t.tf32 = read.tf32;
-        t.precision = read.precision;
+        Target t = with_recorded_fields(bundled, bundle.manifest.target);
         t.fault = k.replayed;
         ReplayInput in;
         in.config = bundle.manifest.config;

@@ -85,12 +85,16 @@ Target resolve_target(const TargetRecord& record) {
   Target t;
   t.engine = &find_engine(record.engine);
   t.backend = record.comm.empty() ? &default_backend(*t.engine) : &backend_for(record.engine, record.comm);
-  t.kernels = record.kernels;
-  t.mutant = record.mutant;
-  t.tf32 = record.tf32;
-  t.precision = record.precision;
-  t.timeout = record.timeout;
-  return t;
+  return with_recorded_fields(t, record);
+}
+
+Target with_recorded_fields(Target target, const TargetRecord& record) {
+  target.kernels = record.kernels;
+  target.mutant = record.mutant;
+  target.tf32 = record.tf32;
+  target.precision = record.precision;
+  target.timeout = record.timeout;
+  return target;
 }
 
 std::string shell_word(const std::string& text) {

@@ -68,6 +68,9 @@ TargetRecord target_record(const Target& target);
 // communicator outside the backend table. UsageError for an unknown engine or --comm, or two that do not
 // go together (backend_for); a communicator plugin's path loads it.
 Target resolve_target(const TargetRecord& record);
+// `target` with the record's fields but its engine and communicator (kernels, mutant, tf32, precision,
+// timeout): a target read back from a file whose rows are already known.
+Target with_recorded_fields(Target target, const TargetRecord& record);
 
 // A target as every file that records one writes it (train's trace and report, a repro bundle, verify's
 // report): {"engine", "comm", "kernels", "mutant" ("" for none), "tf32", "precision"}. A bundle adds
