@@ -21,7 +21,6 @@ TrainingChecks::TrainingChecks(const Target& target, const TrainConfig& config, 
 }
 
 void TrainingChecks::start(Trainer& trainer) {
-  trainer_ = &trainer;
   if (!o_.trace.empty()) {
     trace_writer_ = make_writer(target_, comm_, {}, o_.trace);
     trace_writer_->start_log_fresh();
@@ -38,11 +37,11 @@ void TrainingChecks::before_step(Trainer& trainer) {
   live_.clear();
 }
 
-void TrainingChecks::after_step(std::int64_t step, const CheckedStep& c) {
+void TrainingChecks::after_step(Trainer& trainer, std::int64_t step, const CheckedStep& c) {
   if (!trace_writer_) return;
   const bool stopped = !c.completed;
   nlohmann::json extra = {{"loss", stopped ? nlohmann::json(nullptr) : nlohmann::json(c.result.loss)},
-                          {"global_batch", trainer_->global_batch(step)}};
+                          {"global_batch", trainer.global_batch(step)}};
   if (!live_.last().empty()) extra["checks"] = live_.last();
   if (stopped) extra["failure"] = c.failure->to_json();
   trace_writer_->log(recorder_.finish_step(comm_.host(), step, std::move(extra)));

@@ -39,7 +39,7 @@ class TrainingChecks final : public RunChecks {
   void start(Trainer& trainer) override;
   void before_step(Trainer& trainer) override;
   const nlohmann::json& last() const override { return live_.last(); }
-  void after_step(std::int64_t step, const CheckedStep& c) override;
+  void after_step(Trainer& trainer, std::int64_t step, const CheckedStep& c) override;
   bool bundles() const override { return o_.bundle; }
   std::string leave_bundle(Trainer& trainer, const StepFailure& failure) override;
   void flush() override;
@@ -56,7 +56,6 @@ class TrainingChecks final : public RunChecks {
   LiveChecks live_;
   StepObservers observers_;
   std::unique_ptr<RankZeroWriter> trace_writer_;
-  Trainer* trainer_ = nullptr;
   // Rank 0 of a run that leaves a bundle keeps the state before each step, and the one the run began
   // from, for the bundle that a failing step leaves.
   const bool keeps_states_;

@@ -529,7 +529,7 @@ class RecordingChecks final : public RunChecks, public StepObserver {
   }
   void before_step(Trainer&) override { ++befores; }
   const nlohmann::json& last() const override { return last_; }
-  void after_step(std::int64_t step, const CheckedStep& c) override {
+  void after_step(Trainer&, std::int64_t step, const CheckedStep& c) override {
     steps.push_back(step);
     completed.push_back(c.completed);
   }

@@ -179,7 +179,7 @@ void RankRun::run(const std::vector<float>& params, const std::optional<Checkpoi
     } catch (const TimeoutError& e) {
       timed_out(e, step);
     }
-    checks_.after_step(step, c);
+    checks_.after_step(p_.trainer, step, c);
     if (!c.completed) {
       if (speaks_) listener_.line(c.failure->message);
       p_.writer.log({{"step", step}, {"failure", c.failure->to_json()}});

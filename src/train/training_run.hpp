@@ -79,7 +79,7 @@ class RunChecks {
   // The checks that ran inside the last step, for its log line and rank 0's row ({} when none).
   virtual const nlohmann::json& last() const = 0;
   // After each step, whether it completed or a check stopped it.
-  virtual void after_step(std::int64_t step, const CheckedStep& step_result) = 0;
+  virtual void after_step(Trainer& trainer, std::int64_t step, const CheckedStep& step_result) = 0;
   // Whether a failure leaves a repro bundle (rank 0 writes it; the others wait for it at a barrier).
   virtual bool bundles() const = 0;
   // Rank 0, on a failure: leaves the bundle, and says where it is and how to replay it, or why there is
